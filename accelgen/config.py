@@ -1,0 +1,126 @@
+"""Pydantic configuration models shared by the CLI, the simulator and the pipeline.
+
+Workload and SLO settings live in ``accelgen.workloads.config``; policy parameters live beside each
+policy (``accelgen.policies.*``). This module holds the model/hardware/deployment description and
+the top-level experiment settings of one simulated run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+class ModelProfile(StrictModel):
+    """Transformer shape; enough for FLOPs, weight bytes and KV bytes per token."""
+
+    name: str
+    num_layers: PositiveInt
+    hidden_size: PositiveInt
+    num_heads: PositiveInt
+    num_kv_heads: PositiveInt
+    ffn_size: PositiveInt
+    gated_ffn: bool = False  # SwiGLU (Llama) has three FFN matrices, ReLU/GELU (OPT) two
+    vocab_size: PositiveInt = 50272
+    dtype_bytes: PositiveInt = 2
+    max_model_len: PositiveInt = 2048
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def params_per_layer(self) -> int:
+        h, kv = self.hidden_size, self.num_kv_heads * self.head_dim
+        attn = h * h * 2 + h * kv * 2  # q, o and k, v projections
+        ffn = (3 if self.gated_ffn else 2) * h * self.ffn_size
+        return attn + ffn
+
+    @property
+    def num_params(self) -> int:
+        return self.num_layers * self.params_per_layer + self.vocab_size * self.hidden_size
+
+
+class HardwareProfile(StrictModel):
+    """One accelerator's datasheet numbers (dense fp16) and its links."""
+
+    name: str
+    peak_flops: PositiveFloat  # FLOP/s, dense fp16/bf16 tensor core
+    mem_bandwidth: PositiveFloat  # bytes/s of device memory
+    mem_bytes: PositiveFloat
+    host_link_bandwidth: PositiveFloat  # bytes/s device<->host (swap), e.g. PCIe 4 x16
+    interconnect_bandwidth: PositiveFloat  # bytes/s between GPUs (NVLink) for TP/PP traffic
+
+
+class Deployment(StrictModel):
+    """A model served on a number of GPUs with a KV-cache budget."""
+
+    model: str = "opt-13b"
+    hardware: str = "a100"
+    tp: PositiveInt = 1
+    pp: PositiveInt = 1
+    kv_cache_gb: PositiveFloat = 12.0  # GiB of KV cache per GPU (paper: 12 GB on OPT-13B)
+    block_size: PositiveInt = 32
+    max_model_len: PositiveInt | None = None  # default: the model profile's
+    cost_model: Literal["analytic", "profile"] = "analytic"
+    profile_csv: Path | None = None  # for cost_model == "profile"
+    pivot_tolerance: PositiveFloat = 0.03
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tp * self.pp
+
+    @model_validator(mode="after")
+    def _profile_needs_csv(self) -> Deployment:
+        if self.cost_model == "profile" and self.profile_csv is None:
+            raise ValueError("cost_model 'profile' needs profile_csv")
+        return self
+
+
+class SimOptions(StrictModel):
+    """How the simulator runs (not what it simulates)."""
+
+    add_scheduler_overhead: bool = False  # add measured decision wall time to simulated time
+    max_iterations: PositiveInt | None = None
+    progress: bool = True
+    swap_space_gb: float = Field(64.0, ge=0.0)  # host memory for swapped KV (FastServe)
+
+
+class PolicySpec(StrictModel):
+    name: str = "vllm"
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class ExperimentConfig(StrictModel):
+    """One simulated (or replayed) run: a deployment, a policy and simulator options."""
+
+    deployment: Deployment = Field(default_factory=Deployment)
+    policy: PolicySpec = Field(default_factory=PolicySpec)
+    sim: SimOptions = Field(default_factory=SimOptions)
+    seed: int = 0
+
+
+def load_yaml(path: Path | str) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"config file not found: {path}") from exc
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: top level must be a mapping, got {type(data).__name__}")
+    return data

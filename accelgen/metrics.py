@@ -1,0 +1,176 @@
+"""Every metric of the artifact, defined once (SPEC section 7).
+
+Inputs are the results tables written by ``accelgen.sim.recorder`` (simulator) or the vLLM replay
+runner: ``requests`` (one row per request, ``token_times`` list column) and ``iterations``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from accelgen.config import HardwareProfile, ModelProfile
+
+PCTS = (5, 50, 95, 99)
+
+
+def _stats(x: np.ndarray | pd.Series, prefix: str) -> dict[str, float]:
+    a = np.asarray(x, dtype=np.float64)
+    a = a[np.isfinite(a)]
+    if a.size == 0:
+        return {f"{prefix}_mean": math.nan, **{f"{prefix}_p{p}": math.nan for p in PCTS}}
+    out = {f"{prefix}_mean": float(a.mean())}
+    qs = np.percentile(a, PCTS)
+    out.update({f"{prefix}_p{p}": float(q) for p, q in zip(PCTS, qs, strict=True)})
+    return out
+
+
+def per_request(requests: pd.DataFrame) -> pd.DataFrame:
+    """Per-request latencies and SLO outcomes.
+
+    Adds: ttft, jct, tpot, norm_latency, tokens_met (tokens that met their deadline: first token
+    vs TTFT SLO, later tokens vs TBT SLO after the previous token), tbt_max, slo_met (online: every
+    token met; offline: JCT met), jct_met (against ``jct_slo``).
+    Rejected requests miss every SLO.
+    """
+    df = requests.copy()
+    finished = (df["status"] == "finished").to_numpy()
+    df["ttft"] = df["first_token_time"] - df["arrival"]
+    df["jct"] = df["finish_time"] - df["arrival"]
+    df.loc[~finished, "jct"] = np.nan
+    n_out = df["num_output_tokens"].to_numpy()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        df["tpot"] = np.where(n_out > 1, (df["finish_time"] - df["first_token_time"]) / (n_out - 1),
+                              np.nan)
+        df["norm_latency"] = np.where(n_out > 0, df["jct"] / n_out, np.nan)
+    tokens_met = np.zeros(len(df), dtype=np.int64)
+    tbt_max = np.full(len(df), np.nan)
+    ttft = df["ttft"].to_numpy()
+    ttft_slo = df["ttft_slo"].to_numpy(dtype=np.float64)
+    tbt_slo = df["tbt_slo"].to_numpy(dtype=np.float64)
+    for i, times in enumerate(df["token_times"].to_numpy()):
+        t = np.asarray(times, dtype=np.float64)
+        if t.size == 0:
+            continue
+        met = int(ttft[i] <= ttft_slo[i])
+        if t.size > 1:
+            gaps = np.diff(t)
+            met += int(np.count_nonzero(gaps <= tbt_slo[i]))
+            tbt_max[i] = gaps.max()
+        tokens_met[i] = met
+    df["tokens_met"] = tokens_met
+    df["tbt_max"] = tbt_max
+    df["jct_met"] = finished & (df["jct"].to_numpy() <= df["jct_slo"].to_numpy())
+    online = df["online"].to_numpy(dtype=bool)
+    all_tokens = finished & (tokens_met == n_out)
+    df["slo_met"] = np.where(online, all_tokens, df["jct_met"].to_numpy())
+    return df
+
+
+def tbt_samples(requests: pd.DataFrame) -> np.ndarray:
+    parts = [np.diff(np.asarray(t, dtype=np.float64)) for t in requests["token_times"] if len(t) > 1]
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def goodput_series(pr: pd.DataFrame, window: float = 1.0) -> np.ndarray:
+    """Requests that met their SLOs, per second, in windows of ``window`` s (by completion time)."""
+    start = float(pr["arrival"].min())
+    end = float(np.nanmax(pr["finish_time"].to_numpy(dtype=np.float64)))
+    n_win = max(1, math.ceil((end - start) / window))
+    good = pr.loc[pr["slo_met"], "finish_time"].to_numpy(dtype=np.float64)
+    idx = np.minimum(((good - start) // window).astype(np.int64), n_win - 1)
+    return np.bincount(idx, minlength=n_win) / window
+
+
+def iteration_metrics(its: pd.DataFrame, s_pf: int, model: ModelProfile | None = None,
+                      hardware: HardwareProfile | None = None, num_gpus: int = 1) -> pd.DataFrame:
+    """Adds per-iteration utilisation columns: gpu_util (S_f/S_pf capped at 1), gpu_util_raw,
+    kv_util (allocated/total blocks), kv_unallocated, kv_used_frac (used tokens / allocated
+    slots), mfu (when model and hardware are given)."""
+    df = its.copy()
+    df["gpu_util_raw"] = df["forward_size"] / s_pf
+    df["gpu_util"] = df["gpu_util_raw"].clip(upper=1.0)
+    df["kv_util"] = df["kv_used_blocks"] / df["kv_total_blocks"]
+    df["kv_unallocated"] = 1.0 - df["kv_util"]
+    if model is not None and hardware is not None:
+        dense = 2.0 * (model.num_params - model.vocab_size * model.hidden_size)
+        attn = 4.0 * model.num_layers * model.hidden_size
+        flops = dense * df["forward_size"] + attn * (df["prefill_attn"] + df["decode_ctx"])
+        df["mfu"] = flops / (hardware.peak_flops * num_gpus * df["latency"])
+    return df
+
+
+def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, *, s_pf: int,
+              model: ModelProfile | None = None, hardware: HardwareProfile | None = None,
+              num_gpus: int = 1, goodput_window: float = 1.0) -> dict[str, Any]:
+    pr = per_request(requests)
+    its = iteration_metrics(iterations, s_pf, model, hardware, num_gpus)
+    fin = pr[pr["status"] == "finished"]
+    n = len(pr)
+    out: dict[str, Any] = {
+        "num_requests": n,
+        "num_finished": len(fin),
+        "num_rejected": int((pr["status"] == "rejected").sum()),
+        "num_iterations": len(its),
+        "num_preemptions": int(pr["num_preemptions"].sum()),
+    }
+    start = float(pr["arrival"].min()) if n else 0.0
+    end = float(np.nanmax(pr["finish_time"].to_numpy(dtype=np.float64))) if n else 0.0
+    span = max(end - start, 1e-9)
+    out_tokens = float(fin["num_output_tokens"].sum())
+    out.update({
+        "makespan_s": span,
+        "throughput_rps": len(fin) / span,
+        "throughput_output_tps": out_tokens / span,
+        "throughput_total_tps": (out_tokens + float(fin["prompt_len"].sum())) / span,
+    })
+    online = pr[pr["online"]]
+    delivered = float(online["num_output_tokens"].sum())
+    out["slo_attainment_iteration"] = (float(online["tokens_met"].sum()) / delivered
+                                       if delivered else math.nan)
+    out["slo_attainment_request"] = float(pr["slo_met"].mean()) if n else math.nan
+    out["jct_attainment"] = float(pr["jct_met"].mean()) if n else math.nan
+    out["ttft_attainment"] = (float((online["ttft"] <= online["ttft_slo"]).mean())
+                              if len(online) else math.nan)
+    gp = goodput_series(pr, goodput_window) if n else np.zeros(1)
+    out["goodput_rps"] = float(gp.mean())
+    out.update(_stats(pr["ttft"], "ttft"))
+    out.update(_stats(tbt_samples(fin), "tbt"))
+    out.update(_stats(pr["jct"], "jct"))
+    out.update(_stats(pr["norm_latency"], "norm_latency"))
+    if len(its):
+        out.update(_stats(its["latency"], "iteration_time"))
+        out.update(_stats(its["gpu_util"], "gpu_util"))
+        out.update(_stats(its["gpu_util_raw"], "gpu_util_raw"))
+        out.update(_stats(its["kv_util"], "kv_util"))
+        out.update(_stats(its["kv_unallocated"], "kv_unallocated"))
+        if "mfu" in its:
+            out.update(_stats(its["mfu"], "mfu"))
+        if "info_token_budget" in its:
+            out.update(_stats(its["info_token_budget"], "token_budget"))
+    return out
+
+
+def timing_summary(decision_time: np.ndarray, makespan_s: float) -> dict[str, float]:
+    """Scheduler time overhead: decision wall time per iteration (measured, not simulated)."""
+    d = np.asarray(decision_time, dtype=np.float64)
+    out = _stats(d, "decision_time")
+    out["decision_time_total_s"] = float(d.sum())
+    out["overhead_fraction"] = float(d.sum() / makespan_s) if makespan_s > 0 else math.nan
+    return out
+
+
+def capacity(rates: np.ndarray, attainment: np.ndarray, target: float = 0.9) -> float:
+    """DistServe-style capacity: highest swept rate whose request-level attainment >= target,
+    linearly interpolated at the first crossing below the target."""
+    order = np.argsort(rates)
+    r, a = np.asarray(rates, float)[order], np.asarray(attainment, float)[order]
+    if a.size == 0 or a[0] < target:
+        return 0.0
+    for i in range(1, len(r)):
+        if a[i] < target:
+            return float(r[i - 1] + (a[i - 1] - target) / (a[i - 1] - a[i]) * (r[i] - r[i - 1]))
+    return float(r[-1])

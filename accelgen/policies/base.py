@@ -1,0 +1,111 @@
+"""The policy interface: a small view of the serving state in, one iteration's decision out.
+
+The same interface is served by the simulator (``accelgen.sim``) and by the vLLM V1 scheduler
+adapter (``accelgen.vllm_integration``), so every policy runs unchanged in both.
+
+Contract (vLLM V1 vocabulary):
+- ``view.waiting``: requests not holding KV (new, or preempted for recompute), in queue order
+  (FIFO of arrival; a preempted request is put back at the front, as vLLM does).
+- ``view.running``: admitted requests holding KV blocks, in admission order. A running request
+  that is not scheduled in an iteration simply keeps its blocks.
+- The decision lists ``preempted`` running requests (their blocks are freed first, recompute) and
+  then ``scheduled`` (request, num_tokens) pairs. Scheduling a waiting request admits it. The
+  blocks needed for ``num_computed_tokens + num_tokens`` must fit after the preemptions; the
+  executor raises otherwise (a policy bug, never silently fixed).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    from accelgen.costmodel.base import CostModel
+    from accelgen.request import Request
+
+
+class KVView(Protocol):
+    block_size: int
+    num_total_blocks: int
+    num_free_blocks: int
+    watermark_blocks: int
+    num_free_swap_blocks: int
+
+    def blocks_needed(self, req: Request, num_new_tokens: int) -> int: ...
+    def free_tokens_for(self, req: Request) -> int: ...
+    def can_admit(self, num_blocks: int) -> bool: ...
+
+
+@dataclass(slots=True)
+class Pivot:
+    """Pivot forward size S_pf and its iteration latency T_pf (seconds)."""
+
+    s_pf: int
+    t_pf: float
+
+
+@dataclass(slots=True)
+class SchedulerView:
+    now: float
+    waiting: list[Request]
+    running: list[Request]
+    swapped: list[Request]
+    kv: KVView
+    cost: CostModel
+    pivot: Pivot
+    max_model_len: int
+    # Clairvoyant hooks, present only when the backend grants them (the Oracle).
+    true_output_len: dict[int, int] | None = None
+    next_arrivals: list[Request] | None = None
+
+
+@dataclass(slots=True)
+class Decision:
+    scheduled: list[tuple[Request, int]] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    swap_out: list[Request] = field(default_factory=list)  # running -> host memory
+    swap_in: list[Request] = field(default_factory=list)  # host memory -> running (not scheduled yet)
+    # (request, tokens): hold KV blocks for that many tokens up front, before ``scheduled`` is
+    # allocated (Orca's max-length reservation). Applied after preemptions and swaps.
+    reserve: list[tuple[Request, int]] = field(default_factory=list)
+    # Waiting requests the policy gives up on for good (e.g. a prompt that can never fit its KV
+    # rule), with the reason recorded; never used to shed load.
+    rejected: list[tuple[Request, str]] = field(default_factory=list)
+    # Diagnostics copied into the iteration log (token_budget, slo_min, n_urgent, ...).
+    info: dict[str, float] = field(default_factory=dict)
+    # When the policy deliberately schedules nothing, the earliest time it wants to be asked again.
+    wake_at: float | None = None
+
+
+class PolicyParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Policy(ABC):
+    """Base class of all scheduling policies."""
+
+    name: ClassVar[str] = "policy"
+    Params: ClassVar[type[PolicyParams]] = PolicyParams
+    # Whether the backend should pass clairvoyant information (true output lengths, arrivals).
+    clairvoyant: ClassVar[bool] = False
+
+    def __init__(self, params: PolicyParams | None = None, **overrides: Any) -> None:
+        base = params.model_dump() if params is not None else {}
+        base.update(overrides)
+        self.params = self.Params(**base)
+
+    @abstractmethod
+    def schedule(self, view: SchedulerView) -> Decision:
+        """Decide the next iteration."""
+
+    def on_arrival(self, req: Request, now: float) -> None:  # noqa: B027 - optional hook
+        """A new request entered the waiting queue."""
+
+    def on_step_end(self, view: SchedulerView, decision: Decision, latency: float) -> None:  # noqa: B027
+        """The iteration decided by ``decision`` finished after ``latency`` seconds."""
+
+    def on_finish(self, req: Request, now: float) -> None:  # noqa: B027
+        """A request finished or was rejected."""

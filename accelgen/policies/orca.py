@@ -1,0 +1,78 @@
+"""Orca: iteration-level FCFS scheduling with a max-sequence-length KV reservation.
+
+Per iteration: every running request (a decode step, or its whole prompt if it was admitted but
+never run), then waiting requests FCFS until the batch (8) is full. No token budget, no chunking:
+a prompt is processed whole in one iteration, mixed with decodes. Admission reserves KV for
+``max_seq_len`` tokens (the paper's 8K) up front through ``Decision.reserve``, so the block manager
+itself counts the reservation as allocated (faithful to Orca's contiguous pre-allocation; it is what
+limits Orca's concurrency). The queue stops at the first request whose reservation does not fit
+(head-of-line). No preemption.
+
+The reservation is ``min(max_seq_len, max_model_len, total KV)`` tokens: a sequence never grows past
+``max_model_len`` (the engine stops it there), and a reservation larger than the whole cache would
+admit nothing. With ``max_seq_len >= max_model_len`` (the paper's setting) a request therefore never
+needs a block beyond its reservation. With a smaller ``max_seq_len`` a long sequence can outgrow it;
+it then takes blocks on demand, and only if even that is impossible for every running request is the
+newest one recomputed (a safety valve Orca does not have; counted in ``info["overflow_preempt"]``).
+"""
+
+from __future__ import annotations
+
+from pydantic import PositiveInt
+
+from accelgen.kvcache import blocks_for
+from accelgen.policies.base import Decision, Policy, PolicyParams, SchedulerView
+from accelgen.policies.common import BatchBuilder
+
+
+class OrcaParams(PolicyParams):
+    max_batch_size: PositiveInt = 8  # the paper's (and Orca's) setting
+    max_seq_len: PositiveInt = 8192  # tokens of KV reserved per request at admission
+
+
+class OrcaPolicy(Policy):
+    name = "orca"
+    Params = OrcaParams
+    params: OrcaParams
+
+    def reservation_tokens(self, view: SchedulerView) -> int:
+        cap = view.kv.num_total_blocks * view.kv.block_size
+        return min(self.params.max_seq_len, view.max_model_len, cap)
+
+    def schedule(self, view: SchedulerView) -> Decision:
+        reserve = self.reservation_tokens(view)
+        reserve_blocks = blocks_for(reserve, view.kv.block_size)
+        # Orca has no token budget: the BatchBuilder is used only as a KV ledger.
+        b = BatchBuilder(view.kv, 1 << 62)
+        d = b.decision
+        running = view.running
+        for r in running:
+            if b.num_scheduled >= self.params.max_batch_size:
+                break
+            n = r.num_new_tokens  # 1 for a decode; a whole prompt is never split
+            if b.fits(r, n):
+                b.add(r, n)
+        overflow = 0
+        if running and not d.scheduled:
+            # Only reachable when max_seq_len < max_model_len and every running request has
+            # outgrown its reservation with no free block left: free the newest to make progress.
+            b.preempt(running[-1])
+            overflow = 1
+        for r in view.waiting:
+            if b.num_scheduled >= self.params.max_batch_size or overflow:
+                break
+            if r.num_new_tokens + 1 > reserve:
+                # The prompt plus its first output token can never fit in one reservation.
+                d.rejected.append((r, f"orca: prompt of {r.prompt_len} tokens exceeds the "
+                                      f"{reserve}-token max-length reservation"))
+                continue
+            if reserve_blocks > b.free_blocks:
+                break  # FCFS head-of-line: the next request waits for a whole reservation
+            d.reserve.append((r, reserve))
+            b.free_blocks -= reserve_blocks
+            # The reservation already covers the whole prompt: add() charges zero blocks.
+            d.scheduled.append((r, r.num_new_tokens))
+            b.scheduled_ids.add(r.req_id)
+        d.info["reserved_tokens"] = float(reserve)
+        d.info["overflow_preempt"] = float(overflow)
+        return d

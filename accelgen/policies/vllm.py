@@ -1,0 +1,55 @@
+"""vLLM V1's default scheduler (FCFS, chunked prefill, recompute preemption).
+
+Running requests first in admission order, each taking its pending tokens up to the remaining
+budget; when a running request's blocks do not fit, the newest running request is preempted
+(recompute), possibly the request itself. Then, only if no preemption happened in this step,
+waiting requests FCFS: a request is admitted when its whole remaining prompt fits in free KV
+(SPEC section 5), but blocks are allocated per chunk; the queue stops at the first that does not
+fit (head-of-line).
+"""
+
+from __future__ import annotations
+
+from pydantic import PositiveInt
+
+from accelgen.policies.base import Decision, Policy, PolicyParams, SchedulerView
+from accelgen.policies.common import BatchBuilder
+
+
+class VLLMParams(PolicyParams):
+    token_budget: PositiveInt | None = None  # default: the pivot forward size S_pf
+    max_num_seqs: PositiveInt = 256
+
+
+class VLLMPolicy(Policy):
+    name = "vllm"
+    Params = VLLMParams
+    params: VLLMParams
+
+    def schedule(self, view: SchedulerView) -> Decision:
+        budget = self.params.token_budget or view.pivot.s_pf
+        b = BatchBuilder(view.kv, budget)
+        running = view.running
+        for i, r in enumerate(running):
+            if b.budget_left <= 0:
+                break
+            if r.req_id in b.preempted_ids:
+                break  # everything from here on was preempted as a victim
+            n = min(r.num_new_tokens, b.budget_left)
+            while not b.fits(r, n):
+                if b.preempt_newest(running, i + 1) is None:
+                    b.preempt(r)
+                    break
+            if r.req_id in b.preempted_ids:
+                break
+            b.add(r, n)
+        if not b.decision.preempted:
+            n_running = len(running)
+            for r in view.waiting:
+                if b.budget_left <= 0 or n_running + b.num_scheduled >= self.params.max_num_seqs:
+                    break
+                if not b.fits(r, r.num_new_tokens):
+                    break
+                b.add(r, min(r.num_new_tokens, b.budget_left))
+        b.decision.info["token_budget"] = budget
+        return b.decision

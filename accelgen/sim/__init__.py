@@ -1,0 +1,1 @@
+"""Discrete-event serving simulator driven by a cost model."""

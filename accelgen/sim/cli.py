@@ -1,0 +1,92 @@
+"""``accelgen simulate``: run one policy on one trace in the simulator."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from accelgen.config import Deployment, ExperimentConfig, PolicySpec, SimOptions, load_yaml
+
+
+def parse_params(items: list[str] | None) -> dict[str, Any]:
+    """``["gamma=0.5", "era_scope=request"]`` -> ``{"gamma": 0.5, "era_scope": "request"}``."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--param expects KEY=VALUE, got {item!r}")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("simulate", help="simulate a policy on a trace",
+                       description=__doc__)
+    p.add_argument("--trace", required=True, type=Path, help="trace file (.parquet or .csv)")
+    p.add_argument("--policy", default=None, help="policy name (see --list-policies)")
+    p.add_argument("--param", action="append", metavar="KEY=VALUE", help="policy parameter")
+    p.add_argument("--config", type=Path, help="experiment YAML (deployment/policy/sim/seed)")
+    p.add_argument("--deployment", help="a built-in deployment, e.g. opt-13b, opt-175b")
+    p.add_argument("--model")
+    p.add_argument("--hardware")
+    p.add_argument("--tp", type=int)
+    p.add_argument("--pp", type=int)
+    p.add_argument("--kv-gb", type=float, help="KV cache GiB per GPU")
+    p.add_argument("--profile-csv", type=Path, help="use a measured profile table as cost model")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--out", required=True, type=Path, help="results directory")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=run)
+
+
+def build_config(args: argparse.Namespace) -> ExperimentConfig:
+    data: dict[str, Any] = load_yaml(args.config) if args.config else {}
+    cfg = ExperimentConfig(**data)
+    dep = cfg.deployment.model_dump()
+    if args.deployment:
+        from accelgen.costmodel.profiles import DEPLOYMENTS
+
+        if args.deployment not in DEPLOYMENTS:
+            raise ValueError(f"unknown deployment {args.deployment!r}; known: {', '.join(DEPLOYMENTS)}")
+        dep = DEPLOYMENTS[args.deployment].model_dump()
+    for key, value in (("model", args.model), ("hardware", args.hardware), ("tp", args.tp),
+                       ("pp", args.pp), ("kv_cache_gb", args.kv_gb)):
+        if value is not None:
+            dep[key] = value
+    if args.profile_csv is not None:
+        dep["cost_model"], dep["profile_csv"] = "profile", args.profile_csv
+    policy = cfg.policy.model_dump()
+    if args.policy:
+        policy = {"name": args.policy, "params": {}}
+    policy["params"].update(parse_params(args.param))
+    sim = cfg.sim.model_dump()
+    if args.no_progress:
+        sim["progress"] = False
+    return ExperimentConfig(deployment=Deployment(**dep), policy=PolicySpec(**policy),
+                            sim=SimOptions(**sim),
+                            seed=args.seed if args.seed is not None else cfg.seed)
+
+
+def run(args: argparse.Namespace) -> int:
+    from accelgen.sim.runner import simulate_to_dir
+    from accelgen.workloads.trace import load_trace
+
+    cfg = build_config(args)
+    trace = load_trace(args.trace)
+    out = simulate_to_dir(trace, cfg, args.out, progress=not args.no_progress,
+                          trace_path=str(args.trace))
+    s, t = out.summary, out.timing_summary
+    print(f"{cfg.policy.name} on {cfg.deployment.model}/{cfg.deployment.hardware}: "
+          f"{s['num_finished']}/{s['num_requests']} finished, {s['num_rejected']} rejected, "
+          f"{s['num_iterations']} iterations")
+    print(f"  throughput {s['throughput_output_tps']:.1f} out tok/s, {s['throughput_rps']:.2f} req/s;"
+          f" goodput {s['goodput_rps']:.2f} req/s; SLO attainment request "
+          f"{s['slo_attainment_request']:.3f}, iteration {s['slo_attainment_iteration']:.3f}")
+    print(f"  simulated {s['makespan_s']:.1f} s in {t['sim_wall_time_s']:.2f} s wall "
+          f"({t['iterations_per_wall_s']:.0f} it/s); decision p50 "
+          f"{t['decision_time_p50'] * 1e6:.0f} us")
+    print(f"  results: {args.out}")
+    return 0

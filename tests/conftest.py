@@ -1,0 +1,56 @@
+"""Shared test helpers: a simple linear cost model and a one-call simulator runner."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import pytest
+
+from accelgen.costmodel.base import BatchShape, CostModel
+from accelgen.kvcache import BlockManager
+from accelgen.policies.base import Pivot, Policy
+from accelgen.request import Request
+from accelgen.sim.engine import SimulationResult, Simulator
+
+
+class LinearCost(CostModel):
+    """T = base + per_token * S_f + per_ctx * decode_ctx: simple, monotone, easy to reason about."""
+
+    name = "linear-test"
+
+    def __init__(self, base: float = 0.010, per_token: float = 1e-4, per_ctx: float = 1e-7) -> None:
+        self.base, self.per_token, self.per_ctx = base, per_token, per_ctx
+
+    def iteration_time(self, shape: BatchShape) -> float:
+        return (self.base + self.per_token * (shape.prefill_tokens + shape.decode_seqs)
+                + self.per_ctx * (shape.decode_ctx + shape.prefill_attn / 64))
+
+
+def make_requests(specs: Sequence[tuple[float, int]], *, ttft_slo: float = 1.0,
+                  tbt_slo: float = 0.2, source: str = "test") -> list[Request]:
+    """``specs``: (arrival, prompt_len) per request; ids follow the order given."""
+    reqs = []
+    for i, (arrival, prompt) in enumerate(specs):
+        reqs.append(Request(req_id=i, arrival=arrival, prompt_len=prompt, source=source,
+                            ttft_slo=ttft_slo, tbt_slo=tbt_slo, jct_slo=math.inf))
+    return reqs
+
+
+def run_sim(requests: list[Request], output_len: Sequence[int], policy: Policy, *,
+            num_blocks: int = 64, block_size: int = 16, s_pf: int = 256,
+            cost: CostModel | None = None, max_model_len: int = 100_000,
+            kv_bytes_per_token: int = 1024, host_link_bandwidth: float = math.inf,
+            num_swap_blocks: int = 0, watermark: float = 0.0) -> SimulationResult:
+    cost = cost or LinearCost()
+    kv = BlockManager(num_blocks, block_size, watermark=watermark, num_swap_blocks=num_swap_blocks)
+    pivot = Pivot(s_pf=s_pf, t_pf=cost.forward_time(s_pf))
+    sim = Simulator(requests, list(output_len), policy, cost, kv, pivot,
+                    max_model_len=max_model_len, kv_bytes_per_token=kv_bytes_per_token,
+                    host_link_bandwidth=host_link_bandwidth, max_iterations=200_000)
+    return sim.run()
+
+
+@pytest.fixture
+def linear_cost() -> LinearCost:
+    return LinearCost()
