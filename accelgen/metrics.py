@@ -75,10 +75,17 @@ def tbt_samples(requests: pd.DataFrame) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0)
 
 
+def span(requests: pd.DataFrame) -> tuple[float, float]:
+    """First arrival to last completion of a finished request (rejections do not extend it)."""
+    start = float(requests["arrival"].min())
+    done = requests.loc[requests["status"] == "finished", "finish_time"].to_numpy(np.float64)
+    end = float(done.max()) if done.size else start
+    return start, end
+
+
 def goodput_series(pr: pd.DataFrame, window: float = 1.0) -> np.ndarray:
     """Requests that met their SLOs, per second, in windows of ``window`` s (by completion time)."""
-    start = float(pr["arrival"].min())
-    end = float(np.nanmax(pr["finish_time"].to_numpy(dtype=np.float64)))
+    start, end = span(pr)
     n_win = max(1, math.ceil((end - start) / window))
     good = pr.loc[pr["slo_met"], "finish_time"].to_numpy(dtype=np.float64)
     idx = np.minimum(((good - start) // window).astype(np.int64), n_win - 1)
@@ -117,15 +124,14 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, *, s_pf: int,
         "num_iterations": len(its),
         "num_preemptions": int(pr["num_preemptions"].sum()),
     }
-    start = float(pr["arrival"].min()) if n else 0.0
-    end = float(np.nanmax(pr["finish_time"].to_numpy(dtype=np.float64))) if n else 0.0
-    span = max(end - start, 1e-9)
+    start, end = span(pr) if n else (0.0, 0.0)
+    makespan = max(end - start, 1e-9)
     out_tokens = float(fin["num_output_tokens"].sum())
     out.update({
-        "makespan_s": span,
-        "throughput_rps": len(fin) / span,
-        "throughput_output_tps": out_tokens / span,
-        "throughput_total_tps": (out_tokens + float(fin["prompt_len"].sum())) / span,
+        "makespan_s": makespan,
+        "throughput_rps": len(fin) / makespan,
+        "throughput_output_tps": out_tokens / makespan,
+        "throughput_total_tps": (out_tokens + float(fin["prompt_len"].sum())) / makespan,
     })
     online = pr[pr["online"]]
     delivered = float(online["num_output_tokens"].sum())
