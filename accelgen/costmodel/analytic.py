@@ -1,0 +1,206 @@
+"""Analytic roofline iteration-latency model, calibrated on measured A100 kernel times.
+
+Per transformer layer, summed over all layers of the model:
+
+- Linear layers (QKV/O projections, FFN, and the element-wise ops around them): a smooth roofline
+  ``(t_compute^p + t_weights^p)^(1/p)`` over the forward size S, where
+  t_compute = 2 * params * S / (peak * compute_eff) and t_weights = weight bytes /
+  (bandwidth * memory_eff). The measured curve bends gradually from weight streaming to compute
+  (no sharp ``max``): p is fitted. Plus a fixed per-layer cost (kernel launches, small ops).
+- Prefill attention: compute-bound on query-key pairs. Pairs of the causal (new x new) triangle
+  and pairs against prior context run at different measured efficiencies (the kernel wastes
+  work on diagonal tiles), so they get separate constants. From the batch aggregates the causal
+  part is estimated as min(prefill_attn, P(P+1)/2) with P = prefill tokens: exact for one chunk,
+  an overestimate (hence conservative) when several chunks share an iteration.
+- Decode attention: memory-bound on the KV bytes read (decode_ctx tokens), plus a per-sequence
+  and a fixed per-layer cost; compute-bound instead if that is ever larger (not for fp16 MHA/GQA
+  on GPUs).
+- LM head: a roofline over the sampled sequences (one logit row per sequence). Not in the
+  calibration data (which has no LM head); its weights add about 0.2-0.3 ms per iteration.
+- Multi-GPU (assumed, not fitted: the calibration set has no multi-GPU traces): TP divides
+  weights, FLOPs, heads and KV heads by tp and adds two ring all-reduces of S x hidden per layer
+  (Megatron layout) at ``comm_eff`` of the per-direction link bandwidth plus a fixed latency.
+  PP adds (pp - 1) point-to-point activation transfers. With PP the scheduler is charged a full
+  pipeline pass per iteration (all layers, no micro-batch overlap, i.e. the bubble is never
+  filled): simple and pessimistic for throughput, which is why the default OPT-175B layout is
+  TP 8 (see profiles.py).
+- ``extra_overhead_s``: a constant per iteration for engine CPU work, sampling and so on. The
+  calibration data are GPU kernel times only, so the default is 0 (a real engine adds a few ms).
+
+Efficiencies fitted on A100 kernel times are applied to every hardware profile; on other GPUs
+this is an assumption, and a measured profile table (``cost_model: profile``) should be preferred.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from accelgen.config import HardwareProfile, ModelProfile
+from accelgen.costmodel.base import BatchShape, CostModel
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """Efficiency constants of the analytic model (fractions of datasheet peak, and seconds)."""
+
+    linear_compute_eff: float
+    linear_memory_eff: float
+    linear_transition_p: float
+    linear_layer_fixed_s: float  # per layer per iteration
+    attn_causal_eff: float
+    attn_context_eff: float
+    attn_prefill_fixed_s: float  # per layer, iterations with prefill
+    attn_decode_mem_eff: float
+    attn_decode_seq_head_s: float  # per layer, per decode sequence, per attention head
+    attn_decode_fixed_s: float  # per layer, iterations with decodes
+    # Multi-GPU terms: assumptions, not fitted. NCCL all-reduce on A100 NVLink reaches a bus
+    # bandwidth of ~230 of 300 GB/s per direction (nccl-tests, DGX A100); small-message latency
+    # is ~10 us.
+    comm_eff: float = 0.75
+    allreduce_latency_s: float = 10e-6
+    p2p_latency_s: float = 10e-6
+    source: str = ""
+
+
+# Fitted by `scripts/fit_costmodel.py` (see docs/costmodel.md) on Vidur's published A100-80GB
+# profiles (github.com/microsoft/vidur, data/profiling/compute/a100/, MIT): per-op linear-layer
+# times of internlm-20b (the Llama-2-13B layer shape), Llama-2-7B and CodeLlama-34B at TP 1, and
+# Llama-2-7B prefill/decode attention points, as collected for this project under
+# calibration/a100_13b_class/. Command:
+#   .venv/bin/python scripts/fit_costmodel.py --calibration /work/shared/calibration/a100_13b_class
+A100_CALIBRATION = Calibration(
+    linear_compute_eff=0.6774,
+    linear_memory_eff=0.8429,
+    linear_transition_p=1.677,
+    linear_layer_fixed_s=5.479e-05,
+    attn_causal_eff=0.1559,
+    attn_context_eff=0.3625,
+    attn_prefill_fixed_s=3.593e-05,
+    attn_decode_mem_eff=1.0,  # at its bound: the per-sequence term absorbs the rest
+    attn_decode_seq_head_s=3.264e-08,
+    attn_decode_fixed_s=7.664e-06,
+    source="fit of Vidur A100 profiles (calibration/a100_13b_class), scripts/fit_costmodel.py",
+)
+
+
+def _roofline(t_compute: float, t_memory: float, p: float) -> float:
+    """Smooth maximum of two times; p -> infinity gives max(), p = 1 the sum."""
+    return t_memory * (1.0 + (t_compute / t_memory) ** p) ** (1.0 / p)
+
+
+class AnalyticCostModel(CostModel):
+    """Roofline iteration latency of ``model`` on ``tp x pp`` GPUs of ``hardware``."""
+
+    name = "analytic"
+
+    __slots__ = ("_causal", "_comm_tok", "_ctx", "_dec_ctx", "_dec_fixed", "_dec_seq", "_fixed",
+                 "_inv_p", "_lin_tok", "_lin_w", "_lm_tok", "_lm_w", "_p", "_pf_fixed",
+                 "calibration", "extra_overhead_s", "hardware", "model", "pp", "tp")
+
+    def __init__(self, model: ModelProfile, hardware: HardwareProfile, tp: int = 1, pp: int = 1,
+                 calibration: Calibration = A100_CALIBRATION,
+                 extra_overhead_s: float = 0.0) -> None:
+        if tp < 1 or pp < 1:
+            raise ValueError(f"tp and pp must be >= 1, got tp={tp}, pp={pp}")
+        if pp > model.num_layers:
+            raise ValueError(f"pp={pp} exceeds the {model.num_layers} layers of {model.name}")
+        if extra_overhead_s < 0:
+            raise ValueError(f"extra_overhead_s must be >= 0, got {extra_overhead_s}")
+        self.model, self.hardware, self.tp, self.pp = model, hardware, tp, pp
+        self.calibration, self.extra_overhead_s = calibration, extra_overhead_s
+        c = calibration
+        peak, bw, dt = hardware.peak_flops, hardware.mem_bandwidth, model.dtype_bytes
+        layers, hidden, head_dim = model.num_layers, model.hidden_size, model.head_dim
+        heads = model.num_heads / tp
+        kv_heads = math.ceil(model.num_kv_heads / tp)  # replicated when fewer than tp
+        params = model.params_per_layer / tp
+
+        # Everything below is per iteration (all layers of the full pass) so that the hot path
+        # is a handful of multiply-adds.
+        self._p, self._inv_p = c.linear_transition_p, 1.0 / c.linear_transition_p
+        self._lin_tok = layers * 2.0 * params / (peak * c.linear_compute_eff)
+        self._lin_w = layers * params * dt / (bw * c.linear_memory_eff)
+        lm_params = model.vocab_size * hidden / tp
+        self._lm_tok = 2.0 * lm_params / (peak * c.linear_compute_eff)
+        self._lm_w = lm_params * dt / (bw * c.linear_memory_eff)
+
+        act_bytes = hidden * dt  # one token's activations
+        link = hardware.interconnect_bandwidth * c.comm_eff
+        comm_tok, comm_fixed = 0.0, 0.0
+        if tp > 1:
+            comm_tok += layers * 2 * (2.0 * (tp - 1) / tp) * act_bytes / link
+            comm_fixed += layers * 2 * c.allreduce_latency_s
+        if pp > 1:
+            comm_tok += (pp - 1) * act_bytes / link
+            comm_fixed += (pp - 1) * c.p2p_latency_s
+        self._comm_tok = comm_tok
+        self._fixed = layers * c.linear_layer_fixed_s + comm_fixed + extra_overhead_s
+
+        pair_flops = 4.0 * heads * head_dim  # QK^T and PV, per query-key pair
+        self._ctx = layers * pair_flops / (peak * c.attn_context_eff)
+        # Moving a pair from context to the causal triangle must never make an iteration cheaper
+        # (keeps iteration_time monotone in prefill_tokens whatever the fit says).
+        self._causal = max(layers * pair_flops / (peak * c.attn_causal_eff), self._ctx)
+        self._pf_fixed = layers * c.attn_prefill_fixed_s
+        kv_token_bytes = 2.0 * kv_heads * head_dim * dt
+        self._dec_ctx = layers * max(kv_token_bytes / (bw * c.attn_decode_mem_eff),
+                                     pair_flops / (peak * c.attn_context_eff))
+        self._dec_seq = layers * heads * c.attn_decode_seq_head_s
+        self._dec_fixed = layers * c.attn_decode_fixed_s
+
+    def iteration_time(self, shape: BatchShape) -> float:
+        # Hot path (once per simulated iteration): plain float arithmetic, mirrors breakdown().
+        p_tok = shape.prefill_tokens
+        d_seq = shape.decode_seqs
+        n = p_tok + d_seq
+        if n <= 0:
+            return 0.0
+        p, inv_p = self._p, self._inv_p
+        lin_w = self._lin_w
+        t = self._fixed + n * self._comm_tok
+        t += lin_w * (1.0 + (n * self._lin_tok / lin_w) ** p) ** inv_p
+        sampled = shape.prefill_seqs + d_seq
+        if sampled > 0:
+            lm_w = self._lm_w
+            t += lm_w * (1.0 + (sampled * self._lm_tok / lm_w) ** p) ** inv_p
+        if p_tok > 0:
+            attn = shape.prefill_attn
+            causal = p_tok * (p_tok + 1) * 0.5
+            if causal > attn:
+                causal = attn
+            t += self._pf_fixed + causal * self._causal + (attn - causal) * self._ctx
+        if d_seq > 0:
+            t += self._dec_fixed + d_seq * self._dec_seq + shape.decode_ctx * self._dec_ctx
+        return t
+
+    def breakdown(self, shape: BatchShape) -> dict[str, float]:
+        """The terms of ``iteration_time`` (seconds), for inspection and tests."""
+        out = dict.fromkeys(("fixed", "linear", "lm_head", "comm", "prefill_attn",
+                             "decode_attn"), 0.0)
+        n = shape.prefill_tokens + shape.decode_seqs
+        if n <= 0:
+            return out
+        out["fixed"] = self._fixed
+        out["comm"] = n * self._comm_tok
+        out["linear"] = _roofline(n * self._lin_tok, self._lin_w, self._p)
+        sampled = shape.prefill_seqs + shape.decode_seqs
+        if sampled > 0:
+            out["lm_head"] = _roofline(sampled * self._lm_tok, self._lm_w, self._p)
+        if shape.prefill_tokens > 0:
+            causal = min(shape.prefill_attn, shape.prefill_tokens * (shape.prefill_tokens + 1) / 2)
+            out["prefill_attn"] = (self._pf_fixed + causal * self._causal
+                                   + (shape.prefill_attn - causal) * self._ctx)
+        if shape.decode_seqs > 0:
+            out["decode_attn"] = (self._dec_fixed + shape.decode_seqs * self._dec_seq
+                                  + shape.decode_ctx * self._dec_ctx)
+        return out
+
+    def describe(self) -> dict[str, object]:
+        return {"model": self.model.name, "hardware": self.hardware.name, "tp": self.tp,
+                "pp": self.pp, "extra_overhead_s": self.extra_overhead_s,
+                "calibration": asdict(self.calibration)}
+
+    def __repr__(self) -> str:
+        return (f"AnalyticCostModel({self.model.name}, {self.hardware.name}, tp={self.tp}, "
+                f"pp={self.pp})")
