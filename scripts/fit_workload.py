@@ -194,8 +194,9 @@ def main(argv: list[str] | None = None) -> int:
         f'    "bookcorpus.output.2": {OUTPUT_TAIL_RANGE},',
         "}",
         "",
-        "# Fallback isolated prefill latency (s) = a + b*n + c*n^2, least squares (relative error) on",
-        f"# {CALIBRATION} prefill_iter_ms_total, n = 8..4096; MAPE {mape * 100:.1f} %.",
+        "# Fallback isolated prefill latency (s) = a + b*n + c*n^2, least squares (relative",
+        f"# error) on {CALIBRATION} prefill_iter_ms_total, n = 8..4096;",
+        f"# MAPE {mape * 100:.1f} %.",
         f"FALLBACK_PREFILL_COEFFS = ({prefill[0]:.6e}, {prefill[1]:.6e}, {prefill[2]:.6e})",
         "",
     ]

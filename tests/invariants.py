@@ -14,7 +14,7 @@ from accelgen.sim.engine import SimulationResult
 class RecordingPolicy(Policy):
     """Wraps a policy and records the forward size of every decision that schedules tokens."""
 
-    def __init__(self, inner: Policy) -> None:  # noqa: D107 - no params of its own
+    def __init__(self, inner: Policy) -> None:
         self.inner = inner
         self.name = inner.name
         self.clairvoyant = inner.clairvoyant  # type: ignore[misc]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from accelgen.kvcache import BlockManager
 from accelgen.policies.base import Decision, Pivot, SchedulerView
-from accelgen.policies.registry import make_policy
 from accelgen.policies.common import is_prefilling
+from accelgen.policies.registry import make_policy
 from accelgen.request import Status
 from tests.conftest import LinearCost, make_requests, run_sim
 from tests.invariants import RecordingPolicy, check_invariants
@@ -27,7 +27,7 @@ def test_vllm_v0_prefill_only_iterations_and_head_of_line_blocking() -> None:
     its = res.iterations.to_frame()
     mixed = its[(its["prefill_tokens"] > 0) & (its["decode_tokens"] > 0)]
     assert mixed.empty, "vllm-v0 must never mix prefill and decode in one iteration"
-    r0, r1, r2 = res.requests
+    _, r1, r2 = res.requests
     assert r2.first_scheduled_time >= r1.first_scheduled_time
     # Request 2 could have run right away on free KV but did not start before request 1.
     assert r2.first_scheduled_time > 1.0

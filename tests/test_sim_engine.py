@@ -132,6 +132,6 @@ def test_results_files_are_deterministic(tmp_path) -> None:
 
 def test_results_writer_leaves_nothing_on_failure(tmp_path) -> None:
     bad = pd.DataFrame({"x": [object()]})  # not serialisable by pyarrow
-    with pytest.raises(Exception):  # noqa: B017, PT011
+    with pytest.raises(Exception):  # noqa: B017
         write_results(tmp_path / "out", bad, bad, {}, {})
     assert list(tmp_path.iterdir()) == []

@@ -16,7 +16,7 @@ import numpy as np
 
 from accelgen.costmodel.base import BatchShape, CostModel
 from accelgen.kvcache import BlockManager, blocks_for
-from accelgen.policies.base import Decision, Pivot, Policy, SchedulerView
+from accelgen.policies.base import Pivot, Policy, SchedulerView
 from accelgen.request import Request, Status
 from accelgen.sim.recorder import IterationLog
 
@@ -81,7 +81,8 @@ class Simulator:
     # ---------------------------------------------------------------------------------------
     def _reject_reason(self, r: Request) -> str:
         if r.prompt_len >= self.max_model_len:
-            return f"prompt ({r.prompt_len} tokens) does not leave room for output in max_model_len {self.max_model_len}"
+            return (f"prompt ({r.prompt_len} tokens) leaves no room for output within "
+                    f"max_model_len {self.max_model_len}")
         need = r.prompt_len + self._target[r.req_id]
         if blocks_for(need, self.kv.block_size) > self.kv.num_total_blocks:
             return f"sequence ({need} tokens) exceeds total KV capacity ({self.kv.capacity_tokens} tokens)"

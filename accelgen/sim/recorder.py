@@ -64,7 +64,8 @@ class IterationLog:
         self.rows.append((
             start, latency, shape.prefill_tokens + shape.decode_seqs, shape.prefill_tokens,
             shape.decode_seqs, shape.prefill_seqs, batch_size, shape.prefill_attn,
-            shape.decode_ctx, kv_used_blocks, kv_total_blocks, kv_used_tokens, num_preempted, num_waiting, num_running, num_swapped, swap_time))
+            shape.decode_ctx, kv_used_blocks, kv_total_blocks, kv_used_tokens, num_preempted,
+            num_waiting, num_running, num_swapped, swap_time))
         self.info.append(info)
         self.decision_time.append(decision_time)
 
@@ -80,7 +81,8 @@ class IterationLog:
 
 
     def timing_frame(self) -> pd.DataFrame:
-        return pd.DataFrame({"decision_time": np.asarray(self.decision_time, dtype=np.float64)})
+        times = np.asarray(self.decision_time, dtype=np.float64)
+        return pd.DataFrame({"decision_time": times})
 
 
 def requests_frame(requests: Iterable[Request], output_len: np.ndarray) -> pd.DataFrame:

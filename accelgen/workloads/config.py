@@ -6,7 +6,7 @@ too (deployments, systems, ...); :meth:`WorkloadConfig.from_yaml` reads only its
 
 from __future__ import annotations
 
-import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -30,7 +30,7 @@ SYNTHETIC_DATASETS: tuple[str, ...] = ("alpaca", "sharegpt", "bookcorpus")
 RECORD_FORMATS: tuple[str, ...] = ("alpaca", "sharegpt", "vidur_csv", "azure_csv")
 TIMESTAMP_FORMATS: tuple[str, ...] = ("vidur_csv", "azure_csv")
 # SPEC section 6: Alpaca 25 %, ShareGPT 40 %, BookCorpus 35 %.
-DEFAULT_MIX: dict[str, float] = {"alpaca": 0.25, "sharegpt": 0.40, "bookcorpus": 0.35}
+DEFAULT_MIX: dict[SyntheticDataset, float] = {"alpaca": 0.25, "sharegpt": 0.40, "bookcorpus": 0.35}
 SHARE_TOLERANCE = 1e-6
 
 
@@ -39,7 +39,7 @@ def _check_scale(name: str, scale: tuple[float, float]) -> None:
         raise ValueError(f"{name}: low {scale[0]} is above high {scale[1]}")
 
 
-def _check_shares(name: str, shares: dict[str, float]) -> None:
+def _check_shares(name: str, shares: Mapping[Any, float]) -> None:
     total = sum(shares.values())
     if not shares or abs(total - 1.0) > SHARE_TOLERANCE:
         raise ValueError(f"{name}: shares must sum to 1, got {total:g} ({shares})")
@@ -60,15 +60,18 @@ class SourceSpec(StrictModel):
 
     def check(self, name: str) -> None:
         """Cross-field rules; ``name`` is the config key used in messages."""
+        def key(k: str) -> str:
+            return f"{name}.{k}" if name else k
+
         has_path, has_hf = self.path is not None, self.hf_dataset is not None
         if self.format == "synthetic":
             if has_path or has_hf:
-                raise ValueError(f"{name}: format 'synthetic' takes no path or hf_dataset")
+                raise ValueError(f"{key('path')}: format 'synthetic' takes no path or hf_dataset")
             return
         if self.format in TIMESTAMP_FORMATS and not has_path:
-            raise ValueError(f"{name}.path: format '{self.format}' needs a local path")
+            raise ValueError(f"{key('path')}: format '{self.format}' needs a local path")
         if has_path == has_hf:
-            raise ValueError(f"{name}: give exactly one of path or hf_dataset")
+            raise ValueError(f"{key('path')}: give exactly one of path or hf_dataset")
 
 
 class ArrivalConfig(StrictModel):
@@ -101,9 +104,9 @@ class SLOConfig(StrictModel):
 
     @model_validator(mode="after")
     def _scales(self) -> SLOConfig:
-        _check_scale("slo.ttft_scale", self.ttft_scale)
-        _check_scale("slo.tbt_scale_range", self.tbt_scale_range)
-        _check_scale("slo.offline_jct_scale", self.offline_jct_scale)
+        _check_scale("ttft_scale", self.ttft_scale)
+        _check_scale("tbt_scale_range", self.tbt_scale_range)
+        _check_scale("offline_jct_scale", self.offline_jct_scale)
         return self
 
 
@@ -151,7 +154,7 @@ class WorkloadConfig(StrictModel):
                 if abs(sum(probs) - 1.0) > SHARE_TOLERANCE:
                     raise ValueError(f"{key}.{ds}: probabilities must sum to 1, got {sum(probs):g}")
         if self.kind == "synthetic":
-            _check_shares("mix", dict(self.mix))
+            _check_shares("mix", self.mix)
         elif self.kind == "mix":
             if not self.sources:
                 raise ValueError("sources: kind 'mix' needs at least one source")
@@ -159,7 +162,7 @@ class WorkloadConfig(StrictModel):
             for name, spec in self.sources.items():
                 spec.check(f"sources.{name}")
         else:
-            self._single_spec().check("workload")
+            self._single_spec().check("")
 
         single_records = self.kind in RECORD_FORMATS
         if self.sampling == "sequential" and not single_records:
@@ -168,14 +171,15 @@ class WorkloadConfig(StrictModel):
         if self.num_requests is None and not (single_records and self.sampling == "sequential"):
             raise ValueError("num_requests: may be omitted only with sampling 'sequential' "
                              "on a record file kind (then every record is used)")
-        if self.arrival.kind == "replay" and self.arrival.replay_path is None:
-            if self.kind not in TIMESTAMP_FORMATS or self.sampling != "sequential":
-                raise ValueError("arrival.replay_path: replaying without a timestamp file needs "
-                                 "kind vidur_csv or azure_csv with sampling 'sequential'")
+        own_times = self.kind in TIMESTAMP_FORMATS and self.sampling == "sequential"
+        if self.arrival.kind == "replay" and self.arrival.replay_path is None and not own_times:
+            raise ValueError("arrival.replay_path: replaying without a timestamp file needs "
+                             "kind vidur_csv or azure_csv with sampling 'sequential'")
         return self
 
     def _single_spec(self) -> SourceSpec:
-        return SourceSpec(format=self.kind, path=self.path, hf_dataset=self.hf_dataset,  # type: ignore[arg-type]
+        fmt: Any = self.kind  # a single-file kind is a source format
+        return SourceSpec(format=fmt, path=self.path, hf_dataset=self.hf_dataset,
                           hf_split=self.hf_split, hf_data_files=self.hf_data_files,
                           max_records=self.max_records)
 
@@ -190,12 +194,15 @@ class WorkloadConfig(StrictModel):
 
     # ----------------------------------------------------------------------------------------
     @classmethod
-    def parse(cls, data: Any, origin: str = "workload config") -> WorkloadConfig:
-        """Validate a mapping; errors become one :class:`WorkloadError` naming every bad key."""
+    def parse(cls, data: Any, origin: str = "workload config",
+              prefix: str = "workload") -> WorkloadConfig:
+        """Validate a mapping; errors become one :class:`WorkloadError` naming every bad key
+        (as ``<prefix>.<key path>``)."""
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            raise WorkloadError(f"{origin}: invalid workload config:\n{_format_errors(exc)}") from None
+            raise WorkloadError(
+                f"{origin}: invalid workload config:\n{_format_errors(exc, prefix)}") from None
 
     @classmethod
     def from_yaml(cls, path: Path | str, key: str | None = "workload") -> WorkloadConfig:
@@ -205,25 +212,21 @@ class WorkloadConfig(StrictModel):
             if key not in data:
                 raise WorkloadError(f"{path}: no top-level '{key}' section")
             data = data[key]
-        return cls.parse(data, origin=f"{path}" + (f" [{key}]" if key else ""))
+        return cls.parse(data, origin=str(path), prefix=key or "workload")
 
     def updated(self, **changes: Any) -> WorkloadConfig:
         """A copy with top-level fields replaced, validated again (model_copy does not validate)."""
         data = self.model_dump(mode="python")
         data.update({k: v for k, v in changes.items()})
-        return type(self).parse(data, origin="workload config (with overrides)")
+        return type(self).parse(data, origin="workload config (after command-line overrides)")
 
 
-def _format_errors(exc: ValidationError) -> str:
+def _format_errors(exc: ValidationError, prefix: str) -> str:
     lines = []
     for err in exc.errors(include_url=False):
-        loc = ".".join(str(p) for p in err["loc"]) or "(config)"
+        loc = ".".join([prefix, *(str(p) for p in err["loc"])])
         msg = err["msg"].removeprefix("Value error, ")
         got = err.get("input")
         shown = "" if isinstance(got, dict) or err["loc"] == () else f" (got {got!r})"
         lines.append(f"  {loc}: {msg}{shown}")
     return "\n".join(lines)
-
-
-def is_finite_positive(x: float) -> bool:
-    return math.isfinite(x) and x > 0

@@ -110,6 +110,7 @@ POWER_LAW_TAILS: dict[str, tuple[int, int]] = {
     "bookcorpus.output.2": (4096, 16384),
 }
 
-# Fallback isolated prefill latency (s) = a + b*n + c*n^2, least squares (relative error) on
-# derived_cost_13b_class_a100_tp1.csv prefill_iter_ms_total, n = 8..4096; MAPE 2.4 %.
+# Fallback isolated prefill latency (s) = a + b*n + c*n^2, least squares (relative
+# error) on derived_cost_13b_class_a100_tp1.csv prefill_iter_ms_total, n = 8..4096;
+# MAPE 2.4 %.
 FALLBACK_PREFILL_COEFFS = (1.363063e-02, 1.150381e-04, 8.033004e-09)

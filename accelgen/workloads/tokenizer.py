@@ -22,7 +22,9 @@ import numpy as np
 from accelgen.workloads.errors import WorkloadError
 
 # tiktoken's r50k/gpt2 pre-tokenisation pattern (tiktoken_ext/openai_public.py).
-GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+GPT2_PATTERN = (
+    r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+)
 ENDOFTEXT = "<|endoftext|>"
 # sha256 of OpenAI's GPT-2 files (the hashes tiktoken pins for its own download).
 VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
@@ -36,7 +38,10 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
-    def count_batch(self, texts: Sequence[str]) -> np.ndarray: ...
+    def count_batch(self, texts: Sequence[str], special: bool = True) -> np.ndarray:
+        """Token counts; ``special`` adds the tokens the model prepends to a prompt (OPT's BOS).
+        Output text is counted with ``special=False``: a generated answer has no BOS."""
+        ...
 
 
 def _gpt2_files() -> tuple[bytes, bytes]:
@@ -104,9 +109,10 @@ class GPT2Tokenizer:
         ids = self._enc.encode_ordinary(text)
         return [2, *ids] if self.extra_tokens else ids  # OPT's BOS is id 2
 
-    def count_batch(self, texts: Sequence[str]) -> np.ndarray:
+    def count_batch(self, texts: Sequence[str], special: bool = True) -> np.ndarray:
         ids = self._enc.encode_ordinary_batch(list(texts), num_threads=4)
-        return np.fromiter((len(x) + self.extra_tokens for x in ids), np.int64, len(ids))
+        extra = self.extra_tokens if special else 0
+        return np.fromiter((len(x) + extra for x in ids), np.int64, len(ids))
 
 
 class HFTokenizer:
@@ -129,10 +135,10 @@ class HFTokenizer:
     def encode(self, text: str) -> list[int]:
         return list(self._tok(text)["input_ids"])
 
-    def count_batch(self, texts: Sequence[str]) -> np.ndarray:
+    def count_batch(self, texts: Sequence[str], special: bool = True) -> np.ndarray:
         if not texts:
             return np.zeros(0, np.int64)
-        out = self._tok(list(texts))["input_ids"]
+        out = self._tok(list(texts), add_special_tokens=special)["input_ids"]
         return np.fromiter((len(x) for x in out), np.int64, len(out))
 
 
