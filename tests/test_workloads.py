@@ -75,8 +75,11 @@ def test_per_dataset_buckets_follow_spec(paper_scale: pd.DataFrame) -> None:
 
 def test_truncation_and_cap_are_recorded(paper_scale: pd.DataFrame) -> None:
     df = paper_scale
-    assert df["prompt_len"].max() == 8192
-    assert (df["prompt_truncated"] == (df["prompt_len_natural"] > 8192)).all()
+    # prompt + capped output fits in max_model_len; only the prompt is cut
+    assert (df["prompt_len"] + df["output_len"]).max() == 8192
+    limit = 8192 - df["output_len"]
+    assert (df["prompt_truncated"] == (df["prompt_len_natural"] > limit)).all()
+    assert (df.loc[df["prompt_truncated"], "prompt_len"] == limit[df["prompt_truncated"]]).all()
     assert df["output_len"].max() == 2048
     assert (df["output_capped"] == (df["output_len_natural"] > 2048)).all()
     assert df["output_capped"].sum() > 0.1 * len(df)  # the >= 4K natural outputs

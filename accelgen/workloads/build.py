@@ -72,8 +72,11 @@ def build_trace(cfg: WorkloadConfig, prefill_latency: PrefillLatency | None = No
 
     origin = ", ".join(src.origin for src in sources.values())
     arrival = make_arrivals(cfg.arrival, n, stream(cfg.seed, "arrival"), timestamps, origin)
-    prompt = prompt_nat if cfg.max_model_len is None else np.minimum(prompt_nat, cfg.max_model_len)
     output = np.minimum(output_nat, cfg.max_tokens)
+    # A sequence (prompt + output) must fit in max_model_len, as a real engine requires: cut the
+    # prompt, never the (already capped) output.
+    prompt = (prompt_nat if cfg.max_model_len is None
+              else np.minimum(prompt_nat, np.maximum(cfg.max_model_len - output, 1)))
     slo = assign_slos(cfg.slo, prompt, output, prefill_latency, cfg.seed)
     predicted = {name: max(1, round(src.mean_output(cfg.max_tokens)))
                  for name, src in sources.items()}

@@ -121,7 +121,7 @@ class WorkloadConfig(StrictModel):
     # "replacement": draw records uniformly with replacement (the paper's 20K trace);
     # "sequential": the first num_requests records in file order (needed to replay timestamps).
     sampling: Literal["replacement", "sequential"] = "replacement"
-    max_model_len: PositiveInt | None = 8192  # longer prompts are truncated (None: never)
+    max_model_len: PositiveInt | None = 8192  # prompt + capped output fit in it (None: never)
     max_tokens: PositiveInt = 2048  # output cap
     tokenizer: str = "opt"  # gpt2 | opt | hf:<name or local path>; used by text formats only
 
