@@ -1,0 +1,416 @@
+"""AccelGen: SLO-guaranteed dynamic chunking, slack ordering and multi-resource batching
+(SPEC section 4, paper sections 4.2-4.4, Algorithms 1-2). ``docs/accelgen.md`` describes the
+algorithm as implemented and every decision taken where the paper and the spec are silent.
+
+One decision, in order:
+
+1. Slack of every unfinished request (waiting: new or preempted; running: decode or partially
+   prefilled): s = deadline of its next output - now - N_ck x T_max (``RequestTable`` keeps the
+   deadlines). Urgent: 0 <= s < T_max, i.e. it must run now and still can make it; a running
+   decode with s < 0 is urgent too (its next TBT deadline counts from the token it emits).
+2. Token budget S_b from SLO_min, the tightest per-iteration SLO among the urgent requests and the
+   head slack group (``accelgen_budget``). T_max is the predicted latency of a full batch at the
+   budget; when the new budget is larger than the previous one, urgency is re-evaluated at the
+   larger T_max.
+3. Step 1: urgent requests join in slack order, prompt chunks cut where the budget ends;
+   larger-slack running requests are preempted when KV runs out (Algorithm 1).
+4. Step 2: SelectRequests on the head group (slack within s_1 + gamma), then the next groups while
+   budget is left (Algorithm 2; ``accelgen_select``). ERA keeps one long prompt in prefill.
+
+Ablations: ``order=False`` orders by arrival (FCFS) with no urgency; ``chunk=False`` schedules a
+prompt whole or not at all; ``batch=False`` fills in queue order instead of by Euclidean fit.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import numpy as np
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+
+from accelgen.costmodel.base import BatchShape
+from accelgen.policies.accelgen_budget import Budget, BudgetRule, TokenBudget
+from accelgen.policies.accelgen_select import BatchFormer
+from accelgen.policies.accelgen_state import RequestTable
+from accelgen.policies.base import Decision, Policy, PolicyParams, SchedulerView
+from accelgen.request import Request
+
+
+class AccelGenParams(PolicyParams):
+    # The three methods (ablation switches).
+    order: bool = True  # slack ordering + urgency (False: FCFS by arrival, nothing urgent)
+    chunk: bool = True  # dynamic chunking (False: a prompt runs whole or not at all)
+    batch: bool = True  # Euclidean multi-resource selection (False: in-order filling)
+    # Multi-resource batching.
+    gamma: NonNegativeFloat = 0.75  # s: head group = slack within s_1 + gamma (paper)
+    spill_groups: bool = True  # continue with the next group while budget is left
+    # Token budget.
+    budget_rule: BudgetRule = "paper"  # paper: S_pf x SLO_min / T_pf; model: invert the cost
+    min_budget: PositiveInt | None = None  # tokens; default one KV block
+    budget_cap: PositiveFloat = 1.0  # S_b <= S_pf x budget_cap
+    # Exclusive Request Allocation.
+    era: bool = True
+    # prefill (SPEC 4.2): a new long prompt starts when the current one's prefill completes;
+    # request: when the current long request completes (the paper's wording, "does not begin
+    # until all currently served long-prompt requests are completed").
+    era_scope: Literal["prefill", "request"] = "prefill"
+    long_prompt_threshold: PositiveInt = 4096  # tokens
+    # Slack estimation.
+    chunk_mean_weight: float = Field(0.05, gt=0.0, le=1.0)  # weight of a new chunk in L_c
+    late_is_urgent: bool = False  # True: late prompts are urgent too (late decodes always are)
+    # Offline JCT plan: T_e adds S_g x P_max x P for preemptions (paper; no values given).
+    preempt_prob: float = Field(0.0, ge=0.0, le=1.0)  # P
+    preempt_max_s: NonNegativeFloat = 0.0  # P_max
+    max_num_seqs: PositiveInt | None = None  # running-request cap (None: KV is the only cap)
+    # KV promised to each running request beyond its pending tokens (tokens; default one block):
+    # admissions leave this much room for decode growth.
+    kv_growth_reserve: NonNegativeInt | None = None
+
+
+class AccelGenPolicy(Policy):
+    name = "accelgen"
+    Params = AccelGenParams
+    params: AccelGenParams
+
+    def __init__(self, params: PolicyParams | None = None, **overrides: object) -> None:
+        super().__init__(params, **overrides)
+        self._table = RequestTable()
+        self._budget: TokenBudget | None = None
+        self._prev_budget = 0
+        self._chunk_mean: float | None = None  # L_c, starts at S_pf
+        self._era_owner: int | None = None  # req_id of the long prompt holding ERA
+        self._pending_cuts: list[int] = []
+        # Tests switch this on: compare the table with the request objects every decision.
+        self.debug_verify = False
+
+    # -- hooks ---------------------------------------------------------------------------------
+    def on_arrival(self, req: Request, now: float) -> None:
+        self._table.add(req)
+
+    def on_finish(self, req: Request, now: float) -> None:
+        self._table.remove(req.req_id)
+        if self._era_owner == req.req_id:
+            self._era_owner = None
+
+    def on_step_end(self, view: SchedulerView, decision: Decision, latency: float) -> None:
+        touched = [r for r, _ in decision.scheduled]
+        touched.extend(decision.preempted)
+        self._table.refresh(touched)
+        if self._chunk_mean is not None:
+            w = self.params.chunk_mean_weight
+            for c in self._pending_cuts:
+                self._chunk_mean += w * (c - self._chunk_mean)
+        self._pending_cuts = []
+        self._update_era_owner()
+
+    def _update_era_owner(self) -> None:
+        """ERA ends when the owner's prefill completes (scope ``prefill``) or the request ends
+        (``request``); a preempted owner holds no KV and releases it too."""
+        if self._era_owner is None:
+            return
+        t = self._table
+        s = t.slot_of.get(self._era_owner)
+        prefill_done = s is not None and t.n_out[s] > 0 and t.prompt[s] + t.n_out[s] - t.computed[s] == 1
+        if s is None or not t.running[s] or (self.params.era_scope == "prefill" and prefill_done):
+            self._era_owner = None
+
+    # -- decision ------------------------------------------------------------------------------
+    def _sync(self, view: SchedulerView) -> None:
+        """Adopt requests the hooks did not announce (e.g. an adapter that missed a hook)."""
+        t = self._table
+        if len(view.waiting) + len(view.running) != t.n:
+            t.rebuild([*view.waiting, *view.running])
+        if self.debug_verify:
+            bad = t.mismatches()
+            if bad:
+                raise AssertionError("AccelGen state out of sync: " + "; ".join(bad[:5]))
+
+    def _token_budget(self, view: SchedulerView) -> TokenBudget:
+        b = self._budget
+        if b is None or not b.matches(view.cost, view.pivot):
+            p = self.params
+            b = self._budget = TokenBudget(view.cost, view.pivot, p.budget_rule,
+                                           p.min_budget or view.kv.block_size, p.budget_cap)
+            self._prev_budget = b.cap
+        if self._chunk_mean is None:
+            self._chunk_mean = float(view.pivot.s_pf)
+        return b
+
+    def schedule(self, view: SchedulerView) -> Decision:
+        self._sync(view)
+        bud = self._token_budget(view)
+        t = self._table
+        n = t.n
+        if n == 0:
+            return Decision(info={"token_budget": float(self._prev_budget), "n_candidates": 0.0})
+        p = self.params
+        lc = self._chunk_mean
+        assert lc is not None
+        if t.num_unplanned:
+            t.plan_offline(lc, bud.time(self._prev_budget), p.preempt_prob * p.preempt_max_s)
+        st = _State(self, view, t, bud, lc)
+        former = st.form()
+        return self._decision(st, former)
+
+    def explain(self, view: SchedulerView) -> dict[int, dict[str, float]]:
+        """Per request (by id): slack, urgency, per-iteration SLO, N_ck and whether it counts
+        toward SLO_min, as the next decision would compute them (plus the iteration's T_max and
+        token budget). Read-only; for notebooks, tests and the vLLM adapter's logs."""
+        self._sync(view)
+        bud = self._token_budget(view)
+        t, p = self._table, self.params
+        if t.num_unplanned:
+            t.plan_offline(self._chunk_mean or 1.0, bud.time(self._prev_budget),
+                           p.preempt_prob * p.preempt_max_s)
+        if t.n == 0:
+            return {}
+        st = _State(self, view, t, bud, self._chunk_mean or float(view.pivot.s_pf))
+        return {int(t.req_id[s]): {
+            "slack": float(st.slack[s]), "urgent": float(st.urgent[s]),
+            "slo_iter": float(st.slo_iter[s]), "n_chunks": float(st.nck[s]),
+            "counted": float(st.counted[s]), "deadline": float(t.deadline[s]),
+            "t_max": st.t_max, "token_budget": float(st.budget.tokens)} for s in range(t.n)}
+
+    def _decision(self, st: _State, former: BatchFormer) -> Decision:
+        t = self._table
+        objs = t.objs
+        d = Decision(scheduled=list(zip(map(objs.__getitem__, former.slots), former.tokens,
+                                        strict=True)),
+                     preempted=list(map(objs.__getitem__, former.preempted)))
+        if former.era_owner >= 0:
+            self._era_owner = int(t.req_id[former.era_owner])
+        self._pending_cuts = former.cut_chunks
+        self._prev_budget = former.budget
+        d.info = st.info(former)
+        return d
+
+
+class _State:
+    """Vectorised per-decision quantities (slack, per-iteration SLO, urgency) and the driver of
+    the two batching steps."""
+
+    def __init__(self, policy: AccelGenPolicy, view: SchedulerView, t: RequestTable,
+                 bud: TokenBudget, chunk_mean: float) -> None:
+        p = policy.params
+        self.p, self.view, self.t, self.bud = p, view, t, bud
+        self.chunk_mean = chunk_mean
+        n = self.n = t.n
+        now = view.now
+        prompt, n_out = t.prompt[:n], t.n_out[:n]
+        self.rem = prompt + n_out - t.computed[:n]
+        self.is_dec = (n_out > 0) & (self.rem == 1)
+        # N_ck: remaining chunks at the running mean chunk length (1 for a decode).
+        self.nck = np.where(self.is_dec, 1.0, np.ceil(self.rem / chunk_mean))
+        self.to_deadline = t.deadline[:n] - now
+        online = t.online[:n]
+        self.online_dec = self.is_dec & online
+        # Per-iteration SLO: TBT for an online decode, else the time left per remaining chunk.
+        with np.errstate(divide="ignore", invalid="ignore"):
+            self.slo_iter = np.where(self.online_dec, t.tbt[:n], self.to_deadline / self.nck)
+        self.is_long = ~self.is_dec & (prompt + n_out >= p.long_prompt_threshold)
+        owner = t.slot_of.get(policy._era_owner, -1) if policy._era_owner is not None else -1
+        self.era_owner = owner if p.era else -1
+        self.eligible = np.ones(n, dtype=bool)
+        if self.era_owner >= 0:
+            self.eligible &= ~self.is_long
+            self.eligible[owner] = True
+        self.prev_budget = policy._prev_budget
+        # What a full batch would read besides its new tokens: the KV context of every running
+        # decode, and the longest context a running prompt's chunk would attend to.
+        run = t.running[:n]
+        decodes = self.is_dec & run
+        self.dec_ctx = int(t.computed[:n][decodes].sum())
+        self.n_dec = int(decodes.sum())
+        partial = run & ~self.is_dec
+        self.prefill_ctx = int(t.computed[:n][partial].max()) if partial.any() else 0
+        self._t_max: dict[int, float] = {}
+        self._plan_budget()
+
+    # -- slack, urgency and budget -------------------------------------------------------------
+    def _urgency(self, t_max: float) -> float:
+        """Slack, urgent set and sort key at ``t_max``; returns SLO_min of the urgent requests
+        and the head group (the batch being formed)."""
+        p = self.p
+        slack = self.to_deadline - self.nck * t_max
+        # A late prompt cannot be rescued by a smaller batch (under chunking its remaining time
+        # grows with its remaining tokens), so only on-track requests and online decodes, whose
+        # TBT governs every later token, lower SLO_min.
+        counted = self.online_dec | (slack >= 0.0)
+        if p.order:
+            urgent = self.eligible & (slack < t_max)
+            if not p.late_is_urgent:
+                # A request already past its deadline is not urgent (running it now saves no
+                # deadline), except a running decode: its TBT chain restarts at its next token.
+                urgent &= (slack >= 0.0) | self.is_dec
+            key = slack
+        else:
+            urgent = np.zeros(self.n, dtype=bool)
+            key = self.t.arrival[: self.n]
+        self.slack, self.urgent, self.key, self.counted, self.t_max = slack, urgent, key, counted, t_max
+        rest = self.eligible & ~urgent
+        sel = urgent & counted
+        if rest.any():
+            k1 = key[rest].min()
+            sel |= rest & (key <= k1 + p.gamma) & counted
+        return float(self.slo_iter[sel].min()) if sel.any() else math.inf
+
+    def max_batch_time(self, budget: int) -> float:
+        """T_max, the paper's "maximum batch execution time" at ``budget`` tokens: every running
+        decode with its context plus a prompt chunk filling the rest of the budget at the longest
+        running prompt's context. A prefill-only latency (``forward_time``) leaves out the KV
+        reads, and a decode let skip by a slack computed with it can miss its TBT by that much
+        (seen on the quick configuration at moderate load)."""
+        t = self._t_max.get(budget)
+        if t is None:
+            shape = BatchShape()
+            n_dec = min(self.n_dec, budget)
+            if budget > n_dec:
+                shape.add_prefill(budget - n_dec, self.prefill_ctx)
+            shape.decode_seqs = n_dec
+            shape.decode_ctx = self.dec_ctx if n_dec == self.n_dec else \
+                self.dec_ctx * n_dec // max(self.n_dec, 1)
+            t = self._t_max[budget] = max(self.view.cost.iteration_time(shape),
+                                          self.bud.time(budget))
+        return t
+
+    def _plan_budget(self) -> None:
+        bud = self.bud
+        t_prev = self.max_batch_time(self.prev_budget)
+        slo_min = self._urgency(t_prev)
+        b = bud.for_slo(slo_min)
+        t_new = self.max_batch_time(b.tokens)
+        if t_new > t_prev:
+            # A larger budget means longer iterations: re-check who must run now.
+            slo_min = min(slo_min, self._urgency(t_new))
+            b = bud.for_slo(slo_min)
+        self.slo_min, self.budget = slo_min, b
+
+    # -- batching ------------------------------------------------------------------------------
+    def form(self) -> BatchFormer:
+        p, t, n = self.p, self.t, self.n
+        running = int(t.running[:n].sum())
+        former = BatchFormer(
+            t, block_size=self.view.kv.block_size, free_blocks=self.view.kv.num_free_blocks,
+            token_budget=self.budget.tokens, rem=self.rem, is_dec=self.is_dec, key=self.key,
+            victim_key=self._victim_key(), is_long=self.is_long, available=self.eligible.copy(),
+            chunk=p.chunk, era=p.era, era_owner=self.era_owner,
+            admissions_left=math.inf if p.max_num_seqs is None else p.max_num_seqs - running,
+            victim_floor=self.t_max if p.order else -math.inf, victim_margin=p.gamma,
+            growth_reserve=(self.view.kv.block_size if p.kv_growth_reserve is None
+                            else p.kv_growth_reserve),
+            total_blocks=self.view.kv.num_total_blocks)
+        self.n_groups = 0
+        oversize = self._oversize_head(former)
+        if oversize >= 0:
+            former.available &= self.is_dec  # the oversize prompt runs without other prompts
+        urgent = np.flatnonzero(self.urgent & former.available)
+        if urgent.size:
+            urgent = urgent[np.argsort(self.slack[urgent], kind="stable")]
+        self.n_urgent = int(urgent.size)
+        former.add_urgent(urgent)
+        if oversize >= 0:
+            # Preempting for it only helps if it can still make its deadline.
+            min_key = former.victim_min_key(oversize) if self.urgent[oversize] else math.inf
+            former.force(oversize, min_key=min_key, oversize=True)
+        self._select(former)
+        self.fallback = not former.slots
+        if self.fallback:
+            self._ensure_progress(former)
+        return former
+
+    def _victim_key(self) -> np.ndarray:
+        """Slack a running request would have once preempted: it must then recompute its prompt
+        and generated tokens (FCFS: its arrival, so the newest is preempted first)."""
+        t, n = self.t, self.n
+        if not self.p.order:
+            return t.arrival[:n]
+        recompute = np.ceil((t.prompt[:n] + t.n_out[:n]) / self.chunk_mean)
+        return self.to_deadline - recompute * self.t_max
+
+    def _oversize_head(self, former: BatchFormer) -> int:
+        """/Chunk: a prompt longer than the budget could never run whole within it. When it is
+        the first prompt in queue order it runs whole as the only prompt of the batch (decodes
+        still join), so it cannot starve."""
+        if self.p.chunk:
+            return -1
+        prompts = np.flatnonzero(self.eligible & ~self.is_dec)
+        if prompts.size == 0:
+            return -1
+        h = int(prompts[np.argmin(self.key[prompts])])
+        return h if self.rem[h] > former.budget else -1
+
+    def _select(self, former: BatchFormer) -> None:
+        """Step 2: SelectRequests on the head slack group, then on the following groups while
+        budget and KV are left (forward size = S_b while work is available)."""
+        p, bud = self.p, self.bud
+        while former.a_c > 0:
+            cand = former.feasible(np.flatnonzero(former.available))
+            if cand.size == 0:
+                return
+            kc = self.key[cand]
+            group = cand[kc <= kc.min() + p.gamma]
+            self.n_groups += 1
+            # Members of a later group may have a tighter per-iteration SLO: the batch's budget
+            # follows the tightest one that joins.
+            sel = group[self.counted[group]]
+            if sel.size:
+                m = float(self.slo_iter[sel].min())
+                if m < self.slo_min:
+                    self.slo_min = m
+                    nb = bud.for_slo(m)
+                    if nb.tokens < former.budget:
+                        former.a_c -= former.budget - nb.tokens
+                        former.budget = nb.tokens
+                        self.budget = Budget(nb.tokens, nb.clamped_low, self.budget.clamped_high)
+                        if former.a_c <= 0:
+                            return
+            before = len(former.slots)
+            if p.batch:
+                former.select_euclidean(group)
+            else:
+                former.fill_in_order(group)
+            if not p.spill_groups or len(former.slots) == before:
+                return
+
+    def _ensure_progress(self, former: BatchFormer) -> None:
+        """Nothing fits (KV full and every candidate needs a block): run the first running
+        request in queue order, preempting the largest-key running requests for its KV; only
+        when nothing runs, the first waiting one. Running requests go first so that the victims,
+        which must then fit whole to come back, cannot swap places with it."""
+        cand = np.flatnonzero(former.available)
+        order = np.lexsort((self.key[cand], ~self.t.running[cand]))
+        for s in cand[order].tolist():
+            if former.force(s, min_key=-math.inf, oversize=not self.p.chunk):
+                self._select(former)  # the preemption may have made room for more
+                return
+
+    # -- diagnostics ---------------------------------------------------------------------------
+    def info(self, former: BatchFormer) -> dict[str, float]:
+        n = self.n
+        slots = np.fromiter(former.slots, dtype=np.int64, count=len(former.slots))
+        dec = self.is_dec[slots]
+        dec_sched = int(dec.sum())
+        chunks = np.fromiter(former.tokens, dtype=np.int64, count=len(former.tokens))[~dec]
+        return {
+            "token_budget": float(former.budget),
+            "slo_min": self.slo_min if math.isfinite(self.slo_min) else math.nan,
+            "t_max": self.t_max,
+            "budget_clamped_low": float(self.budget.clamped_low),
+            "budget_clamped_high": float(self.budget.clamped_high),
+            "n_candidates": float(n),
+            "n_urgent": float(self.n_urgent),
+            "n_late": float(np.count_nonzero(self.slack < 0.0)),
+            "n_preempted": float(len(former.preempted)),
+            "n_scheduled": float(len(former.slots)),
+            "n_decode": float(dec_sched),
+            "n_prefill": float(chunks.size),
+            "n_decode_skipped": float(np.count_nonzero(self.is_dec & self.t.running[:n]) - dec_sched),
+            "max_chunk": float(chunks.max()) if chunks.size else 0.0,
+            "n_cut_chunks": float(len(former.cut_chunks)),
+            "n_groups": float(self.n_groups),
+            "era_active": float(former.era_owner >= 0),
+            "progress_fallback": float(self.fallback),
+            "chunk_mean": float(self.chunk_mean),
+            "kv_free_blocks": float(former.free_blocks),
+        }

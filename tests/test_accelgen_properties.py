@@ -1,0 +1,93 @@
+"""Property tests: random traces (online and offline requests) through AccelGen, each ablation
+and parameter variants keep the simulator's invariants (``tests.invariants``): KV within capacity,
+every request finished or rejected with a reason, each finished request emitted exactly its
+capped output length, increasing token times, forward size = sum of scheduled tokens. Also: the
+policy's arrays mirror the requests at every decision, requests that fit finish, and ERA keeps at
+most one long prompt in prefill."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from accelgen.policies.accelgen import AccelGenPolicy
+from accelgen.policies.base import Decision, SchedulerView
+from accelgen.policies.registry import make_policy
+from tests.conftest import make_requests, run_sim
+from tests.invariants import RecordingPolicy, check_invariants
+
+VARIANTS: list[tuple[str, dict[str, Any]]] = [
+    ("accelgen", {}),
+    ("accelgen/order", {}),
+    ("accelgen/chunk", {}),
+    ("accelgen/batch", {}),
+    ("accelgen", {"era_scope": "prefill", "long_prompt_threshold": 200}),
+    ("accelgen", {"long_prompt_threshold": 200}),
+    ("accelgen", {"budget_rule": "model"}),
+    ("accelgen", {"late_is_urgent": True}),
+    ("accelgen", {"kv_growth_reserve": 0, "gamma": 0.0}),
+    ("accelgen", {"spill_groups": False, "max_num_seqs": 3}),
+    ("accelgen/chunk", {"long_prompt_threshold": 200, "budget_cap": 0.5}),
+]
+
+traces = st.lists(
+    st.tuples(
+        st.floats(min_value=0.0, max_value=3.0, allow_nan=False),  # arrival
+        st.integers(min_value=1, max_value=600),  # prompt tokens
+        st.integers(min_value=1, max_value=80),  # output tokens
+        st.sampled_from([0.02, 0.05, 0.2, 1.0]),  # tbt slo
+        st.sampled_from([0.05, 0.5, 3.0]),  # ttft slo
+        st.sampled_from([None, None, None, 2.0, 30.0]),  # offline JCT SLO (None: online)
+    ),
+    min_size=1, max_size=40,
+)
+
+
+class EraCheck(RecordingPolicy):
+    """Records the most long prompts in prefill at once (started, prefill not complete)."""
+
+    def __init__(self, inner: AccelGenPolicy) -> None:
+        super().__init__(inner)
+        self.threshold = inner.params.long_prompt_threshold
+        self.most_long = 0
+
+    def schedule(self, view: SchedulerView) -> Decision:
+        d = super().schedule(view)
+        starting = {r.req_id for r, _ in d.scheduled}
+        n = sum(1 for r in [*view.waiting, *view.running]
+                if r.prompt_len + r.num_output_tokens >= self.threshold and r.num_new_tokens > 1
+                and (r.num_computed_tokens > 0 or r.req_id in starting))
+        self.most_long = max(self.most_long, n)
+        return d
+
+
+@pytest.mark.parametrize(("name", "params"), VARIANTS,
+                         ids=[f"{n}{p or ''}" for n, p in VARIANTS])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(trace=traces, num_blocks=st.integers(min_value=8, max_value=80))
+def test_invariants_hold(name: str, params: dict[str, Any], trace, num_blocks: int) -> None:
+    trace = sorted(trace, key=lambda x: x[0])
+    reqs = make_requests([(a, p) for a, p, *_ in trace])
+    for r, (_, _, out, tbt, ttft, jct) in zip(reqs, trace, strict=True):
+        r.tbt_slo, r.ttft_slo = tbt, ttft
+        if jct is not None:  # offline: a JCT SLO and a predicted (not true) output length
+            r.online, r.ttft_slo, r.tbt_slo, r.jct_slo = False, math.inf, math.inf, jct
+            r.predicted_output_len = 40
+        else:
+            r.jct_slo = ttft + tbt * (out - 1)
+    outs = [o for _, _, o, *_ in trace]
+    inner = make_policy(name, params)
+    assert isinstance(inner, AccelGenPolicy)
+    inner.debug_verify = True  # raises inside schedule() if the arrays drift from the requests
+    policy = EraCheck(inner)
+    res = run_sim(reqs, outs, policy, num_blocks=num_blocks, block_size=16, s_pf=128)
+    check_invariants(res, policy)
+    for r in res.requests:
+        if r.prompt_len + outs[r.req_id] <= num_blocks * 16:
+            assert r.status.name == "FINISHED", (name, params, r.req_id, r.reject_reason)
+    if inner.params.era:
+        assert policy.most_long <= 1
