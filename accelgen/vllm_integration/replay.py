@@ -1,0 +1,302 @@
+"""Replay a trace into a real vLLM engine and write the simulator's results files.
+
+Each trace request is added to the engine when its arrival time comes (wall clock, measured from
+the replay's start), with its SLOs in ``SamplingParams.extra_args`` and its exact output length
+forced (``max_tokens=output_len, ignore_eos=True``). The engine is stepped by hand in this process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the scheduler object - ``AccelGenScheduler`` running a
+policy, or ``InstrumentedScheduler`` for stock vLLM - is reachable: it time-stamps every token
+when the engine core returns it and logs every iteration, and those logs become
+``requests.parquet`` / ``iterations.parquet`` / ``timing.parquet`` through the simulator's
+recorder, so ``accelgen.metrics`` and the notebooks read real runs and simulated runs alike.
+
+On CPU the model is a tiny random-weight Llama written from ``TinyModelSpec`` (no downloads); on
+GPU pass a real model name or path.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt
+
+from accelgen import metrics
+from accelgen.config import StrictModel
+from accelgen.kvcache import blocks_for
+from accelgen.request import Request, Status
+from accelgen.sim.recorder import requests_frame, write_results
+from accelgen.vllm_integration import SCHEDULER_CLS, STOCK_SCHEDULER_CLS
+from accelgen.vllm_integration.config import AdapterConfig, build_cost_model, build_pivot
+from accelgen.vllm_integration.tiny_model import TinyModelSpec, write_tiny_model
+
+System = Literal["accelgen", "stock"]
+
+
+class EngineSpec(StrictModel):
+    """The vLLM engine a replay runs on."""
+
+    model: str | None = None  # None: the tiny random-weight model below (CPU runs)
+    tiny: TinyModelSpec = Field(default_factory=TinyModelSpec)
+    tiny_dir: Path | None = None  # where the tiny model is written (default: a temp dir)
+    load_format: str = "dummy"  # random weights: timing depends on shape only
+    block_size: PositiveInt = 32
+    num_gpu_blocks: PositiveInt | None = None  # KV blocks (incl. vLLM's reserved null block)
+    max_model_len: PositiveInt = 2048
+    max_num_batched_tokens: PositiveInt = 2048
+    max_num_seqs: PositiveInt = 256
+    cpu_kvcache_space_gb: PositiveFloat = 1.0  # VLLM_CPU_KVCACHE_SPACE
+    dtype: str = "auto"
+    seed: int = 0
+    extra_args: dict[str, Any] = Field(default_factory=dict)  # more EngineArgs fields
+
+
+class ReplayConfig(StrictModel):
+    system: System = "accelgen"  # accelgen: AccelGenScheduler + adapter.policy; stock: vLLM's own
+    adapter: AdapterConfig = Field(default_factory=AdapterConfig)
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    # Requests run before the trace (and then forgotten) so that one-off start-up costs of the
+    # first forward passes do not land on the first trace requests.
+    warmup_requests: NonNegativeInt = 2
+    max_wall_s: PositiveFloat = 3600.0  # give up (and record the rest as rejected) after this
+
+
+def _prepare_env(spec: EngineSpec) -> None:
+    # The replay must reach the scheduler object, so the engine core runs in this process.
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{spec.cpu_kvcache_space_gb:g}")
+
+
+def build_engine(cfg: ReplayConfig, work_dir: Path | None = None) -> Any:
+    """An in-process ``LLMEngine`` with the configured scheduler; returns it."""
+    spec = cfg.engine
+    _prepare_env(spec)
+    from accelgen.vllm_integration.version import check_vllm_version
+
+    check_vllm_version()
+    import vllm.envs
+    from vllm import EngineArgs
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    # An engine core freezes vLLM's environment-variable cache; a later engine in the same
+    # process must read the variables set above afresh.
+    vllm.envs.disable_envs_cache()
+
+    model = spec.model
+    if model is None:
+        tiny_dir = spec.tiny_dir or Path(work_dir or ".") / "tiny-model"
+        model = str(write_tiny_model(tiny_dir, spec.tiny))
+    args: dict[str, Any] = dict(
+        model=model,
+        load_format=spec.load_format,
+        skip_tokenizer_init=True,
+        enforce_eager=True,
+        block_size=spec.block_size,
+        num_gpu_blocks_override=spec.num_gpu_blocks,
+        max_model_len=spec.max_model_len,
+        max_num_batched_tokens=spec.max_num_batched_tokens,
+        max_num_seqs=spec.max_num_seqs,
+        enable_prefix_caching=False,  # the policies' KV model has no prefix sharing
+        enable_chunked_prefill=True,
+        async_scheduling=False,
+        dtype=spec.dtype,
+        seed=spec.seed,
+        disable_log_stats=True,
+        scheduler_cls=SCHEDULER_CLS if cfg.system == "accelgen" else STOCK_SCHEDULER_CLS,
+        additional_config={"accelgen": cfg.adapter.model_dump(mode="json")},
+    )
+    args.update(spec.extra_args)
+    return LLMEngine.from_engine_args(EngineArgs(**args))
+
+
+def engine_scheduler(engine: Any) -> Any:
+    """The scheduler object of an in-process engine."""
+    core = getattr(engine.engine_core, "engine_core", None)
+    if core is None:
+        raise RuntimeError("the engine core runs in another process; replay needs "
+                           "VLLM_ENABLE_V1_MULTIPROCESSING=0")
+    return core.scheduler
+
+
+def shutdown_engine(engine: Any) -> None:
+    engine.engine_core.shutdown()
+
+
+def admission_reject_reason(prompt_len: int, output_len: int, *, max_model_len: int,
+                            kv_tokens: int, block_size: int) -> str:
+    """The simulator's rule for a request that can never run (SPEC section 2), so that sim and
+    engine runs of one trace reject the same requests."""
+    if prompt_len >= max_model_len:
+        return (f"prompt ({prompt_len} tokens) does not leave room for output in max_model_len "
+                f"{max_model_len}")
+    need = prompt_len + output_len
+    if blocks_for(need, block_size) * block_size > kv_tokens:
+        return f"sequence ({need} tokens) exceeds total KV capacity ({kv_tokens} tokens)"
+    return ""
+
+
+def _prompt_ids(req_id: int, n: int, vocab: int) -> list[int]:
+    # Content does not matter (random weights, no prefix caching); ids avoid BOS/EOS (1, 2).
+    rng = np.random.default_rng(req_id)
+    return rng.integers(3, max(vocab, 4), size=n).tolist()
+
+
+def _sampling(extra: dict[str, Any], max_tokens: int) -> Any:
+    from vllm import SamplingParams
+
+    return SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0,
+                          extra_args=extra, detokenize=False)
+
+
+def _run_warmup(engine: Any, n: int, vocab: int) -> None:
+    for i in range(n):
+        engine.add_request(f"warmup-{i}", {"prompt_token_ids": _prompt_ids(10**6 + i, 64, vocab)},
+                           _sampling({"req_id": 10**9 + i}, 4))
+    while engine.has_unfinished_requests():
+        engine.step()
+
+
+def replay(trace: pd.DataFrame, cfg: ReplayConfig, *, work_dir: Path | None = None,
+           progress: bool = False) -> dict[str, Any]:
+    """Run ``trace`` through a fresh engine; return frames, summary and config for the writer."""
+    engine = build_engine(cfg, work_dir)
+    try:
+        return _replay(engine, trace, cfg, progress=progress)
+    finally:
+        shutdown_engine(engine)
+
+
+def _replay(engine: Any, trace: pd.DataFrame, cfg: ReplayConfig, *,
+            progress: bool) -> dict[str, Any]:
+    sched = engine_scheduler(engine)
+    spec = cfg.engine
+    vocab = spec.tiny.vocab_size if spec.model is None else 1000
+    kv_blocks = sched.kv_view.num_total_blocks
+    kv_tokens = kv_blocks * sched.block_size
+    max_model_len = sched.max_model_len
+
+    _run_warmup(engine, cfg.warmup_requests, vocab)
+
+    df = trace.sort_values(["arrival", "req_id"], kind="stable").reset_index(drop=True)
+    n = len(df)
+    served = np.minimum(df["output_len"].to_numpy(np.int64),
+                        np.maximum(max_model_len - df["prompt_len"].to_numpy(np.int64), 0))
+    out_len = np.zeros(int(df["req_id"].max()) + 1 if n else 0, dtype=np.int64)
+    pre_rejected: list[Request] = []
+    submit: list[tuple[float, int, dict[str, Any], int, int]] = []
+    for k, r in enumerate(df.itertuples(index=False)):
+        rid = int(r.req_id)
+        out_len[rid] = served[k]
+        why = admission_reject_reason(int(r.prompt_len), int(served[k]),
+                                      max_model_len=max_model_len, kv_tokens=kv_tokens,
+                                      block_size=sched.block_size)
+        if why:
+            m = _trace_request(r)
+            m.status, m.reject_reason, m.finish_time = Status.REJECTED, why, float(r.arrival)
+            pre_rejected.append(m)
+            continue
+        extra = {"req_id": rid, "ttft_slo": float(r.ttft_slo), "tbt_slo": float(r.tbt_slo),
+                 "jct_slo": float(r.jct_slo), "online": bool(r.online), "source": str(r.source),
+                 "predicted_output_len": int(r.predicted_output_len)}
+        submit.append((float(r.arrival), rid, extra, int(r.prompt_len), int(served[k])))
+
+    bar = _progress(len(submit)) if progress else None
+    t0 = time.time()
+    sched.reset_records(t0)
+    i = 0
+    deadline = time.monotonic() + cfg.max_wall_s
+    timed_out = False
+    while i < len(submit) or engine.has_unfinished_requests():
+        now = time.time() - t0
+        while i < len(submit) and submit[i][0] <= now:
+            arrival, rid, extra, plen, olen = submit[i]
+            engine.add_request(str(rid), {"prompt_token_ids": _prompt_ids(rid, plen, vocab)},
+                               _sampling(extra, olen), arrival_time=t0 + arrival)
+            i += 1
+        if engine.has_unfinished_requests():
+            engine.step()
+        elif i < len(submit):
+            time.sleep(max(0.0, submit[i][0] - (time.time() - t0)))
+        if bar is not None:
+            bar.n = len(sched.done)
+            bar.refresh()
+        if time.monotonic() > deadline:
+            timed_out = True
+            break
+    wall = time.time() - t0
+    if bar is not None:
+        bar.close()
+
+    reqs = sched.all_requests()
+    if timed_out:
+        for m in reqs:
+            if not m.is_done:
+                m.status, m.reject_reason = Status.REJECTED, f"replay stopped after {wall:.0f} s"
+                m.finish_time = wall
+        submitted = {m.req_id for m in reqs}
+        for _, rid, *_ in submit[i:]:
+            if rid not in submitted:
+                row = df[df["req_id"] == rid].iloc[0]
+                m = _trace_request(row)
+                m.status, m.reject_reason = Status.REJECTED, "replay stopped before it arrived"
+                pre_rejected.append(m)
+    all_reqs = sorted([*reqs, *pre_rejected], key=lambda r: r.req_id)
+    req_df = requests_frame(all_reqs, out_len)
+    its_df = sched.iterations_frame()
+    timing = sched.timing_frame()
+
+    pivot = (sched.pivot if hasattr(sched, "pivot") else
+             build_pivot(cfg.adapter, build_cost_model(cfg.adapter.cost),
+                         block_size=sched.block_size, max_model_len=max_model_len))
+    summary = metrics.summarize(req_df, its_df, s_pf=pivot.s_pf)
+    summary.update({
+        "backend": "vllm", "system": cfg.system,
+        "policy": cfg.adapter.policy.name if cfg.system == "accelgen" else "vllm-stock",
+        "s_pf": pivot.s_pf, "t_pf": pivot.t_pf, "kv_blocks": kv_blocks,
+        "adapter_mismatch_steps": int(getattr(sched, "mismatch_steps", 0)),
+        "idle_steps": int(sched.idle_steps), "refused_requests": len(sched.invalid),
+        "timed_out": timed_out,
+    })
+    tsum = metrics.timing_summary(timing["decision_time"].to_numpy(), summary["makespan_s"])
+    for col in ("policy_time", "vllm_schedule_time", "exec_time", "step_time"):
+        x = timing[col].to_numpy()
+        tsum[f"{col}_mean"] = float(x.mean()) if len(x) else math.nan
+        tsum[f"{col}_p50"] = float(np.median(x)) if len(x) else math.nan
+    tsum["replay_wall_time_s"] = wall
+    import vllm
+
+    config = {"replay": cfg.model_dump(mode="json"),
+              "resolved": {"max_model_len": max_model_len, "kv_blocks": kv_blocks,
+                           "block_size": sched.block_size, "s_pf": pivot.s_pf,
+                           "t_pf": pivot.t_pf, "vllm_version": vllm.__version__,
+                           "scheduler_cls": type(sched).__module__ + "." + type(sched).__name__}}
+    return {"requests": req_df, "iterations": its_df, "timing": timing, "summary": summary,
+            "timing_summary": tsum, "config": config}
+
+
+def _trace_request(r: Any) -> Request:
+    return Request(req_id=int(r.req_id), arrival=float(r.arrival), prompt_len=int(r.prompt_len),
+                   source=str(r.source), ttft_slo=float(r.ttft_slo), tbt_slo=float(r.tbt_slo),
+                   jct_slo=float(r.jct_slo), online=bool(r.online),
+                   predicted_output_len=int(r.predicted_output_len))
+
+
+def replay_to_dir(trace: pd.DataFrame, cfg: ReplayConfig, out: Path | str, *,
+                  progress: bool = False, trace_path: str | None = None) -> dict[str, Any]:
+    out = Path(out)
+    run = replay(trace, cfg, work_dir=out.parent, progress=progress)
+    if trace_path is not None:
+        run["config"]["trace"] = trace_path
+    write_results(out, run["requests"], run["iterations"], run["summary"], run["config"],
+                  run["timing"], run["timing_summary"])
+    return run
+
+
+def _progress(total: int) -> Any:  # pragma: no cover - cosmetic
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="req", desc="replay", mininterval=1.0)

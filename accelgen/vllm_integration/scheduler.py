@@ -1,0 +1,753 @@
+"""vLLM V1 schedulers that run an accelgen policy (``AccelGenScheduler``) or stock vLLM
+scheduling with the same recording (``InstrumentedScheduler``).
+
+Use: ``LLM(..., scheduler_cls="accelgen.vllm_integration.scheduler.AccelGenScheduler")``, the
+same string in ``EngineArgs(scheduler_cls=...)`` or ``vllm serve --scheduler-cls ...``; the policy
+and SLO defaults come from ``accelgen.vllm_integration.config``.
+
+How a policy decision reaches vLLM without copying vLLM's ``schedule()`` (vLLM 0.32.0,
+``vllm/v1/core/sched/scheduler.py``):
+
+- The policy sees mirrors (``accelgen.request.Request``) of vLLM's ``waiting`` and ``running``
+  queues in their order, and a KV view over vLLM's block pool.
+- Victims the policy names are preempted first with vLLM's own ``_preempt_request`` (recompute:
+  blocks freed, request back at the front of ``waiting``).
+- ``max_num_scheduled_tokens`` (the token budget ``schedule()`` starts from) is set to the sum of
+  the tokens the policy scheduled.
+- Every request's token count is capped at the policy's choice through
+  ``_reserve_prefill_lookahead``, a hook ``schedule()`` calls for each running and waiting request
+  right before allocating its KV slots (a no-op without multi-token-prediction drafters). A cap of
+  0 makes vLLM skip a running request the policy left out.
+- ``waiting`` temporarily holds only the admitted requests, in the policy's order (this also
+  removes vLLM's head-of-line stop); the rest are held back and put back afterwards in their
+  original order. ``running`` keeps vLLM's admission order: vLLM could only preempt on its own
+  (``running[-1]``) if an allocation failed, and the adapter first checks that the decision fits
+  the free KV (with vLLM's block arithmetic), raising ``PolicyDecisionError`` otherwise.
+- After ``schedule()`` the adapter checks that vLLM scheduled exactly the policy's tokens and
+  counts any mismatch in the iteration log (``info_adapter_mismatch``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import operator
+import time
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+import numpy as np
+import pandas as pd
+
+from accelgen.vllm_integration.version import check_vllm_version
+
+check_vllm_version()
+
+# vLLM imports follow the version check on purpose: on another version they may not even exist.
+from vllm.v1.core.sched.interface import PauseState  # noqa: E402
+from vllm.v1.core.sched.output import SchedulerOutput  # noqa: E402
+from vllm.v1.core.sched.request_queue import (  # noqa: E402
+    SchedulingPolicy,
+    create_request_queue,
+)
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs  # noqa: E402
+from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
+from vllm.v1.request import Request as VRequest  # noqa: E402
+from vllm.v1.request import RequestStatus  # noqa: E402
+
+from accelgen.costmodel.base import BatchShape  # noqa: E402
+from accelgen.policies.base import Decision, Pivot, Policy, SchedulerView  # noqa: E402
+from accelgen.request import Request, Status  # noqa: E402
+from accelgen.sim.recorder import IterationLog, requests_frame  # noqa: E402
+from accelgen.vllm_integration.config import (  # noqa: E402
+    AdapterConfig,
+    OnlineLinearCostModel,
+    SLOError,
+    build_cost_model,
+    build_pivot,
+    parse_request_slo,
+    resolve_config,
+)
+
+# A child of vLLM's logger, so messages show up in vLLM's log stream with its formatting.
+logger = logging.getLogger("vllm.accelgen")
+
+_mirror_of = operator.attrgetter("accelgen_mirror")
+
+_NORMAL_FINISH = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)
+
+
+class PolicyDecisionError(RuntimeError):
+    """A policy's decision cannot be applied to vLLM (a policy bug or an unsupported action)."""
+
+
+class VLLMKVView:
+    """``KVView`` over vLLM's block pool; same arithmetic as ``accelgen.kvcache.BlockManager``."""
+
+    __slots__ = ("_pool", "block_size", "num_free_swap_blocks", "num_total_blocks",
+                 "watermark_blocks")
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        mgr = scheduler.kv_cache_manager
+        self._pool = mgr.block_pool
+        self.block_size = scheduler.block_size
+        # vLLM keeps block 0 as a permanently reserved "null block" (block_pool.py).
+        self.num_total_blocks = self._pool.num_gpu_blocks - 1
+        self.watermark_blocks = mgr.watermark_blocks
+        self.num_free_swap_blocks = 0  # recompute preemption only
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self._pool.get_num_free_blocks()
+
+    def blocks_needed(self, req: Request, num_new_tokens: int) -> int:
+        need = -(-(req.num_computed_tokens + num_new_tokens) // self.block_size) - req.num_blocks
+        return need if need > 0 else 0
+
+    def free_tokens_for(self, req: Request) -> int:
+        slack_in_last = req.num_blocks * self.block_size - req.num_computed_tokens
+        return max(0, slack_in_last) + self.num_free_blocks * self.block_size
+
+    def can_admit(self, num_blocks: int) -> bool:
+        return num_blocks <= self.num_free_blocks - self.watermark_blocks
+
+
+@dataclass(slots=True)
+class _Step:
+    """One iteration between ``schedule()`` and ``update_from_output()``."""
+
+    start: float  # policy clock (s)
+    t0: float  # perf_counter at schedule() entry
+    t_sched_end: float
+    shape: BatchShape
+    batch_size: int
+    decision_time: float
+    policy_time: float
+    vllm_time: float
+    num_preempted: int
+    info: dict[str, float] = field(default_factory=dict)
+    decision: Decision | None = None
+
+
+class InstrumentedScheduler(Scheduler):
+    """Stock vLLM V1 scheduling plus the recording of the accelgen replay: per-request mirrors
+    with token timestamps, per-iteration composition and scheduler wall time, per-request SLOs
+    from ``SamplingParams.extra_args`` (bad values finish that request with an error).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.accelgen_config: AdapterConfig = resolve_config(self.vllm_config.additional_config)
+        cfg = self.accelgen_config
+        self.time_origin: float = cfg.time_origin if cfg.time_origin is not None else time.time()
+        self.kv_view = VLLMKVView(self)
+        # vLLM request id -> mirror / vLLM request, for requests not finished yet.
+        self.tracked: dict[str, Request] = {}
+        self._vreqs: dict[str, VRequest] = {}
+        self._vid_of: dict[int, str] = {}  # mirror req_id -> vLLM request id
+        self._used_ids: set[int] = set()
+        self._auto_ids = itertools.count()
+        self.max_tokens: dict[int, int] = {}  # req_id -> the request's max_tokens
+        self.vllm_request_ids: dict[int, str] = {}
+        self.done: list[Request] = []  # finished or rejected mirrors, in completion order
+        self.invalid: dict[str, str] = {}  # vLLM request id -> why it was refused
+        self._pending_outputs: list[VRequest] = []
+        self.log = IterationLog()
+        self._timing: list[tuple[float, float, float, float]] = []
+        self.idle_steps = 0
+        self.mismatch_steps = 0
+        self._step: _Step | None = None
+        self._kv_blocks = scheduler_blocks_of(self)
+
+    # -- clock ---------------------------------------------------------------------------------
+    def now(self) -> float:
+        """Seconds on the policy's clock (epoch time minus ``time_origin``)."""
+        return time.time() - self.time_origin
+
+    def set_time_origin(self, origin: float) -> None:
+        """Re-base the clock (before any request is added), e.g. to a replay's start."""
+        if self.tracked or self.done:
+            raise RuntimeError("set_time_origin must be called before requests are added")
+        self.time_origin = origin
+
+    def reset_records(self, origin: float | None = None) -> None:
+        """Forget finished requests and the logs (e.g. after a warm-up) and optionally re-base
+        the clock; only valid while no request is in flight."""
+        if self.tracked:
+            raise RuntimeError("reset_records needs an idle scheduler (requests in flight)")
+        self.done.clear()
+        self.invalid.clear()
+        self._used_ids.clear()
+        self._auto_ids = itertools.count()
+        self.max_tokens.clear()
+        self.vllm_request_ids.clear()
+        self.log = IterationLog()
+        self._timing.clear()
+        self.idle_steps = 0
+        self.mismatch_steps = 0
+        if origin is not None:
+            self.time_origin = origin
+
+    # -- requests in and out -------------------------------------------------------------------
+    def add_request(self, request: VRequest) -> None:
+        is_new = request.request_id not in self.requests
+        super().add_request(request)
+        if not is_new:
+            return  # a streaming-input continuation of a tracked request
+        extra = request.sampling_params.extra_args if request.sampling_params else None
+        try:
+            slo = parse_request_slo(extra, self.accelgen_config.slo)
+            req_id = self._assign_id(slo.req_id)
+        except SLOError as exc:
+            self._refuse(request, f"accelgen: request {request.request_id} refused: {exc}")
+            return
+        now = self.now()
+        m = Request(req_id=req_id, arrival=request.arrival_time - self.time_origin,
+                    prompt_len=request.num_prompt_tokens, source=slo.source,
+                    ttft_slo=slo.ttft_slo, tbt_slo=slo.tbt_slo, jct_slo=slo.jct_slo,
+                    online=slo.online, predicted_output_len=slo.predicted_output_len,
+                    queued_since=now)
+        vid = request.request_id
+        # The mirror also rides on the vLLM request so that building the policy's view is one
+        # attribute read per queued request (see AccelGenScheduler.schedule).
+        request.accelgen_mirror = m  # type: ignore[attr-defined]
+        self.tracked[vid] = m
+        self._vreqs[vid] = request
+        self._vid_of[req_id] = vid
+        self.vllm_request_ids[req_id] = vid
+        self.max_tokens[req_id] = int(request.max_tokens)
+        self._on_arrival(m, now)
+
+    def _assign_id(self, wanted: int | None) -> int:
+        if wanted is not None:
+            if wanted in self._used_ids:
+                raise SLOError(f"req_id={wanted} is already used by another request")
+            self._used_ids.add(wanted)
+            return wanted
+        while (i := next(self._auto_ids)) in self._used_ids:
+            pass
+        self._used_ids.add(i)
+        return i
+
+    def _refuse(self, request: VRequest, message: str) -> None:
+        """Finish a request with an error output instead of serving it; others are unaffected."""
+        logger.error("%s", message)
+        self.invalid[request.request_id] = message
+        request.stop_reason = message
+        self.finish_requests(request.request_id, RequestStatus.FINISHED_ERROR)
+        self._pending_outputs.append(request)
+
+    def finish_requests(self, request_ids: Any, finished_status: RequestStatus) -> list[VRequest]:
+        finished = super().finish_requests(request_ids, finished_status)
+        if finished:
+            now = self.now()
+            for v in finished:
+                if v.request_id in self.tracked:
+                    self._finish_mirror(v, now)
+        return finished
+
+    def has_finished_requests(self) -> bool:
+        # Refused/rejected requests still owe their client a final output.
+        return bool(self._pending_outputs) or super().has_finished_requests()
+
+    def _finish_mirror(self, v: VRequest, now: float) -> None:
+        m = self.tracked.pop(v.request_id)
+        del self._vreqs[v.request_id]
+        del self._vid_of[m.req_id]
+        if v.status in _NORMAL_FINISH:
+            m.status = Status.FINISHED
+        else:
+            m.status = Status.REJECTED
+            m.reject_reason = (str(v.stop_reason) if isinstance(v.stop_reason, str)
+                               else f"vLLM finished it as {v.status.name}")
+        m.finish_time = now
+        m.num_blocks = 0
+        self.done.append(m)
+        self._on_finish(m, now)
+
+    # -- scheduling ----------------------------------------------------------------------------
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        start = self.now()
+        t0 = time.perf_counter()
+        out = super().schedule(throttle_prefills)
+        t1 = time.perf_counter()
+        self._record_schedule(out, start=start, t0=t0, t1=t1, policy_time=0.0,
+                              vllm_time=t1 - t0, info={}, decision=None)
+        return out
+
+    def _record_schedule(self, out: SchedulerOutput, *, start: float, t0: float, t1: float,
+                         policy_time: float, vllm_time: float, info: dict[str, float],
+                         decision: Decision | None) -> None:
+        """Update mirrors for what vLLM scheduled and keep the iteration for the log."""
+        tracked = self.tracked
+        now = start
+        preempted = out.preempted_req_ids or ()
+        for vid in preempted:
+            m = tracked.get(vid)
+            if m is not None and m.status == Status.RUNNING:  # preempted by vLLM itself
+                m.status = Status.WAITING
+                m.num_computed_tokens = 0
+                m.num_blocks = 0
+                m.num_preemptions += 1
+                m.queued_since = now
+        shape = BatchShape()
+        for vid, n in out.num_scheduled_tokens.items():
+            m = tracked.get(vid)
+            if m is None:
+                continue
+            ctx = m.num_computed_tokens
+            if n == 1 and m.num_output_tokens > 0 and ctx == m.num_tokens - 1:
+                shape.add_decode(ctx)
+            else:
+                shape.add_prefill(n, ctx)
+            if m.status == Status.WAITING:
+                m.status = Status.RUNNING
+                if math.isnan(m.first_scheduled_time):
+                    m.first_scheduled_time = now
+        n_sched = len(out.num_scheduled_tokens)
+        if n_sched == 0:
+            self.idle_steps += 1
+            self._step = None
+            self._idle_decision(decision)
+            return
+        self._step = _Step(start=start, t0=t0, t_sched_end=t1, shape=shape, batch_size=n_sched,
+                           decision_time=t1 - t0, policy_time=policy_time, vllm_time=vllm_time,
+                           num_preempted=len(preempted), info=info,
+                           decision=decision)
+
+    def _idle_decision(self, decision: Decision | None) -> None:
+        """Hook: the step scheduled nothing."""
+
+    def update_from_output(self, scheduler_output: SchedulerOutput,
+                           model_runner_output: ModelRunnerOutput) -> dict[int, EngineCoreOutputs]:
+        t_exec_end = time.perf_counter()
+        # Collect the vLLM requests first: vLLM forgets finished ones inside the call.
+        scheduled = [(vid, self._vreqs.get(vid)) for vid in scheduler_output.num_scheduled_tokens]
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        now = self.now()
+        tracked, blocks_of = self.tracked, self._kv_blocks
+        for vid, v in scheduled:
+            m = tracked.get(vid)
+            if m is None or v is None:
+                continue
+            k = v.num_output_tokens - m.num_output_tokens
+            if k > 0:
+                if m.num_output_tokens == 0:
+                    m.first_token_time = now
+                m.token_times.extend([now] * k)
+                m.last_token_time = now
+                m.num_output_tokens = v.num_output_tokens
+            if v.is_finished():
+                self._finish_mirror(v, now)
+            else:
+                m.num_computed_tokens = v.num_computed_tokens
+                m.num_blocks = blocks_of(vid)
+        if self._pending_outputs:
+            self._emit_pending(outputs)
+        step, self._step = self._step, None
+        if step is not None:
+            latency = time.perf_counter() - step.t0
+            pool = self.kv_view
+            used_blocks = pool.num_total_blocks - pool.num_free_blocks
+            used_tokens = sum(v.num_computed_tokens for v in self.running)
+            self.log.append(step.start, latency, step.shape, step.batch_size, used_blocks,
+                            pool.num_total_blocks, used_tokens, step.decision_time,
+                            step.num_preempted, len(self.waiting) + len(self.kv_holding_waiting),
+                            len(self.running), 0, 0.0, step.info)
+            exec_time = t_exec_end - step.t_sched_end
+            self._timing.append((step.policy_time, step.vllm_time, exec_time, latency))
+            self._on_step_end(step, latency, exec_time)
+        return outputs
+
+    def _emit_pending(self, outputs: dict[int, EngineCoreOutputs]) -> None:
+        for v in self._pending_outputs:
+            eco = outputs.get(v.client_index)
+            if eco is None:
+                eco = outputs[v.client_index] = EngineCoreOutputs()
+            eco.outputs.append(EngineCoreOutput(
+                request_id=v.request_id, new_token_ids=[], finish_reason=v.get_finished_reason(),
+                stop_reason=v.stop_reason, events=v.take_events(), trace_headers=v.trace_headers))
+        self._pending_outputs.clear()
+
+    # -- hooks for the policy-driven subclass --------------------------------------------------
+    def _on_arrival(self, req: Request, now: float) -> None:
+        pass
+
+    def _on_finish(self, req: Request, now: float) -> None:
+        pass
+
+    def _on_step_end(self, step: _Step, latency: float, exec_time: float) -> None:
+        pass
+
+    # -- results -------------------------------------------------------------------------------
+    def all_requests(self) -> list[Request]:
+        """Every request seen (finished, rejected, or still in flight), by req_id."""
+        return sorted([*self.done, *self.tracked.values()], key=lambda r: r.req_id)
+
+    def requests_frame(self) -> pd.DataFrame:
+        reqs = self.all_requests()
+        size = (max(r.req_id for r in reqs) + 1) if reqs else 0
+        target = np.zeros(size, dtype=np.int64)
+        for r in reqs:
+            target[r.req_id] = self.max_tokens.get(r.req_id, r.num_output_tokens)
+        return requests_frame(reqs, target)
+
+    def iterations_frame(self) -> pd.DataFrame:
+        return self.log.to_frame()
+
+    def timing_frame(self) -> pd.DataFrame:
+        """Wall times per logged iteration (s): ``decision_time`` (the whole ``schedule()``
+        call), ``policy_time``, ``vllm_schedule_time`` (vLLM's own ``schedule()``),
+        ``exec_time`` (model execution until ``update_from_output``), ``step_time``."""
+        t = np.asarray(self._timing, dtype=np.float64).reshape(-1, 4)
+        return pd.DataFrame({
+            "decision_time": np.asarray(self.log.decision_time, dtype=np.float64),
+            "policy_time": t[:, 0], "vllm_schedule_time": t[:, 1], "exec_time": t[:, 2],
+            "step_time": t[:, 3]})
+
+    def shutdown(self) -> None:
+        log_dir = self.accelgen_config.log_dir
+        if log_dir is not None:
+            try:
+                write_scheduler_logs(self, log_dir)
+            except Exception:  # never let logging break vLLM's shutdown
+                logger.exception("accelgen: could not write scheduler logs to %s", log_dir)
+        super().shutdown()
+
+
+def scheduler_blocks_of(scheduler: Scheduler) -> Any:
+    """``request id -> KV blocks held`` for the scheduler's first KV-cache group.
+
+    Models with one attention type (the ones the artifact serves) have a single group; hybrid
+    models would need one count per group, which the policy interface does not have.
+    """
+    req_to_blocks = scheduler.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
+
+    def blocks_of(request_id: str) -> int:
+        # .get: req_to_blocks is a defaultdict and indexing would insert an empty entry.
+        blocks = req_to_blocks.get(request_id)
+        return len(blocks) if blocks is not None else 0
+
+    return blocks_of
+
+
+def write_scheduler_logs(scheduler: InstrumentedScheduler, out_dir: Any) -> None:
+    """Write requests/iterations/timing Parquet files (no summary) from a scheduler."""
+    from pathlib import Path
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, df in (("requests", scheduler.requests_frame()),
+                     ("iterations", scheduler.iterations_frame()),
+                     ("timing", scheduler.timing_frame())):
+        pq.write_table(pa.Table.from_pandas(df, preserve_index=False), out / f"{name}.parquet")
+
+
+class AccelGenScheduler(InstrumentedScheduler):
+    """vLLM V1 scheduler driven by an accelgen policy (default: AccelGen itself)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        cfg = self.accelgen_config
+        self._check_engine_config()
+        # Not `self.policy`: vLLM's Scheduler uses that name for its FCFS/priority queue mode.
+        self.accelgen_policy: Policy = make_adapter_policy(cfg.policy.name, cfg.policy.params)
+        if self.accelgen_policy.clairvoyant:
+            raise ValueError(f"policy {cfg.policy.name!r} needs clairvoyant information (true "
+                             "output lengths, future arrivals) that a real engine cannot give")
+        self.cost = build_cost_model(cfg.cost)
+        self.pivot = build_pivot(cfg, self.cost, block_size=self.block_size,
+                                 max_model_len=self.max_model_len)
+        # type-ignore: KVView declares num_free_blocks as a plain (settable) attribute; here it
+        # is a read-only property over vLLM's block pool, which is all a policy may do with it.
+        self.view = SchedulerView(now=0.0, waiting=[], running=[], swapped=[],
+                                  kv=self.kv_view,  # type: ignore[arg-type]
+                                  cost=self.cost, pivot=self.pivot,
+                                  max_model_len=self.max_model_len)
+        self._caps: dict[str, int] | None = None
+        self._budget_warned = False
+        self._mismatch_warned = 0
+        # Admission's KV rule belongs to the policy (vLLM's default reserves the whole prompt at
+        # admission, which would veto a chunk the policy sized to the free KV).
+        self.scheduler_reserve_full_isl = False
+        logger.info("accelgen: policy %s %s, S_pf=%d, T_pf=%.4fs, cost model %s, KV %d blocks "
+                    "of %d", cfg.policy.name, self.accelgen_policy.params.model_dump(),
+                    self.pivot.s_pf, self.pivot.t_pf, self.cost.name,
+                    self.kv_view.num_total_blocks, self.block_size)
+
+    def _check_engine_config(self) -> None:
+        sc = self.scheduler_config
+        problems = []
+        if self.policy == SchedulingPolicy.PRIORITY:
+            problems.append("scheduling policy 'priority' (use fcfs: the accelgen policy orders "
+                            "the queue itself)")
+        if not sc.enable_chunked_prefill:
+            problems.append("enable_chunked_prefill=False (vLLM would refuse the policy's chunks;"
+                            " a policy that does not chunk simply never cuts a prompt)")
+        if sc.long_prefill_token_threshold:
+            problems.append(f"long_prefill_token_threshold={sc.long_prefill_token_threshold} "
+                            "(vLLM would cut the policy's chunks; set 0)")
+        if sc.async_scheduling:
+            problems.append("async scheduling (schedules a step ahead of the outputs the policy "
+                            "reads; pass async_scheduling=False / --no-async-scheduling)")
+        if self.num_spec_tokens or self.num_lookahead_tokens:
+            problems.append("speculative decoding (not modelled by the policies)")
+        if problems:
+            raise ValueError("AccelGenScheduler cannot run with: " + "; ".join(problems))
+        if self.cache_config.enable_prefix_caching:
+            logger.warning("accelgen: prefix caching is on; cache hits make vLLM compute fewer "
+                           "tokens than the policy planned (the policy still caps each request)")
+
+    def reset_records(self, origin: float | None = None) -> None:
+        super().reset_records(origin)
+        # A fresh policy object: no state (running means, carry-overs) from before the reset.
+        cfg = self.accelgen_config
+        self.accelgen_policy = make_adapter_policy(cfg.policy.name, cfg.policy.params)
+        self.mismatch_steps = 0
+
+    # -- hooks ---------------------------------------------------------------------------------
+    def _on_arrival(self, req: Request, now: float) -> None:
+        self.accelgen_policy.on_arrival(req, now)
+
+    def _on_finish(self, req: Request, now: float) -> None:
+        self.accelgen_policy.on_finish(req, now)
+
+    def _on_step_end(self, step: _Step, latency: float, exec_time: float) -> None:
+        cost = self.cost
+        if isinstance(cost, OnlineLinearCostModel) and cost.observe(step.shape.forward_size,
+                                                                    exec_time):
+            # A new Pivot object (not a mutation): policies key their latency caches on it.
+            self.pivot = self.view.pivot = Pivot(s_pf=self.pivot.s_pf,
+                                                 t_pf=cost.forward_time(self.pivot.s_pf))
+        if step.decision is not None:
+            self.accelgen_policy.on_step_end(self.view, step.decision, latency)
+
+    def _reserve_prefill_lookahead(self, request: VRequest, num_computed_tokens: int,
+                                   num_new_tokens: int) -> int:
+        # Called once per candidate request per step: skip the base call when it is a no-op
+        # (no multi-token-prediction drafter).
+        n = (super()._reserve_prefill_lookahead(request, num_computed_tokens, num_new_tokens)
+             if self.num_prefill_lookahead else num_new_tokens)
+        caps = self._caps
+        if caps is None:
+            return n
+        cap = caps.get(request.request_id, 0)
+        return n if n < cap else cap
+
+    # -- the decision --------------------------------------------------------------------------
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        if self._pause_state == PauseState.PAUSED_ALL:
+            # vLLM schedules nothing while paused; asking the policy would only make it plan
+            # (and account for) a step that does not happen.
+            return super().schedule(throttle_prefills)
+        start = self.now()
+        t0 = time.perf_counter()
+        tracked = self.tracked
+        view = self.view
+        view.now = start
+        try:
+            # C-level map over the queues: this runs every step over every waiting request.
+            view.waiting = list(map(_mirror_of, self.waiting))
+            if self.kv_holding_waiting:
+                view.waiting[:0] = map(_mirror_of, self.kv_holding_waiting)
+            view.running = list(map(_mirror_of, self.running))
+        except AttributeError:  # a request added behind add_request's back: skip it
+            view.waiting = [m for v in itertools.chain(self.kv_holding_waiting, self.waiting)
+                            if (m := tracked.get(v.request_id)) is not None]
+            view.running = [m for v in self.running
+                            if (m := tracked.get(v.request_id)) is not None]
+        tp = time.perf_counter()
+        decision = self.accelgen_policy.schedule(view)
+        policy_time = time.perf_counter() - tp
+
+        if decision.swap_out or decision.swap_in or getattr(decision, "reserve", None):
+            raise PolicyDecisionError(
+                f"policy {self.accelgen_policy.name!r} asked for KV swapping or reservation, "
+                "which the vLLM backend does not support (recompute preemption only)")
+        for m, why in decision.rejected:
+            self._reject(m, why)
+        for m in decision.preempted:
+            v = self._vreq_of(m, "preempt")
+            if v.status != RequestStatus.RUNNING:
+                raise PolicyDecisionError(f"policy {self.accelgen_policy.name!r} preempted request "
+                                          f"{m.req_id}, which is {v.status.name}, not running")
+            self.running.remove(v)
+            self._preempt_request(v, time.monotonic())
+            # Mirror the preemption now: the feasibility check below reads the freed blocks.
+            m.status, m.num_computed_tokens, m.num_blocks = Status.WAITING, 0, 0
+            m.num_preemptions += 1
+            m.queued_since = start
+        caps, wait_order, trimmed = self._caps_from(decision)
+        budget = sum(caps.values())
+
+        saved_budget = self.max_num_scheduled_tokens
+        saved_waiting, saved_kv_waiting = self.waiting, self.kv_holding_waiting
+        try:
+            # vLLM reads the queues through these attributes, so swapping in queues holding only
+            # the admitted requests is cheaper than rebuilding the long queues (O(admitted)).
+            self.waiting = create_request_queue(self.policy)
+            self.kv_holding_waiting = create_request_queue(self.policy)
+            for v in wait_order:
+                q = self.kv_holding_waiting if self._holds_kv_blocks(v) else self.waiting
+                q.add_request(v)
+            self.max_num_scheduled_tokens = budget
+            self._caps = caps
+            t_v = time.perf_counter()
+            out = super(InstrumentedScheduler, self).schedule(throttle_prefills)
+            vllm_time = time.perf_counter() - t_v
+        finally:
+            self._caps = None
+            self.max_num_scheduled_tokens = saved_budget
+            self._restore_queues(saved_waiting, saved_kv_waiting, wait_order)
+        mismatch = 0
+        got = out.num_scheduled_tokens
+        if got != caps:
+            mismatch = 1
+            self._report_mismatch(caps, got)
+        t1 = time.perf_counter()
+        info = dict(decision.info)
+        info.update({"adapter_budget": float(budget), "adapter_mismatch": float(mismatch),
+                     "adapter_trimmed_tokens": float(trimmed)})
+        self._record_schedule(out, start=start, t0=t0, t1=t1, policy_time=policy_time,
+                              vllm_time=vllm_time, info=info, decision=decision)
+        return out
+
+    def _bad_schedule(self, m: Request, n: int, vid: str | None, caps: dict[str, int]
+                      ) -> NoReturn:
+        if vid is None:
+            self._vreq_of(m, "schedule")  # raises with the message
+        raise PolicyDecisionError(
+            f"policy {self.accelgen_policy.name!r} scheduled {n} tokens for request {m.req_id} "
+            f"({m.num_new_tokens} pending{', twice' if vid in caps else ''})")
+
+    def _vreq_of(self, m: Request, action: str) -> VRequest:
+        vid = self._vid_of.get(m.req_id)
+        if vid is None:
+            raise PolicyDecisionError(f"policy {self.accelgen_policy.name!r} tried to {action} "
+                                      f"request {m.req_id}, which the engine is not serving")
+        return self._vreqs[vid]
+
+    def _caps_from(self, decision: Decision) -> tuple[dict[str, int], list[VRequest], int]:
+        caps: dict[str, int] = {}
+        wait_order: list[VRequest] = []
+        vid_of, vreqs = self._vid_of, self._vreqs
+        bs = self.block_size
+        running = RequestStatus.RUNNING
+        need = 0
+        # Runs for every scheduled request every step: plain arithmetic, no helper calls
+        # (blocks as in VLLMKVView.blocks_needed, pending tokens as Request.num_new_tokens).
+        for m, n in decision.scheduled:
+            vid = vid_of.get(m.req_id)
+            pending = m.prompt_len + m.num_output_tokens - m.num_computed_tokens
+            if vid is None or n <= 0 or n > pending or vid in caps:
+                self._bad_schedule(m, n, vid, caps)
+            caps[vid] = n
+            grow = -(-(m.num_computed_tokens + n) // bs) - m.num_blocks
+            if grow > 0:
+                need += grow
+            v = vreqs[vid]
+            if v.status != running:
+                wait_order.append(v)
+        free = self.kv_view.num_free_blocks
+        if need > free:
+            # The interface contract: a decision must fit the KV after its preemptions; an
+            # executor reports a violation instead of repairing it.
+            raise PolicyDecisionError(
+                f"policy {self.accelgen_policy.name!r} scheduled tokens needing {need} KV blocks "
+                f"with {free} free after its preemptions")
+        trimmed = 0
+        excess = sum(caps.values()) - self.scheduler_config.max_num_batched_tokens
+        if excess > 0:
+            # The engine's buffers hold max_num_batched_tokens; cut the decision's tail to fit.
+            trimmed = excess
+            if not self._budget_warned:
+                self._budget_warned = True
+                logger.warning("accelgen: policy scheduled %d tokens > max_num_batched_tokens=%d;"
+                               " trimming (raise max_num_batched_tokens to the policy's largest "
+                               "budget)", excess + self.scheduler_config.max_num_batched_tokens,
+                               self.scheduler_config.max_num_batched_tokens)
+            for m, _ in reversed(decision.scheduled):
+                vid = self._vid_of[m.req_id]
+                cut = min(excess, caps[vid])
+                caps[vid] -= cut
+                excess -= cut
+                if caps[vid] == 0:
+                    del caps[vid]
+                    v = self._vreqs[vid]
+                    if v in wait_order:
+                        wait_order.remove(v)
+                if excess == 0:
+                    break
+        return caps, wait_order, trimmed
+
+    def _restore_queues(self, waiting: Any, kv_waiting: Any, selected: list[VRequest]) -> None:
+        tmp_waiting, tmp_kv = self.waiting, self.kv_holding_waiting
+        self.waiting, self.kv_holding_waiting = waiting, kv_waiting
+        chosen = set(selected)
+        for v in selected:
+            # Admitted requests leave the queue; the others keep their original place.
+            if v.status == RequestStatus.RUNNING:
+                (kv_waiting if v in kv_waiting else waiting).remove_request(v)
+        for tmp, orig in ((tmp_waiting, waiting), (tmp_kv, kv_waiting)):
+            # Requests vLLM itself preempted during the call sit in front, as vLLM puts them.
+            front = [v for v in tmp if v not in chosen]
+            if front:
+                orig.extendleft(reversed(front))
+
+    def _reject(self, m: Request, why: str) -> None:
+        v = self._vreq_of(m, "reject")
+        if v.status == RequestStatus.RUNNING:
+            raise PolicyDecisionError(
+                f"policy {self.accelgen_policy.name!r} rejected request {m.req_id}, which is "
+                "running (only waiting requests can be rejected)")
+        v.stop_reason = f"accelgen: rejected by policy {self.accelgen_policy.name}: {why}"
+        self.finish_requests(v.request_id, RequestStatus.FINISHED_IGNORED)
+        self._pending_outputs.append(v)
+
+    def _report_mismatch(self, caps: dict[str, int], got: dict[str, int]) -> None:
+        self.mismatch_steps += 1
+        if self._mismatch_warned < 5:
+            self._mismatch_warned += 1
+            diff = {vid: (n, got.get(vid, 0)) for vid, n in caps.items() if got.get(vid) != n}
+            extra = sorted(set(got) - set(caps))
+            logger.warning("accelgen: vLLM did not schedule the policy's tokens exactly "
+                           "(request: (planned, scheduled)) %s%s", diff,
+                           f"; unplanned {extra}" if extra else "")
+
+
+def make_adapter_policy(name: str, params: dict[str, Any] | None = None) -> Policy:
+    """A policy by registry name, or ``module:Class`` / ``module.Class`` for out-of-tree ones."""
+    if name in _LOCAL_POLICIES:
+        return _LOCAL_POLICIES[name](**(params or {}))
+    if ":" in name or ("." in name and name not in _registry_names()):
+        import importlib
+
+        module, _, cls = name.partition(":") if ":" in name else name.rpartition(".")
+        try:
+            policy_cls = getattr(importlib.import_module(module), cls)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"cannot import policy class {name!r}: {exc}") from exc
+        return policy_cls(**(params or {}))
+    from accelgen.policies.registry import make_policy
+
+    return make_policy(name, params)
+
+
+def _registry_names() -> list[str]:
+    from accelgen.policies.registry import policy_names
+
+    return policy_names()
+
+
+# Policies registered at run time (tests, notebooks); only visible in this process.
+_LOCAL_POLICIES: dict[str, Any] = {}
+
+
+def register_policy(name: str, factory: Any) -> None:
+    """Make ``factory(**params)`` available under ``name`` to schedulers built in this process."""
+    _LOCAL_POLICIES[name] = factory

