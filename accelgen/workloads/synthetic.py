@@ -63,10 +63,9 @@ class PowerLawShape:
 
     def sample(self, u: np.ndarray) -> np.ndarray:
         lo, hi, a = float(self.lo), float(self.hi), self.alpha
-        if abs(a) < 1e-9:
-            x = lo * (hi / lo) ** u
-        else:
-            x = lo * (1.0 - u * (1.0 - (lo / hi) ** a)) ** (-1.0 / a)
+        if abs(a) < 1e-9:  # alpha -> 0: the log-uniform limit of the inverse CDF
+            return np.clip(np.floor(lo * (hi / lo) ** u), self.lo, self.hi).astype(np.int64)
+        x = lo * (1.0 - u * (1.0 - (lo / hi) ** a)) ** (-1.0 / a)
         return np.clip(np.floor(x), self.lo, self.hi).astype(np.int64)
 
 
