@@ -1,0 +1,12 @@
+"""Measured iteration-latency profiles (``accelgen profile``) and the simulator-fidelity check.
+
+Backends write the profile CSV that ``accelgen.costmodel.table.ProfileCostModel`` reads:
+
+- ``torch``: a random-initialised decoder of a model's real shape (``torch_model``), timed per
+  batch composition on CPU or CUDA;
+- ``vllm``: engine step timings of a real vLLM engine (tiny model on CPU here);
+- ``analytic``: the calibrated analytic model written out as a table (the pipeline's stand-in for
+  GPU profiling on a machine without GPUs).
+
+``fidelity`` compares a real-engine replay with a simulation driven by that engine's profile.
+"""
