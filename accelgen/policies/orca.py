@@ -13,7 +13,7 @@ The reservation is ``min(max_seq_len, max_model_len, total KV)`` tokens: a seque
 admit nothing. With ``max_seq_len >= max_model_len`` (the paper's setting) a request therefore never
 needs a block beyond its reservation. With a smaller ``max_seq_len`` a long sequence can outgrow it;
 it then takes blocks on demand, and only if even that is impossible for every running request is the
-newest one recomputed (a safety valve Orca does not have; counted in ``info["overflow_preempt"]``).
+newest one recomputed (a safety valve Orca does not have; it shows as the request's preemption count).
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ class OrcaPolicy(Policy):
 
     def schedule(self, view: SchedulerView) -> Decision:
         reserve = self.reservation_tokens(view)
-        reserve_blocks = blocks_for(reserve, view.kv.block_size)
         # Orca has no token budget: the BatchBuilder is used only as a KV ledger.
         b = BatchBuilder(view.kv, 1 << 62)
         d = b.decision
@@ -61,18 +60,20 @@ class OrcaPolicy(Policy):
         for r in view.waiting:
             if b.num_scheduled >= self.params.max_batch_size or overflow:
                 break
-            if r.num_new_tokens + 1 > reserve:
+            if r.num_output_tokens == 0 and r.prompt_len + 1 > reserve:
                 # The prompt plus its first output token can never fit in one reservation.
                 d.rejected.append((r, f"orca: prompt of {r.prompt_len} tokens exceeds the "
                                       f"{reserve}-token max-length reservation"))
                 continue
-            if reserve_blocks > b.free_blocks:
+            # A request recomputed by the safety valve may already be longer than max_seq_len.
+            tokens = max(reserve, r.num_new_tokens + 1)
+            need = blocks_for(tokens, view.kv.block_size)
+            if need > b.free_blocks:
                 break  # FCFS head-of-line: the next request waits for a whole reservation
-            d.reserve.append((r, reserve))
-            b.free_blocks -= reserve_blocks
-            # The reservation already covers the whole prompt: add() charges zero blocks.
+            d.reserve.append((r, tokens))
+            b.free_blocks -= need
+            # The reservation already covers the whole prompt: no further blocks to charge.
             d.scheduled.append((r, r.num_new_tokens))
             b.scheduled_ids.add(r.req_id)
         d.info["reserved_tokens"] = float(reserve)
-        d.info["overflow_preempt"] = float(overflow)
         return d

@@ -1,0 +1,157 @@
+"""The CLAIRVOYANT Oracle: exact KV planning never preempts, it reduces to AccelGen without
+the plan, it refuses to run without clairvoyance, and its search keeps the best grid point."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from accelgen.config import Deployment, ExperimentConfig, SimOptions
+from accelgen.kvcache import blocks_for
+from accelgen.policies.base import Decision, SchedulerView
+from accelgen.policies.oracle import grid_points, search
+from accelgen.policies.registry import make_policy
+from accelgen.request import Request
+from tests.conftest import make_requests, run_sim
+from tests.invariants import RecordingPolicy, check_invariants
+
+
+def _kv_pressure_trace() -> tuple[list[Request], list[int]]:
+    # Short prompts with long outputs: every prompt fits on arrival, but their KV keeps growing
+    # until it exceeds the cache, so a scheduler that admits on the prompt alone must preempt.
+    specs = [(0.02 * i, 60 + 17 * (i % 5)) for i in range(14)]
+    outs = [150 + 23 * (i % 4) for i in range(14)]
+    return make_requests(specs, ttft_slo=2.0, tbt_slo=0.5), outs
+
+
+class _PlanCheck(RecordingPolicy):
+    """Asserts before every decision that the final KV of the running requests fits."""
+
+    def schedule(self, view: SchedulerView) -> Decision:
+        assert view.true_output_len is not None
+        b = view.kv.block_size
+        final = sum(blocks_for(r.prompt_len + view.true_output_len[r.req_id] - 1, b)
+                    for r in view.running)
+        assert final <= view.kv.num_total_blocks, "admitted more than can finish"
+        return super().schedule(view)
+
+
+def test_oracle_never_preempts_where_accelgen_must() -> None:
+    reqs, outs = _kv_pressure_trace()
+    res = run_sim(reqs, outs, make_policy("accelgen"), num_blocks=48, block_size=16)
+    check_invariants(res)
+    assert sum(r.num_preemptions for r in res.requests) > 0, "scenario must force AccelGen to preempt"
+
+    reqs, outs = _kv_pressure_trace()
+    policy = _PlanCheck(make_policy("oracle"))
+    res = run_sim(reqs, outs, policy, num_blocks=48, block_size=16)
+    check_invariants(res, policy)
+    assert all(r.status.name == "FINISHED" for r in res.requests)
+    assert sum(r.num_preemptions for r in res.requests) == 0
+    its = res.iterations.to_frame()
+    assert its["num_preempted"].sum() == 0
+    assert (its["info_clairvoyant"] == 1.0).all()
+    # The plan was binding: some request waited although its prompt alone would have fitted.
+    assert its["info_oracle_excluded"].max() > 0
+
+
+def test_oracle_without_kv_plan_is_accelgen_on_online_traces() -> None:
+    reqs, outs = _kv_pressure_trace()
+    a = run_sim(reqs, outs, make_policy("accelgen"), num_blocks=48, block_size=16)
+    reqs, outs = _kv_pressure_trace()
+    o = run_sim(reqs, outs, make_policy("oracle", {"kv_plan": "none"}), num_blocks=48,
+                block_size=16)
+    for ra, ro in zip(a.requests, o.requests, strict=True):
+        assert ra.token_times == ro.token_times
+        assert ra.num_preemptions == ro.num_preemptions
+
+
+def test_oracle_uses_true_lengths_for_offline_plans() -> None:
+    reqs, outs = _kv_pressure_trace()
+    for r in reqs:
+        r.online, r.jct_slo, r.predicted_output_len = False, 60.0, 7
+    seen: list[tuple[int, int]] = []
+
+    class Spy(RecordingPolicy):
+        def schedule(self, view: SchedulerView) -> Decision:
+            d = super().schedule(view)
+            t = self.inner._table
+            seen.extend((int(t.req_id[s]), int(t.pred_out[s])) for s in range(t.n))
+            return d
+
+    res = run_sim(reqs, outs, Spy(make_policy("oracle")), num_blocks=48, block_size=16)
+    check_invariants(res)
+    # S_g of every offline plan was the true length, never the predicted 7.
+    assert seen and all(s_g == outs[rid] for rid, s_g in seen)
+    seen.clear()
+    reqs, outs = _kv_pressure_trace()
+    for r in reqs:
+        r.online, r.jct_slo, r.predicted_output_len = False, 60.0, 7
+    run_sim(reqs, outs, Spy(make_policy("oracle", {"exact_lengths": False})), num_blocks=48,
+            block_size=16)
+    assert seen and all(s_g == 7 for _, s_g in seen)
+
+
+def test_oracle_refuses_without_clairvoyance() -> None:
+    from accelgen.kvcache import BlockManager
+    from tests.test_baselines import _view
+
+    view = _view(make_requests([(0.0, 10)]), [], BlockManager(10, 16))
+    with pytest.raises(RuntimeError, match="clairvoyant"):
+        make_policy("oracle").schedule(view)
+
+
+def _tiny_trace(n: int = 16, seed: int = 3) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    prompt = rng.integers(50, 800, n)
+    out = rng.integers(5, 80, n)
+    ttft, tbt = rng.uniform(0.1, 1.0, n), rng.uniform(0.05, 0.3, n)
+    return pd.DataFrame({
+        "req_id": np.arange(n), "arrival": np.sort(rng.uniform(0, 4, n)),
+        "source": "test", "prompt_len": prompt, "prompt_len_natural": prompt,
+        "prompt_truncated": False, "output_len": out, "output_len_natural": out,
+        "output_capped": False, "ttft_slo": ttft, "tbt_slo": tbt,
+        "jct_slo": ttft + tbt * (out - 1), "online": True, "predicted_output_len": 150,
+    })
+
+
+def test_search_keeps_the_best_point() -> None:
+    cfg = ExperimentConfig(deployment=Deployment(model="opt-13b", hardware="a100",
+                                                 kv_cache_gb=1.0),
+                           sim=SimOptions(progress=False))
+    grid = {"kv_plan": ["exact", "none"], "gamma": [0.25, 1.5]}
+    assert len(grid_points(grid)) == 4
+    res = search(_tiny_trace(), cfg, grid)
+    t = res.table
+    assert len(t) == 4 and t["best"].sum() == 1
+    best = t[t["best"]].iloc[0]
+    assert best["goodput_rps"] == t["goodput_rps"].max()
+    assert res.best.summary["goodput_rps"] == best["goodput_rps"]
+    assert {"kv_plan": best["param_kv_plan"], "gamma": best["param_gamma"]} == res.best_params
+    exact = t[t["param_kv_plan"] == "exact"]
+    assert (exact["num_preemptions"] == 0).all()
+    with pytest.raises(ValueError, match="unknown parameter"):
+        grid_points({"gama": [1.0]})
+
+
+def test_cli_writes_best_run_and_search_table(tmp_path, capsys) -> None:
+    from accelgen.policies.oracle import main
+    from accelgen.sim.recorder import read_results
+    from accelgen.workloads.trace import write_trace
+
+    trace = tmp_path / "t.parquet"
+    write_trace(_tiny_trace(), {}, trace)
+    out = tmp_path / "oracle"
+    assert main(["--trace", str(trace), "--deployment", "opt-13b", "--out", str(out),
+                 "--grid", '{"gamma": [0.25, 1.5]}']) == 0
+    assert "CLAIRVOYANT" in capsys.readouterr().out
+    table = pd.read_csv(out / "oracle_search.csv")
+    assert table["param_gamma"].tolist() == [0.25, 1.5] and table["best"].sum() == 1
+    _, its, summary = read_results(out)
+    assert summary["policy"] == "oracle" and summary["clairvoyant"] is True
+    assert (its["info_clairvoyant"] == 1.0).all()
+    config = json.loads((out / "config.json").read_text())
+    assert config["oracle_search"]["best_params"]["gamma"] in (0.25, 1.5)
