@@ -1,0 +1,458 @@
+"""Pydantic models of the pipeline sections of ``config/quick.yaml`` and ``config/paper.yaml``.
+
+The YAML file has one ``workload:`` section (:class:`accelgen.workloads.config.WorkloadConfig`,
+the base workload) and the sections below, which say what to run: named deployments, named
+systems (a policy plus parameters), named workload variants (overrides of the base workload) and
+one block per figure group under ``experiments:``.
+
+:func:`load` validates a whole config mapping (as Snakemake's ``config`` dict) and raises a
+:class:`PipelineConfigError` whose message names every offending key, e.g.
+``systems.fastgn.policy: unknown policy 'fastgn'``; the Snakefile calls it before any job is
+planned. ``config/schema.json`` is :func:`json_schema` written out (a test keeps it current).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from accelgen.config import Deployment, SimOptions
+from accelgen.workloads.config import SYNTHETIC_DATASETS, WorkloadConfig
+
+PosFinite = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+# Names that become path segments (results/<name>/runs/<variant>/<deployment>/<system>/...).
+SEGMENT = r"^[a-z0-9][a-z0-9._+-]*$"
+Segment = Annotated[str, Field(pattern=SEGMENT, max_length=64)]
+SEGMENT_RE = re.compile(SEGMENT)
+
+# Keys of the YAML file that belong to the workload owner, not to this module.
+WORKLOAD_KEY = "workload"
+# The implicit workload variant: the `workload:` section as it is.
+BASE_VARIANT = "base"
+
+
+class PipelineConfigError(ValueError):
+    """An invalid pipeline config; the message names the keys."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --------------------------------------------------------------------------------------------
+# Deployments and systems
+# --------------------------------------------------------------------------------------------
+class DeploymentSpec(Strict):
+    """A built-in deployment (``base``, default: the entry's own name) with field overrides.
+
+    Built-ins: ``accelgen.costmodel.profiles.DEPLOYMENTS`` (opt-13b, opt-175b, llama-13b,
+    llama-3-70b) and ``ALTERNATIVE_DEPLOYMENTS``. Overrides are fields of
+    :class:`accelgen.config.Deployment` (e.g. ``max_model_len: 16384`` for the ERA figure,
+    ``cost_model: profile`` with ``profile_csv`` for a measured cost model).
+    """
+
+    base: str | None = None
+    label: str | None = None  # axis label; default: the entry name
+    model: str | None = None
+    hardware: str | None = None
+    tp: PositiveInt | None = None
+    pp: PositiveInt | None = None
+    kv_cache_gb: PosFinite | None = None
+    block_size: PositiveInt | None = None
+    max_model_len: PositiveInt | None = None
+    cost_model: Literal["analytic", "profile"] | None = None
+    profile_csv: Path | None = None
+    pivot_tolerance: PosFinite | None = None
+
+    def overrides(self) -> dict[str, Any]:
+        skip = {"base", "label"}
+        return {k: v for k, v in self.model_dump(exclude_none=True).items() if k not in skip}
+
+
+class SystemSpec(Strict):
+    """A system of the figures: a registered policy (or variant) and its parameters."""
+
+    policy: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    label: str | None = None  # legend label; default: the entry name
+    search: dict[str, list[Any]] | None = Field(
+        None, description="oracle only: run the Oracle's parameter search "
+                          "(python -m accelgen.policies.oracle) over this grid, {} = its default "
+                          "grid, and keep the schedule with the best goodput")
+
+
+# --------------------------------------------------------------------------------------------
+# Experiments (one block per figure group, SPEC section 8)
+# --------------------------------------------------------------------------------------------
+class Experiment(Strict):
+    enabled: bool = True
+    seeds: list[NonNegativeInt] | None = Field(None, min_length=1,
+                                               description="default: the top-level seeds")
+
+
+class RunGrid(Experiment):
+    """Every system on every deployment on one workload variant."""
+
+    workload: str = "base"
+    deployments: list[str] = Field(min_length=1)
+    systems: list[str] = Field(min_length=1)
+
+
+class MeasurementExp(RunGrid):
+    """Figures 1-4: iteration-time CDF, GPU and KVC utilisation, iteration-level SLO attainment."""
+
+    workload: str = "measurement"
+    reading_speed: PosFinite = 0.1875  # the reference line of figure 1 (s)
+
+
+class SystemSLOExp(Experiment):
+    """Figure 5: one system with a system-wide SLO (its token budget S_pf x SLO / T_pf)."""
+
+    workload: str = "measurement"
+    deployments: list[str] = Field(min_length=1)
+    system: str = "sarathi"
+    param: str = "system_slo"  # the policy parameter that takes the SLO
+    slos: list[PosFinite] = Field(min_length=1)
+
+
+class ERAExp(Experiment):
+    """Figure 6: two long prompts and short ones; total JCT and each long prompt's JCT."""
+
+    deployments: list[str] = Field(min_length=1)
+    systems: list[str] = Field(min_length=2)
+    long_prompts: list[PositiveInt] = Field(default_factory=lambda: [10214, 10252], min_length=1)
+    num_short: NonNegativeInt = 20
+    short_range: tuple[PositiveInt, PositiveInt] = (128, 384)
+    output_range: tuple[PositiveInt, PositiveInt] = (64, 256)
+    long_output: PositiveInt = 128
+    interval: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.05  # s between arrivals
+
+    @model_validator(mode="after")
+    def _ranges(self) -> ERAExp:
+        for key in ("short_range", "output_range"):
+            lo, hi = getattr(self, key)
+            if lo > hi:
+                raise ValueError(f"{key}: low {lo} is above high {hi}")
+        return self
+
+
+class FeaturesExp(Experiment):
+    """Figure 8: workload features, from a large trace (no simulation needed)."""
+
+    workload: str = "base"
+    deployment: str = "opt-13b"  # whose max_model_len truncates prompts
+    num_requests: PositiveInt = 20000
+
+
+class SensitivityExp(RunGrid):
+    """Figure 11: goodput vs the share of long prompts (>= 4K) and vs the arrival rate."""
+
+    long_fractions: list[Fraction] = Field(min_length=1)
+    rates: list[PosFinite] = Field(min_length=1)
+
+
+class DatasetsExp(RunGrid):
+    """Figure 12: goodput on each dataset alone."""
+
+    datasets: list[Literal["alpaca", "sharegpt", "bookcorpus"]] = Field(
+        default_factory=lambda: list(SYNTHETIC_DATASETS), min_length=1)
+
+
+class ChunkingExp(Experiment):
+    """Extra (paper figure 2): one long prompt among short requests, with and without chunking."""
+
+    deployment: str
+    systems: list[str] = Field(min_length=1)
+    long_prompt: PositiveInt = 8192
+    long_output: PositiveInt = 256
+    num_others: NonNegativeInt = 31
+    # Small enough that all 32 requests fit OPT-13B's 15,728 KV tokens together.
+    other_prompt_range: tuple[PositiveInt, PositiveInt] = (16, 64)
+    other_output_range: tuple[PositiveInt, PositiveInt] = (64, 192)
+    long_arrival: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.5  # s; others at 0
+
+
+class Experiments(Strict):
+    """One block per figure group; a block left out (or ``enabled: false``) drops its figures."""
+
+    measurement: MeasurementExp | None = None  # figures 1-4
+    system_slo: SystemSLOExp | None = None  # figure 5
+    era: ERAExp | None = None  # figure 6
+    ordering: RunGrid | None = None  # figure 7
+    features: FeaturesExp | None = None  # figure 8
+    evaluation: RunGrid | None = None  # figure 9 (and the headline numbers)
+    ablation: RunGrid | None = None  # figure 10
+    sensitivity: SensitivityExp | None = None  # figure 11, capacity curves
+    datasets: DatasetsExp | None = None  # figure 12
+    chunking: ChunkingExp | None = None  # paper figure 2 (extra)
+
+    def active(self, name: str) -> Experiment | None:
+        exp = getattr(self, name)
+        return exp if exp is not None and exp.enabled else None
+
+
+class VLLMBackend(Strict):
+    """Options of the real-engine backend (``backend: vllm``); see rules/vllm.smk."""
+
+    extra_args: str = ""  # appended to ``accelgen replay --backend vllm``
+
+
+# --------------------------------------------------------------------------------------------
+class PipelineConfig(Strict):
+    """The whole experiment YAML (``workload:`` plus the pipeline sections)."""
+
+    name: Segment = Field(description="results/<name>/, data/<name>/, logs/<name>/")
+    figures_dir: str = Field("paper_figures", description="where figures and their CSVs go")
+    backend: Literal["sim", "vllm"] = "sim"
+    seeds: list[NonNegativeInt] = Field(default_factory=lambda: [0], min_length=1)
+    truncate_margin: NonNegativeInt = Field(
+        1, description="prompts are truncated to the deployment's max_model_len minus this many "
+                       "tokens (the simulator rejects a prompt that leaves no room for output)")
+    workload: WorkloadConfig
+    workload_variants: dict[Segment, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="name -> overrides deep-merged into `workload` (validated like it); "
+                    "the variant `base` is `workload` itself")
+    deployments: dict[Segment, DeploymentSpec]
+    systems: dict[Segment, SystemSpec]
+    sim: SimOptions = Field(default_factory=lambda: SimOptions(progress=False))
+    experiments: Experiments = Field(default_factory=Experiments)
+    vllm: VLLMBackend = Field(default_factory=VLLMBackend)
+
+    @field_validator("figures_dir")
+    @classmethod
+    def _relative(cls, v: str) -> str:
+        if not v or Path(v).is_absolute() or ".." in Path(v).parts:
+            raise ValueError("must be a relative path inside the repository")
+        return v.rstrip("/")
+
+    # ----------------------------------------------------------------------------------------
+    def seeds_of(self, exp: Experiment) -> list[int]:
+        return list(exp.seeds) if exp.seeds is not None else list(self.seeds)
+
+    def deployment(self, name: str) -> Deployment:
+        return resolve_deployment_spec(name, self.deployments[name])
+
+    def deployment_label(self, name: str) -> str:
+        return self.deployments[name].label or name
+
+    def system_label(self, name: str) -> str:
+        spec = self.systems.get(name)
+        return (spec.label if spec is not None and spec.label else name)
+
+    def workload_dict(self, variant: str) -> dict[str, Any]:
+        """The base workload with a named variant's overrides (``base``: none)."""
+        base = self.workload.model_dump(mode="json")
+        if variant == BASE_VARIANT:
+            return base
+        return deep_merge(base, self.workload_variants[variant])
+
+
+def resolve_deployment_spec(name: str, spec: DeploymentSpec) -> Deployment:
+    from accelgen.costmodel.profiles import resolve_deployment
+
+    base = resolve_deployment(spec.base or name)
+    data = base.model_dump()
+    data.update(spec.overrides())
+    return Deployment.model_validate(data)
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``over`` merged in (nested mappings merge, everything else replaces)."""
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Validation with messages that name keys
+# --------------------------------------------------------------------------------------------
+def _format_errors(exc: ValidationError, prefix: str = "") -> list[str]:
+    lines = []
+    for err in exc.errors(include_url=False):
+        loc = ".".join(str(p) for p in (*((prefix,) if prefix else ()), *err["loc"]))
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        got = err.get("input")
+        shown = "" if isinstance(got, (dict, list)) or not err["loc"] else f" (got {got!r})"
+        lines.append(f"{loc or '(config)'}: {msg}{shown}")
+    return lines
+
+
+def _check_paths(prefix: str, wl: WorkloadConfig, problems: list[str]) -> None:
+    """Input files named by a workload must exist (missing trace files stop the pipeline)."""
+    if wl.path is not None and not Path(wl.path).exists():
+        problems.append(f"{prefix}.path: file not found: {wl.path}")
+    for src_name, src in wl.sources.items():
+        if src.path is not None and not Path(src.path).exists():
+            problems.append(f"{prefix}.sources.{src_name}.path: file not found: {src.path}")
+    rp = wl.arrival.replay_path
+    if rp is not None and not Path(rp).exists():
+        problems.append(f"{prefix}.arrival.replay_path: file not found: {rp}")
+
+
+def _semantic_checks(cfg: PipelineConfig) -> list[str]:
+    from accelgen.policies.registry import make_policy, policy_names
+
+    problems: list[str] = []
+    _check_paths(WORKLOAD_KEY, cfg.workload, problems)
+    base = cfg.workload.model_dump(mode="json")
+    for name, over in cfg.workload_variants.items():
+        try:
+            wl = WorkloadConfig.model_validate(deep_merge(base, over))
+        except ValidationError as exc:
+            problems += _format_errors(exc, f"workload_variants.{name}")
+            continue
+        _check_paths(f"workload_variants.{name}", wl, problems)
+
+    for name, spec in cfg.deployments.items():
+        try:
+            dep = resolve_deployment_spec(name, spec)
+        except ValidationError as exc:
+            problems += _format_errors(exc, f"deployments.{name}")
+            continue
+        except ValueError as exc:
+            problems.append(f"deployments.{name}.base: {exc}")
+            continue
+        try:
+            from accelgen.costmodel.profiles import resolve_hardware, resolve_model
+
+            model = resolve_model(dep.model)
+            resolve_hardware(dep.hardware)
+        except ValueError as exc:
+            problems.append(f"deployments.{name}: {exc}")
+            continue
+        if model.num_heads % dep.tp:
+            problems.append(f"deployments.{name}.tp: {dep.tp} does not divide the "
+                            f"{model.num_heads} heads of {model.name}")
+        if dep.profile_csv is not None and not Path(dep.profile_csv).exists():
+            problems.append(f"deployments.{name}.profile_csv: file not found: {dep.profile_csv}")
+
+    known = set(policy_names())
+    for name, sys_spec in cfg.systems.items():
+        if sys_spec.policy not in known:
+            problems.append(f"systems.{name}.policy: unknown policy {sys_spec.policy!r}; "
+                            f"known: {', '.join(sorted(known))}")
+            continue
+        try:
+            make_policy(sys_spec.policy, sys_spec.params)
+        except ValueError as exc:
+            problems.append(f"systems.{name}.params: {exc}")
+        if sys_spec.search is not None:
+            if sys_spec.policy != "oracle":
+                problems.append(f"systems.{name}.search: only the oracle policy searches "
+                                f"(policy is {sys_spec.policy!r})")
+            for key, values in sys_spec.search.items():
+                if not values:
+                    problems.append(f"systems.{name}.search.{key}: no values")
+                    continue
+                try:
+                    make_policy("oracle", {**sys_spec.params, key: values[0]})
+                except ValueError as exc:
+                    problems.append(f"systems.{name}.search.{key}: {exc}")
+
+    variants = {*cfg.workload_variants, BASE_VARIANT}
+
+    def need(key: str, value: str, table: set[str] | dict[str, Any], what: str) -> None:
+        if value not in table:
+            problems.append(f"{key}: unknown {what} {value!r}; defined: {', '.join(sorted(table))}")
+
+    exps = cfg.experiments
+    for exp_name in Experiments.model_fields:
+        exp = getattr(exps, exp_name)
+        if exp is None:
+            continue
+        key = f"experiments.{exp_name}"
+        if hasattr(exp, "workload"):
+            need(f"{key}.workload", exp.workload, variants, "workload variant")
+        for i, d in enumerate(getattr(exp, "deployments", []) or []):
+            need(f"{key}.deployments[{i}]", d, cfg.deployments, "deployment")
+        if hasattr(exp, "deployment"):
+            need(f"{key}.deployment", exp.deployment, cfg.deployments, "deployment")
+        for i, s in enumerate(getattr(exp, "systems", []) or []):
+            need(f"{key}.systems[{i}]", s, cfg.systems, "system")
+        for field in ("deployments", "systems"):
+            values = getattr(exp, field, None) or []
+            dups = sorted({v for v in values if values.count(v) > 1})
+            if dups:
+                problems.append(f"{key}.{field}: listed twice: {', '.join(dups)}")
+    sslo = exps.system_slo
+    if sslo is not None:
+        need("experiments.system_slo.system", sslo.system, cfg.systems, "system")
+    if sslo is not None and sslo.system in cfg.systems:
+        spec = cfg.systems[sslo.system]
+        try:
+            make_policy(spec.policy, {**spec.params, sslo.param: sslo.slos[0]})
+        except ValueError as exc:
+            problems.append(f"experiments.system_slo.param: {exc}")
+    # Long-prompt shares must be reachable by reshaping the BookCorpus prompt buckets.
+    sens = exps.sensitivity
+    if sens is not None and sens.workload in variants:
+        wl = cfg.workload_dict(sens.workload) if sens.workload == BASE_VARIANT or \
+            sens.workload in cfg.workload_variants else {}
+        bc = float(wl.get("mix", {}).get("bookcorpus", 0.0))
+        for i, frac in enumerate(sens.long_fractions):
+            if wl.get("kind") == "synthetic" and frac > bc + 1e-9:
+                problems.append(f"experiments.sensitivity.long_fractions[{i}]: {frac} is above "
+                                f"the BookCorpus share {bc} of the workload mix (only BookCorpus "
+                                f"prompts are >= 4K tokens)")
+    # Grid expansion must produce valid workloads too (rates, shares).
+    if not problems:
+        from accelgen.pipeline.grid import Grid
+
+        try:
+            Grid(cfg).check_workloads()
+        except PipelineConfigError as exc:
+            problems.append(str(exc))
+    return problems
+
+
+def load(config: dict[str, Any]) -> PipelineConfig:
+    """Validate a config mapping; raise :class:`PipelineConfigError` naming every bad key."""
+    try:
+        cfg = PipelineConfig.model_validate(config)
+    except ValidationError as exc:
+        raise PipelineConfigError(_message(_format_errors(exc))) from None
+    problems = _semantic_checks(cfg)
+    if problems:
+        raise PipelineConfigError(_message(problems))
+    return cfg
+
+
+def _message(problems: list[str]) -> str:
+    return "invalid pipeline config:\n" + "\n".join(f"  {p}" for p in problems)
+
+
+def load_file(path: Path | str) -> PipelineConfig:
+    from accelgen.config import load_yaml
+
+    return load(load_yaml(path))
+
+
+def json_schema() -> dict[str, Any]:
+    schema = PipelineConfig.model_json_schema(mode="validation")
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "AccelGen pipeline config (generated from accelgen.pipeline.config)"
+    return schema
+
+
+def json_schema_text() -> str:
+    return json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"

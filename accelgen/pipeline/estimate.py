@@ -1,0 +1,104 @@
+"""Runtime estimate of a config's grid from the per-job times of a finished (quick) run.
+
+Each simulation of the target config is matched to a measured one (same deployment and system,
+else same system, else same policy, else the median of all) and scaled by the ratio of request
+counts. Simulated time under overload grows about linearly with the number of requests, and so
+does the number of iterations; schedulers whose per-decision cost grows with the queue (AccelGen,
+the Oracle, FastServe) scale worse, so ``alpha`` > 1 gives a more pessimistic figure.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+import pandas as pd
+
+from accelgen.config import load_yaml
+from accelgen.pipeline.config import load
+from accelgen.pipeline.grid import SCENARIO_PREFIX, Grid
+
+
+def _num_requests(grid: Grid, variant: str) -> int:
+    if variant.startswith(SCENARIO_PREFIX):
+        return 0  # a fixed scenario: same size in every config
+    n = grid.variants[variant].get("num_requests")
+    return int(n) if n else 0
+
+
+def measured_times(bench_dir: Path | str) -> pd.DataFrame:
+    """One row per simulation benchmark: variant, deployment, system, seed, s, cpu_time."""
+    rows = []
+    root = Path(bench_dir) / "runs"
+    for f in sorted(root.glob("*/*/*/seed*.tsv")):
+        variant, deployment, system = f.parts[-4], f.parts[-3], f.parts[-2]
+        t = pd.read_csv(f, sep="\t")
+        rows.append({"variant": variant, "deployment": deployment, "system": system,
+                     "seed": int(f.stem.removeprefix("seed")), "s": float(t["s"].iloc[-1]),
+                     "cpu_time": float(t["cpu_time"].iloc[-1]) if "cpu_time" in t else
+                     float(t["s"].iloc[-1])})
+    return pd.DataFrame(rows)
+
+
+def estimate(config: Path | str, bench_dir: Path | str, cores: int = 2, alpha: float = 1.0,
+             measured_config: Path | str | None = None, startup_s: float = 2.0) -> str:
+    """``startup_s``: the fixed part of a job (interpreter and imports), not scaled."""
+    target = Grid(load(load_yaml(config)))
+    meas = measured_times(bench_dir)
+    if meas.empty:
+        raise ValueError(f"no benchmark files under {bench_dir}/runs (run the pipeline first)")
+    src_cfg = measured_config or Path("config") / f"{Path(bench_dir).name}.yaml"
+    source = Grid(load(load_yaml(src_cfg)))
+    meas["n"] = [_num_requests(source, v) for v in meas["variant"]]
+    # (measured seconds, measured request count) per (deployment, system) and per system.
+    by_dep_sys: dict[tuple[str, str, bool], list[tuple[float, int]]] = defaultdict(list)
+    by_sys: dict[tuple[str, bool], list[tuple[float, int]]] = defaultdict(list)
+    for r in meas.itertuples():
+        scen = r.variant.startswith(SCENARIO_PREFIX)
+        by_dep_sys[(r.deployment, r.system, scen)].append((r.s, r.n))
+        by_sys[(r.system, scen)].append((r.s, r.n))
+    everything = [v for vals in by_sys.values() for v in vals if v[1]]
+
+    def scaled(vals: list[tuple[float, int]], n: int) -> float:
+        return statistics.median(
+            min(t, startup_s) + max(t - startup_s, 0.0) * ((n / m) ** alpha if n and m else 1.0)
+            for t, m in vals)
+
+    total = 0.0
+    per_exp: dict[str, float] = defaultdict(float)
+    runs = target.runs()
+    exp_of_run: dict[tuple[str, str, str, int], str] = {}
+    for fig in target.figures.values():
+        for ref in fig.runs:
+            exp_of_run.setdefault((ref["variant"], ref["deployment"], ref["system"], ref["seed"]),
+                                  fig.experiment)
+    def points(grid: Grid, system: str) -> int:
+        from accelgen.policies.oracle import DEFAULT_GRID, grid_points
+
+        spec = grid.systems.get(system)
+        if spec is None or spec.search is None:
+            return 1
+        return len(grid_points(spec.search or DEFAULT_GRID))
+
+    for run in runs:
+        scen = run.variant.startswith(SCENARIO_PREFIX)
+        n = _num_requests(target, run.variant)
+        base = run.system.split("-slo")[0].split("-systemslo")[0]
+        vals = (by_dep_sys.get((run.deployment, run.system, scen))
+                or by_dep_sys.get((run.deployment, base, scen))
+                or by_sys.get((run.system, scen)) or by_sys.get((base, scen)) or everything)
+        t = scaled(vals, n)
+        if run.system in source.systems:  # an Oracle search over a larger grid costs more
+            t *= points(target, run.system) / points(source, run.system)
+        total += t
+        per_exp[exp_of_run.get((run.variant, run.deployment, run.system, run.seed), "?")] += t
+    lines = [f"{config}: {len(runs)} simulations, {len(target.traces())} traces, "
+             f"{len(target.figures)} figures",
+             f"estimated simulation time: {total / 3600:.1f} CPU-hours "
+             f"(~{total / 3600 / cores:.1f} h on {cores} cores), from {len(meas)} measured jobs "
+             f"in {bench_dir}: {startup_s:g} s startup + the rest scaled by "
+             f"(requests / measured requests)^{alpha:g}"]
+    for exp, t in sorted(per_exp.items(), key=lambda kv: -kv[1]):
+        lines.append(f"  {exp:12s} {t / 3600:8.2f} CPU-hours")
+    return "\n".join(lines)

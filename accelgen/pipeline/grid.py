@@ -1,0 +1,479 @@
+"""Experiment-grid expansion: the pipeline config -> workload variants, traces, runs, figures.
+
+The Snakefile and the aggregation jobs both call :class:`Grid`, so the files a rule asks for and
+the runs a figure reads are the same by construction.
+
+File layout (``<name>`` is the config's ``name``, ``<figures>`` its ``figures_dir``)::
+
+    data/<name>/workloads/<variant>.yaml              # `workload:` of one variant
+    data/<name>/scenarios/<scenario>.csv              # hand-built traces (figures 2, 6)
+    data/<name>/traces/<variant>/<deployment>/seed<s>.parquet
+    results/<name>/deployments/<deployment>.yaml      # experiment config: deployment + sim
+    results/<name>/runs/<variant>/<deployment>/<system>/seed<s>/   # one simulation
+    <figures>/<figure>.csv|.png|.pdf
+    logs/<name>/...  benchmarks/<name>/...
+
+Policy names may contain ``/`` (``accelgen/order``); paths use the config's system names, which
+are path-safe (``accelgen-no-order``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from accelgen.pipeline.config import (
+    BASE_VARIANT,
+    PipelineConfig,
+    PipelineConfigError,
+    SystemSpec,
+    deep_merge,
+)
+
+SCENARIO_PREFIX = "scenario-"
+LONG_PROMPT = 4096  # the paper's long-prompt threshold (>= 4K tokens)
+
+
+@dataclass(frozen=True, order=True)
+class Run:
+    variant: str
+    deployment: str
+    system: str
+    seed: int
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One figure of SPEC section 8: its runs (with labels) and what else it reads."""
+
+    key: str  # Snakemake target rule, e.g. "fig01"
+    id: str  # file stem, e.g. "fig01_iteration_time_cdf"
+    group: str  # notebook (notebooks/<group>.ipynb)
+    title: str
+    experiment: str
+    runs: tuple[dict[str, Any], ...] = ()
+    traces: tuple[dict[str, Any], ...] = ()
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def spec(self) -> dict[str, Any]:
+        return {"figure": self.id, "title": self.title, "runs": list(self.runs),
+                "traces": list(self.traces), "options": self.options}
+
+    def spec_json(self) -> str:
+        return json.dumps(self.spec(), sort_keys=True, separators=(",", ":"))
+
+
+# key, file id, notebook group, title, experiment
+FIGURES: tuple[tuple[str, str, str, str, str], ...] = (
+    ("fig01", "fig01_iteration_time_cdf", "measurement", "CDF of iteration time", "measurement"),
+    ("fig02", "fig02_gpu_utilization", "measurement", "GPU compute utilization", "measurement"),
+    ("fig03", "fig03_kvc_utilization", "measurement", "KVC utilization", "measurement"),
+    ("fig04", "fig04_slo_attainment", "measurement", "Iteration-level SLO attainment",
+     "measurement"),
+    ("fig05", "fig05_system_slo", "measurement", "Sarathi-Serve with a system-wide SLO",
+     "system_slo"),
+    ("fig06", "fig06_era", "scenarios", "Exclusive Request Allocation vs Sarathi-Serve", "era"),
+    ("fig07", "fig07_ordering", "measurement", "FIFO vs slack ordering in Sarathi-Serve",
+     "ordering"),
+    ("fig08", "fig08_workload_features", "workload", "Workload features", "features"),
+    ("fig09", "fig09_evaluation", "evaluation", "Evaluation", "evaluation"),
+    ("fig10", "fig10_ablation", "ablation", "Ablation", "ablation"),
+    ("fig11", "fig11_sensitivity", "sensitivity", "Sensitivity", "sensitivity"),
+    ("fig12", "fig12_datasets", "evaluation", "Goodput per dataset", "datasets"),
+    ("extra_chunking", "extra_chunking", "scenarios",
+     "Chunking illustration (paper figure 2)", "chunking"),
+    ("extra_capacity", "extra_capacity", "sensitivity",
+     "Capacity: SLO attainment vs arrival rate", "sensitivity"),
+    ("extra_pivots", "extra_pivots", "workload", "Pivot forward sizes", "pivots"),
+)
+GROUPS: tuple[str, ...] = ("measurement", "scenarios", "workload", "evaluation", "ablation",
+                           "sensitivity")
+
+
+def fmt_num(x: float) -> str:
+    """A number as a path-friendly token: 8.0 -> '8', 0.25 -> '0.25'."""
+    return f"{x:g}"
+
+
+class Grid:
+    def __init__(self, cfg: PipelineConfig) -> None:
+        self.cfg = cfg
+        self.name = cfg.name
+        self.data_root = f"data/{cfg.name}"
+        self.results_root = f"results/{cfg.name}"
+        self.logs_root = f"logs/{cfg.name}"
+        self.bench_root = f"benchmarks/{cfg.name}"
+        self.figures_dir = cfg.figures_dir
+        self.variants: dict[str, dict[str, Any]] = {}
+        self.scenarios: dict[str, dict[str, Any]] = {}  # scenario -> generator spec
+        self.variant_scenario: dict[str, str] = {}
+        self.systems: dict[str, SystemSpec] = dict(cfg.systems)
+        self.system_labels: dict[str, str] = {k: cfg.system_label(k) for k in cfg.systems}
+        self.figures: dict[str, Figure] = {}
+        self._build()
+
+    # ------------------------------------------------------------------ paths
+    def workload_yaml(self, variant: str) -> str:
+        return f"{self.data_root}/workloads/{variant}.yaml"
+
+    def scenario_csv(self, scenario: str) -> str:
+        return f"{self.data_root}/scenarios/{scenario}.csv"
+
+    def trace_path(self, variant: str, deployment: str, seed: int) -> str:
+        return f"{self.data_root}/traces/{variant}/{deployment}/seed{seed}.parquet"
+
+    def deployment_yaml(self, deployment: str) -> str:
+        return f"{self.results_root}/deployments/{deployment}.yaml"
+
+    def run_dir(self, run: Run) -> str:
+        return (f"{self.results_root}/runs/{run.variant}/{run.deployment}/{run.system}/"
+                f"seed{run.seed}")
+
+    def run_summary(self, run: Run) -> str:
+        return f"{self.run_dir(run)}/summary.json"
+
+    def figure_file(self, fig_id: str, ext: str) -> str:
+        return f"{self.figures_dir}/{fig_id}.{ext}"
+
+    # ------------------------------------------------------------------ variants
+    def _variant(self, name: str, data: dict[str, Any]) -> str:
+        """Register a derived workload; one equal to an existing workload reuses that one."""
+        for existing, wl in self.variants.items():
+            if wl == data:
+                return existing
+        self.variants[name] = data
+        return name
+
+    def _base_variant(self, variant: str) -> str:
+        """A named variant (or ``base``) keeps its name, even if it equals another."""
+        self.variants.setdefault(variant, self.cfg.workload_dict(variant))
+        return variant
+
+    def _derived(self, parent: str, name: str, data: dict[str, Any]) -> str:
+        if data == self.cfg.workload_dict(parent):
+            return self._base_variant(parent)
+        return self._variant(name, data)
+
+    def _rate_variant(self, variant: str, rate: float) -> str:
+        data = self.cfg.workload_dict(variant)
+        return self._derived(variant, f"{variant}-rate{fmt_num(rate)}",
+                             deep_merge(data, {"arrival": {"rate": rate}}))
+
+    def _dataset_variant(self, variant: str, dataset: str) -> str:
+        data = self.cfg.workload_dict(variant)
+        if data.get("kind") == "mix":
+            sources = data.get("sources", {})
+            if dataset not in sources:
+                raise PipelineConfigError(f"experiments.datasets.datasets: the workload has no "
+                                          f"source named {dataset!r}")
+            over = {"sources": {k: {"share": 1.0 if k == dataset else 0.0} for k in sources}}
+        else:
+            over = {"mix": {k: (1.0 if k == dataset else 0.0) for k in data.get("mix", {})}}
+            over["mix"][dataset] = 1.0
+        return self._derived(variant, f"{variant}-only-{dataset}", deep_merge(data, over))
+
+    def long_share(self, data: dict[str, Any]) -> float:
+        """Share of prompts >= 4K tokens of a synthetic workload (before truncation)."""
+        from accelgen.workloads.synthetic import PROMPT_BUCKET_PROBS
+
+        buckets = {**PROMPT_BUCKET_PROBS, **{k: tuple(v) for k, v in
+                                             (data.get("prompt_buckets") or {}).items()}}
+        return sum(share * buckets[ds][2] for ds, share in data.get("mix", {}).items())
+
+    def _long_variant(self, variant: str, frac: float) -> str:
+        """Reshape BookCorpus's prompt buckets (mid <-> long) so that ``frac`` of all prompts
+        are >= 4K tokens; other datasets and every output distribution stay as they are."""
+        from accelgen.workloads.synthetic import PROMPT_BUCKET_PROBS
+
+        data = self.cfg.workload_dict(variant)
+        if data.get("kind") != "synthetic":
+            raise PipelineConfigError("experiments.sensitivity.long_fractions: needs a synthetic "
+                                      f"workload (variant {variant!r} is {data.get('kind')!r})")
+        if abs(self.long_share(data) - frac) < 1e-9:
+            return self._base_variant(variant)
+        mix = data.get("mix", {})
+        buckets = {**PROMPT_BUCKET_PROBS, **{k: tuple(v) for k, v in
+                                             (data.get("prompt_buckets") or {}).items()}}
+        bc = float(mix.get("bookcorpus", 0.0))
+        others = sum(s * buckets[ds][2] for ds, s in mix.items() if ds != "bookcorpus")
+        b0 = buckets["bookcorpus"][0]
+        q = (frac - others) / bc if bc > 0 else -1.0
+        if not (-1e-12 <= q <= 1 - b0 + 1e-12):
+            raise PipelineConfigError(
+                f"experiments.sensitivity.long_fractions: {frac} is not reachable by reshaping "
+                f"BookCorpus prompts (BookCorpus share {bc}, other datasets' long share {others})")
+        q = min(max(q, 0.0), 1 - b0)
+        over = {"prompt_buckets": {"bookcorpus": [b0, round(1 - b0 - q, 12), round(q, 12)]}}
+        return self._derived(variant, f"{variant}-long{fmt_num(round(frac * 100, 6))}",
+                             deep_merge(data, over))
+
+    def _sized_variant(self, variant: str, n: int) -> str:
+        data = self.cfg.workload_dict(variant)
+        return self._derived(variant, f"{variant}-n{n}", deep_merge(data, {"num_requests": n}))
+
+    def _scenario_variant(self, scenario: str, spec: dict[str, Any]) -> str:
+        """A hand-built trace replayed through the workload module (SLOs assigned as usual)."""
+        name = f"{SCENARIO_PREFIX}{scenario}"
+        base = self.cfg.workload_dict(BASE_VARIANT)
+        data = {
+            "kind": "vidur_csv", "path": self.scenario_csv(scenario), "sampling": "sequential",
+            "num_requests": None, "seed": base.get("seed", 0),
+            "max_model_len": base.get("max_model_len"), "max_tokens": base.get("max_tokens"),
+            "source_name": scenario, "arrival": {"kind": "replay"},
+            "slo": base.get("slo", {}),
+        }
+        self.variants[name] = data
+        self.scenarios[scenario] = spec
+        self.variant_scenario[name] = scenario
+        return name
+
+    # ------------------------------------------------------------------ systems
+    def _system_with(self, system: str, param: str, value: float) -> str:
+        spec = self.cfg.systems[system]
+        name = f"{system}-{param.replace('_', '')}{fmt_num(value)}"
+        label = f"{self.system_labels[system]} ({param.replace('_', ' ')} {fmt_num(value)} s)"
+        self.systems[name] = SystemSpec(policy=spec.policy, params={**spec.params, param: value},
+                                        label=label)
+        self.system_labels[name] = label
+        return name
+
+    # ------------------------------------------------------------------ figures
+    def _run_ref(self, run: Run, **extra: Any) -> dict[str, Any]:
+        return {"dir": self.run_dir(run), "variant": run.variant, "deployment": run.deployment,
+                "deployment_label": self.cfg.deployment_label(run.deployment),
+                "system": run.system, "system_label": self.system_labels[run.system],
+                "policy": self.systems[run.system].policy, "seed": run.seed, **extra}
+
+    def _grid_refs(self, variant: str, deployments: Iterable[str], systems: Iterable[str],
+                   seeds: Iterable[int], **extra: Any) -> list[dict[str, Any]]:
+        return [self._run_ref(Run(variant, d, s, seed), **extra)
+                for d in deployments for s in systems for seed in seeds]
+
+    def _build(self) -> None:
+        cfg, ex = self.cfg, self.cfg.experiments
+        figs: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]] = {}
+
+        m = ex.measurement
+        if m is not None and m.enabled:
+            v = self._base_variant(m.workload)
+            refs = self._grid_refs(v, m.deployments, m.systems, cfg.seeds_of(m))
+            for key in ("fig01", "fig02", "fig03", "fig04"):
+                figs[key] = (refs, [], {"reading_speed": m.reading_speed})
+
+        s = ex.system_slo
+        if s is not None and s.enabled:
+            v = self._base_variant(s.workload)
+            refs = []
+            for slo in s.slos:
+                sysname = self._system_with(s.system, s.param, slo)
+                refs += self._grid_refs(v, s.deployments, [sysname], cfg.seeds_of(s),
+                                        system_slo=slo)
+            figs["fig05"] = (refs, [], {})
+
+        e = ex.era
+        if e is not None and e.enabled:
+            v = self._scenario_variant("era", {"kind": "era", **e.model_dump(
+                include={"long_prompts", "num_short", "short_range", "output_range",
+                         "long_output", "interval"})})
+            figs["fig06"] = (self._grid_refs(v, e.deployments, e.systems, cfg.seeds_of(e)), [],
+                             {"long_prompts": list(e.long_prompts)})
+
+        o = ex.ordering
+        if o is not None and o.enabled:
+            v = self._base_variant(o.workload)
+            figs["fig07"] = (self._grid_refs(v, o.deployments, o.systems, cfg.seeds_of(o)), [],
+                             {})
+
+        f = ex.features
+        if f is not None and f.enabled:
+            v = self._sized_variant(f.workload, f.num_requests)
+            seed = cfg.seeds_of(f)[0]
+            traces = [{"path": self.trace_path(v, f.deployment, seed), "variant": v,
+                       "deployment": f.deployment, "seed": seed}]
+            figs["fig08"] = ([], traces, {"long_threshold": LONG_PROMPT})
+
+        ev = ex.evaluation
+        if ev is not None and ev.enabled:
+            v = self._base_variant(ev.workload)
+            figs["fig09"] = (self._grid_refs(v, ev.deployments, ev.systems, cfg.seeds_of(ev)),
+                             [], {})
+
+        ab = ex.ablation
+        if ab is not None and ab.enabled:
+            v = self._base_variant(ab.workload)
+            figs["fig10"] = (self._grid_refs(v, ab.deployments, ab.systems, cfg.seeds_of(ab)),
+                             [], {})
+
+        se = ex.sensitivity
+        if se is not None and se.enabled:
+            refs_long: list[dict[str, Any]] = []
+            refs_rate: list[dict[str, Any]] = []
+            for frac in se.long_fractions:
+                v = self._long_variant(se.workload, frac)
+                refs_long += self._grid_refs(v, se.deployments, se.systems, cfg.seeds_of(se),
+                                             sweep="long_fraction", x=frac)
+            for rate in se.rates:
+                v = self._rate_variant(se.workload, rate)
+                refs_rate += self._grid_refs(v, se.deployments, se.systems, cfg.seeds_of(se),
+                                             sweep="rate", x=rate)
+            figs["fig11"] = (refs_long + refs_rate, [], {})
+            figs["extra_capacity"] = (refs_rate, [], {"target": 0.9})
+
+        ds = ex.datasets
+        if ds is not None and ds.enabled:
+            refs = []
+            for dataset in ds.datasets:
+                v = self._dataset_variant(ds.workload, dataset)
+                refs += self._grid_refs(v, ds.deployments, ds.systems, cfg.seeds_of(ds),
+                                        dataset=dataset)
+            figs["fig12"] = (refs, [], {})
+
+        ch = ex.chunking
+        if ch is not None and ch.enabled:
+            v = self._scenario_variant("chunking", {"kind": "chunking", **ch.model_dump(
+                include={"long_prompt", "long_output", "num_others", "other_prompt_range",
+                         "other_output_range", "long_arrival"})})
+            figs["extra_chunking"] = (self._grid_refs(v, [ch.deployment], ch.systems,
+                                                      cfg.seeds_of(ch)[:1]), [],
+                                      {"long_prompt": ch.long_prompt})
+
+        dep_rows = []
+        for dname in cfg.deployments:
+            dep = cfg.deployment(dname)
+            dep_rows.append({"deployment": dname, "label": cfg.deployment_label(dname),
+                             **dep.model_dump(mode="json")})
+        figs["extra_pivots"] = ([], [], {"deployments": dep_rows})
+
+        for key, fid, group, title, exp in FIGURES:
+            if key in figs:
+                runs, traces, opts = figs[key]
+                self.figures[key] = Figure(key, fid, group, title, exp, tuple(runs),
+                                           tuple(traces), opts)
+
+    # ------------------------------------------------------------------ queries
+    def check_workloads(self) -> None:
+        """Every derived workload validates (raises PipelineConfigError naming the variant)."""
+        from pydantic import ValidationError
+
+        from accelgen.pipeline.config import _format_errors
+        from accelgen.workloads.config import WorkloadConfig
+
+        problems = []
+        for name, data in self.variants.items():
+            if name.startswith(SCENARIO_PREFIX):
+                continue  # its input file is written by the pipeline itself
+            try:
+                WorkloadConfig.model_validate(data)
+            except ValidationError as exc:
+                problems += _format_errors(exc, f"(derived workload {name})")
+        if problems:
+            raise PipelineConfigError("\n  ".join(problems))
+
+    def runs(self) -> list[Run]:
+        out = set()
+        for fig in self.figures.values():
+            for r in fig.runs:
+                out.add(Run(r["variant"], r["deployment"], r["system"], r["seed"]))
+        return sorted(out)
+
+    def trace_jobs(self) -> list[tuple[str, str, int]]:
+        """(variant, deployment, seed) of every trace the figures need."""
+        jobs = {(r.variant, r.deployment, r.seed) for r in self.runs()}
+        for fig in self.figures.values():
+            jobs.update((t["variant"], t["deployment"], t["seed"]) for t in fig.traces)
+        return sorted(jobs)
+
+    def traces(self) -> list[str]:
+        paths = {self.trace_path(r.variant, r.deployment, r.seed) for r in self.runs()}
+        for fig in self.figures.values():
+            paths.update(t["path"] for t in fig.traces)
+        return sorted(paths)
+
+    def run_summaries(self) -> list[str]:
+        return [self.run_summary(r) for r in self.runs()]
+
+    def group_figures(self, group: str) -> list[Figure]:
+        return [f for f in self.figures.values() if f.group == group]
+
+    def groups(self) -> list[str]:
+        return [g for g in GROUPS if self.group_figures(g)]
+
+    def figure_outputs(self, fig: Figure) -> list[str]:
+        return [self.figure_file(fig.id, ext) for ext in ("png", "pdf")]
+
+    def all_targets(self) -> list[str]:
+        out = []
+        for fig in self.figures.values():
+            out += [self.figure_file(fig.id, "csv"), *self.figure_outputs(fig)]
+        out.append(self.figure_file("headline", "csv"))
+        return out
+
+    def figure_by_id(self, fig_id: str) -> Figure:
+        for fig in self.figures.values():
+            if fig.id == fig_id:
+                return fig
+        raise KeyError(fig_id)
+
+    def figure_inputs(self, fig_id: str) -> list[str]:
+        if fig_id == "headline":
+            return [self.figure_file(self.figures["fig09"].id, "csv")] \
+                if "fig09" in self.figures else []
+        fig = self.figure_by_id(fig_id)
+        paths = [f"{r['dir']}/summary.json" for r in fig.runs]
+        paths += [t["path"] for t in fig.traces]
+        return paths
+
+    def figure_spec_json(self, fig_id: str) -> str:
+        if fig_id == "headline":
+            spec = {"figure": "headline", "inputs": self.figure_inputs("headline"),
+                    "accelgen": "accelgen", "oracle": "oracle"}
+            return json.dumps(spec, sort_keys=True, separators=(",", ":"))
+        return self.figure_by_id(fig_id).spec_json()
+
+    # ------------------------------------------------------------------ per-job parameters
+    def workload_spec_json(self, variant: str) -> str:
+        return json.dumps({"workload": self.variants[variant]}, sort_keys=True,
+                          separators=(",", ":"))
+
+    def scenario_spec_json(self, scenario: str) -> str:
+        return json.dumps(self.scenarios[scenario], sort_keys=True, separators=(",", ":"))
+
+    def deployment_spec_json(self, deployment: str) -> str:
+        dep = self.cfg.deployment(deployment)
+        data = {"deployment": dep.model_dump(mode="json", exclude_none=True),
+                "sim": self.cfg.sim.model_dump(mode="json")}
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+    def trace_args(self, variant: str, deployment: str) -> list[str]:
+        """``accelgen trace`` options of one deployment: the TTFT cost model and truncation."""
+        from accelgen.costmodel.factory import effective_max_model_len
+
+        dep = self.cfg.deployment(deployment)
+        mml = max(1, effective_max_model_len(dep) - self.cfg.truncate_margin)
+        return ["--model", dep.model, "--hardware", dep.hardware, "--max-model-len", str(mml)]
+
+    def replay_args(self, system: str) -> list[str]:
+        """``accelgen replay`` options of a system (the real engine runs no search)."""
+        spec = self.systems[system]
+        args = ["--policy", spec.policy]
+        for k, v in sorted(spec.params.items()):
+            args += ["--param", f"{k}={json.dumps(v, sort_keys=True)}"]
+        return args
+
+    def system_args(self, system: str) -> list[str]:
+        """The command of one simulation, without trace, config, seed and output:
+        ``-m accelgen.cli simulate --no-progress --policy P --param k=v ...``, or for a searching
+        Oracle ``-m accelgen.policies.oracle --grid G --param k=v ...`` (run after the Python
+        interpreter)."""
+        spec = self.systems[system]
+        if spec.search is not None:
+            args = ["-m", "accelgen.policies.oracle"]
+            if spec.search:
+                args += ["--grid", json.dumps(spec.search, sort_keys=True)]
+        else:
+            args = ["-m", "accelgen.cli", "simulate", "--no-progress", "--policy", spec.policy]
+        for k, v in sorted(spec.params.items()):
+            args += ["--param", f"{k}={json.dumps(v, sort_keys=True)}"]
+        return args

@@ -1,0 +1,94 @@
+# Shared helpers: config validation, the experiment grid, and the input/params functions of the
+# rules (named functions, no lambdas). All grid logic lives in accelgen.pipeline.grid.
+
+import os
+import shlex
+import sys
+
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import validate
+
+from accelgen.pipeline import config as pipeline_config
+from accelgen.pipeline.grid import SCENARIO_PREFIX, Grid
+
+# 1) The package's pydantic models (messages name the key, e.g. `systems.x.policy: unknown
+#    policy`); 2) the JSON schema generated from them (config/schema.json).
+try:
+    PIPE = pipeline_config.load(config)
+except pipeline_config.PipelineConfigError as exc:
+    raise WorkflowError(f"{exc}") from None
+validate(config, "../config/schema.json", set_default=False)
+
+GRID = Grid(PIPE)
+# The interpreter running Snakemake (the project's venv): jobs use it, not whatever is on PATH.
+PY = shlex.quote(sys.executable)
+ACCELGEN = f"{PY} -m accelgen.cli"
+PIPELINE = f"{PY} -m accelgen.pipeline"
+DATA = GRID.data_root
+RESULTS = GRID.results_root
+LOGS = GRID.logs_root
+BENCH = GRID.bench_root
+FIGS = GRID.figures_dir
+# One simulation's results directory (wildcards: variant, deployment, system, seed).
+RUN_DIR = f"{RESULTS}/runs/{{variant}}/{{deployment}}/{{system}}/seed{{seed}}"
+
+
+wildcard_constraints:
+    variant=r"[a-z0-9][a-z0-9._+-]*",
+    deployment=r"[a-z0-9][a-z0-9._+-]*",
+    system=r"[a-z0-9][a-z0-9._+-]*",
+    scenario=r"[a-z0-9][a-z0-9._+-]*",
+    seed=r"\d+",
+    figure=r"[a-z0-9_]+",
+
+
+def _quote(args):
+    return " ".join(shlex.quote(a) for a in args)
+
+
+# ---- workloads ------------------------------------------------------------------------------
+def workload_spec(wildcards):
+    return GRID.workload_spec_json(wildcards.variant)
+
+
+def scenario_spec(wildcards):
+    return GRID.scenario_spec_json(wildcards.scenario)
+
+
+def trace_inputs(wildcards):
+    inputs = {"workload": GRID.workload_yaml(wildcards.variant)}
+    scenario = GRID.variant_scenario.get(wildcards.variant)
+    if scenario is not None:
+        inputs["scenario"] = GRID.scenario_csv(scenario)
+    return inputs
+
+
+def trace_args(wildcards):
+    return _quote(GRID.trace_args(wildcards.variant, wildcards.deployment))
+
+
+# ---- simulations ----------------------------------------------------------------------------
+def deployment_spec(wildcards):
+    return GRID.deployment_spec_json(wildcards.deployment)
+
+
+def system_args(wildcards):
+    return _quote(GRID.system_args(wildcards.system))
+
+
+def replay_args(wildcards):
+    return _quote(GRID.replay_args(wildcards.system))
+
+
+# ---- figures --------------------------------------------------------------------------------
+def figure_inputs(wildcards):
+    return GRID.figure_inputs(wildcards.figure)
+
+
+def figure_spec(wildcards):
+    return GRID.figure_spec_json(wildcards.figure)
+
+
+def output_dir(wildcards, output):
+    """The directory of a rule's first output (where a notebook writes its figures)."""
+    return os.path.dirname(output[0])

@@ -1,0 +1,70 @@
+# Per-figure aggregation (results -> <figures_dir>/<figure>.csv), one papermill notebook per
+# figure group (CSVs -> <figure>.png/.pdf; the executed notebook is kept as the log), and one
+# target rule per figure (fig01 ... fig12, extra_*, headline; see docs/ARTIFACT.md).
+
+
+rule aggregate:
+    input:
+        figure_inputs,
+    output:
+        f"{FIGS}/{{figure}}.csv",
+    params:
+        spec=figure_spec,
+    log:
+        f"{LOGS}/aggregate/{{figure}}.log",
+    benchmark:
+        f"{BENCH}/aggregate/{{figure}}.tsv"
+    conda:
+        "../environment.yml"
+    shell:
+        f"{PIPELINE} aggregate --spec {{params.spec:q}} --out {{output}} > {{log}} 2>&1"
+
+
+for _group in GRID.groups():
+
+    rule:
+        name:
+            f"notebook_{_group}"
+        localrule: True
+        input:
+            notebook=f"notebooks/{_group}.ipynb",
+            csv=[GRID.figure_file(f.id, "csv") for f in GRID.group_figures(_group)],
+        output:
+            [path for f in GRID.group_figures(_group) for path in GRID.figure_outputs(f)],
+        params:
+            figures=",".join(f.id for f in GRID.group_figures(_group)),
+            figures_dir=output_dir,
+        log:
+            notebook=f"{LOGS}/notebooks/{_group}.ipynb",
+            stderr=f"{LOGS}/notebooks/{_group}.log",
+        benchmark:
+            f"{BENCH}/notebooks/{_group}.tsv"
+        conda:
+            "../environment.yml"
+        shell:
+            f"{PY} -m papermill -k python3 --no-progress-bar {{input.notebook}} {{log.notebook}}"
+            " -p figures_dir {params.figures_dir:q} -p figures {params.figures:q}"
+            " > {log.stderr} 2>&1"
+
+
+for _fig in GRID.figures.values():
+
+    rule:
+        name:
+            _fig.key
+        localrule: True
+        input:
+            [GRID.figure_file(_fig.id, "csv"), *GRID.figure_outputs(_fig)],
+
+
+rule results:
+    localrule: True
+    input:
+        GRID.traces(),
+        GRID.run_summaries(),
+
+
+rule headline:
+    localrule: True
+    input:
+        GRID.figure_file("headline", "csv"),
