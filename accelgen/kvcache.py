@@ -13,7 +13,30 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
-class BlockManager:
+class KVQueries:
+    """The read-only KV questions a policy asks, over ``block_size``, ``num_free_blocks`` and
+    ``watermark_blocks``; shared by the simulator's manager and the vLLM adapter's view."""
+
+    __slots__ = ()
+    block_size: int
+    num_free_blocks: int
+    watermark_blocks: int
+
+    def blocks_needed(self, req: Request, num_new_tokens: int) -> int:
+        """Extra blocks needed to hold KV for ``num_new_tokens`` more computed tokens."""
+        need = -(-(req.num_computed_tokens + num_new_tokens) // self.block_size) - req.num_blocks
+        return need if need > 0 else 0
+
+    def free_tokens_for(self, req: Request) -> int:
+        """How many more tokens of ``req`` fit in its own last block plus all free blocks."""
+        slack_in_last = req.num_blocks * self.block_size - req.num_computed_tokens
+        return max(0, slack_in_last) + self.num_free_blocks * self.block_size
+
+    def can_admit(self, num_blocks: int) -> bool:
+        return num_blocks <= self.num_free_blocks - self.watermark_blocks
+
+
+class BlockManager(KVQueries):
     """Device KV blocks plus an optional host swap space.
 
     ``watermark_blocks`` are kept free at admission time only (vLLM V0 / Sarathi 1 % watermark);
@@ -42,19 +65,6 @@ class BlockManager:
     @property
     def capacity_tokens(self) -> int:
         return self.num_total_blocks * self.block_size
-
-    def blocks_needed(self, req: Request, num_new_tokens: int) -> int:
-        """Extra blocks needed to hold KV for ``num_new_tokens`` more computed tokens."""
-        need = -(-(req.num_computed_tokens + num_new_tokens) // self.block_size) - req.num_blocks
-        return need if need > 0 else 0
-
-    def free_tokens_for(self, req: Request) -> int:
-        """How many more tokens of ``req`` fit in its own last block plus all free blocks."""
-        slack_in_last = req.num_blocks * self.block_size - req.num_computed_tokens
-        return max(0, slack_in_last) + self.num_free_blocks * self.block_size
-
-    def can_admit(self, num_blocks: int) -> bool:
-        return num_blocks <= self.num_free_blocks - self.watermark_blocks
 
     # -- mutations -----------------------------------------------------------------------------
     def allocate(self, req: Request, num_new_tokens: int) -> None:

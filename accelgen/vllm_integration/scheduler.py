@@ -58,6 +58,7 @@ from vllm.v1.request import Request as VRequest  # noqa: E402
 from vllm.v1.request import RequestStatus  # noqa: E402
 
 from accelgen.costmodel.base import BatchShape  # noqa: E402
+from accelgen.kvcache import KVQueries  # noqa: E402
 from accelgen.policies.base import Decision, Pivot, Policy, SchedulerView  # noqa: E402
 from accelgen.request import Request, Status  # noqa: E402
 from accelgen.sim.recorder import IterationLog, requests_frame  # noqa: E402
@@ -83,8 +84,8 @@ class PolicyDecisionError(RuntimeError):
     """A policy's decision cannot be applied to vLLM (a policy bug or an unsupported action)."""
 
 
-class VLLMKVView:
-    """``KVView`` over vLLM's block pool; same arithmetic as ``accelgen.kvcache.BlockManager``."""
+class VLLMKVView(KVQueries):
+    """``KVView`` over vLLM's block pool; the arithmetic is ``KVQueries``, as in the simulator."""
 
     __slots__ = ("_pool", "block_size", "num_free_swap_blocks", "num_total_blocks",
                  "watermark_blocks")
@@ -98,20 +99,9 @@ class VLLMKVView:
         self.watermark_blocks = mgr.watermark_blocks
         self.num_free_swap_blocks = 0  # recompute preemption only
 
-    @property
+    @property  # type: ignore[override]
     def num_free_blocks(self) -> int:
         return self._pool.get_num_free_blocks()
-
-    def blocks_needed(self, req: Request, num_new_tokens: int) -> int:
-        need = -(-(req.num_computed_tokens + num_new_tokens) // self.block_size) - req.num_blocks
-        return need if need > 0 else 0
-
-    def free_tokens_for(self, req: Request) -> int:
-        slack_in_last = req.num_blocks * self.block_size - req.num_computed_tokens
-        return max(0, slack_in_last) + self.num_free_blocks * self.block_size
-
-    def can_admit(self, num_blocks: int) -> bool:
-        return num_blocks <= self.num_free_blocks - self.watermark_blocks
 
 
 @dataclass(slots=True)
