@@ -385,3 +385,14 @@ def test_cli_rejects_bad_override(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert main(["trace", "--out", str(out), "--rate", "-2"]) == 2
     assert "workload.arrival.rate" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_cli_ttft_slos_follow_the_parallel_layout(tmp_path: Path) -> None:
+    """TTFT SLOs come from the deployment's own layout: 8-way TP prefills faster than 1 GPU."""
+    means = {}
+    for tp in (1, 8):
+        out = tmp_path / f"tp{tp}.parquet"
+        assert main(["trace", "--out", str(out), "--num-requests", "100", "--seed", "1",
+                     "--model", "opt-175b", "--tp", str(tp), "--quiet"]) == 0
+        means[tp] = trace_mod.load_trace(out)["ttft_slo"].mean()
+    assert means[8] < 0.5 * means[1]

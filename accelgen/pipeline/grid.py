@@ -452,7 +452,8 @@ class Grid:
 
         dep = self.cfg.deployment(deployment)
         mml = max(1, effective_max_model_len(dep) - self.cfg.truncate_margin)
-        return ["--model", dep.model, "--hardware", dep.hardware, "--max-model-len", str(mml)]
+        return ["--model", dep.model, "--hardware", dep.hardware, "--tp", str(dep.tp),
+                "--pp", str(dep.pp), "--max-model-len", str(mml)]
 
     def replay_args(self, system: str) -> list[str]:
         """``accelgen replay`` options of a system (the real engine runs no search)."""

@@ -42,6 +42,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                         "TP/PP layout); overrides --model/--hardware")
     p.add_argument("--model", default="opt-13b", help="model for TTFT SLOs (one device)")
     p.add_argument("--hardware", default="a100", help="hardware for TTFT SLOs")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree for TTFT SLOs")
+    p.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree for TTFT SLOs")
     p.add_argument("--quiet", action="store_true", help="print only where the file went")
     p.set_defaults(func=run)
     return p
@@ -73,7 +75,8 @@ def resolve_config(args: argparse.Namespace) -> WorkloadConfig:
 
 def run(args: argparse.Namespace) -> int:
     cfg = resolve_config(args)
-    latency, latency_name = resolve_prefill_latency(args.model, args.hardware, args.deployment)
+    latency, latency_name = resolve_prefill_latency(args.model, args.hardware, args.deployment,
+                                                   tp=args.tp, pp=args.pp)
     trace = build_trace(cfg, latency, latency_name)
     written = write_trace(trace.df, trace.meta, args.out, csv=args.csv)
     if not args.quiet:

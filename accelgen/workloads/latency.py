@@ -16,12 +16,13 @@ def fallback_prefill_latency(prompt_len: int) -> float:
 
 
 def resolve_prefill_latency(model: str = "opt-13b", hardware: str = "a100",
-                            deployment: str | None = None) -> tuple[PrefillLatency, str]:
+                            deployment: str | None = None, *, tp: int = 1,
+                            pp: int = 1) -> tuple[PrefillLatency, str]:
     """``(prefill_latency, description)`` from ``accelgen.costmodel`` when it is installed, else
     the fallback (the description says which; it goes into the trace metadata).
 
     ``deployment`` names one of the cost model's deployments (with its TP/PP layout, e.g.
-    ``opt-175b``); otherwise ``model`` on one ``hardware`` device.
+    ``opt-175b``); otherwise ``model`` on ``tp x pp`` ``hardware`` devices.
     """
     try:
         from accelgen.costmodel.factory import make_cost_model, resolve_deployment
@@ -33,7 +34,7 @@ def resolve_prefill_latency(model: str = "opt-13b", hardware: str = "a100",
 
     # Unknown names raise ValueError with the known ones listed: the CLI reports it.
     dep = (resolve_deployment(deployment) if deployment is not None
-           else Deployment(model=model, hardware=hardware))
+           else Deployment(model=model, hardware=hardware, tp=tp, pp=pp))
     cost = make_cost_model(dep)
     name = getattr(cost, "name", type(cost).__name__)
     return cost.prefill_time, (f"cost model {name} ({dep.model} on {dep.num_gpus} x "
