@@ -13,6 +13,28 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
+def tokens_fitting(req: Request, free_blocks: int, block_size: int) -> int:
+    """How many more tokens of ``req`` fit in its own last block plus ``free_blocks``."""
+    slack_in_last = req.num_blocks * block_size - req.num_computed_tokens
+    return max(0, slack_in_last) + free_blocks * block_size
+
+
+def never_fits_reason(prompt_len: int, output_len: int, *, max_model_len: int,
+                      num_blocks: int, block_size: int) -> str:
+    """Why a request can never run on this deployment (SPEC section 2), or "" if it can.
+
+    One rule for the simulator and the vLLM replay, so both reject the same requests.
+    """
+    if prompt_len >= max_model_len:
+        return (f"prompt ({prompt_len} tokens) leaves no room for output within "
+                f"max_model_len {max_model_len}")
+    need = prompt_len + output_len
+    if blocks_for(need, block_size) > num_blocks:
+        return (f"sequence ({need} tokens) exceeds total KV capacity "
+                f"({num_blocks * block_size} tokens)")
+    return ""
+
+
 class KVQueries:
     """The read-only KV questions a policy asks, over ``block_size``, ``num_free_blocks`` and
     ``watermark_blocks``; shared by the simulator's manager and the vLLM adapter's view."""
@@ -29,8 +51,7 @@ class KVQueries:
 
     def free_tokens_for(self, req: Request) -> int:
         """How many more tokens of ``req`` fit in its own last block plus all free blocks."""
-        slack_in_last = req.num_blocks * self.block_size - req.num_computed_tokens
-        return max(0, slack_in_last) + self.num_free_blocks * self.block_size
+        return tokens_fitting(req, self.num_free_blocks, self.block_size)
 
     def can_admit(self, num_blocks: int) -> bool:
         return num_blocks <= self.num_free_blocks - self.watermark_blocks

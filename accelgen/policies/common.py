@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from accelgen.kvcache import tokens_fitting
 from accelgen.policies.base import Decision, KVView
 from accelgen.request import Request
 
@@ -40,9 +41,8 @@ class BatchBuilder:
         self.scheduled_ids.add(req.req_id)
 
     def max_tokens_in_free_kv(self, req: Request) -> int:
-        """Most tokens of ``req`` whose KV fits in its last block plus the free blocks."""
-        b = self.kv.block_size
-        return max(0, req.num_blocks * b - req.num_computed_tokens) + self.free_blocks * b
+        """Most tokens of ``req`` whose KV fits in its last block plus the ledger's free blocks."""
+        return tokens_fitting(req, self.free_blocks, self.kv.block_size)
 
     def preempt(self, req: Request) -> None:
         self.free_blocks += req.num_blocks

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from accelgen.costmodel.base import BatchShape, CostModel
-from accelgen.kvcache import BlockManager, blocks_for
+from accelgen.kvcache import BlockManager, never_fits_reason
 from accelgen.policies.base import Pivot, Policy, SchedulerView
 from accelgen.request import Request, Status
 from accelgen.sim.recorder import IterationLog
@@ -80,13 +80,9 @@ class Simulator:
 
     # ---------------------------------------------------------------------------------------
     def _reject_reason(self, r: Request) -> str:
-        if r.prompt_len >= self.max_model_len:
-            return (f"prompt ({r.prompt_len} tokens) leaves no room for output within "
-                    f"max_model_len {self.max_model_len}")
-        need = r.prompt_len + self._target[r.req_id]
-        if blocks_for(need, self.kv.block_size) > self.kv.num_total_blocks:
-            return f"sequence ({need} tokens) exceeds total KV capacity ({self.kv.capacity_tokens} tokens)"
-        return ""
+        return never_fits_reason(r.prompt_len, self._target[r.req_id],
+                                 max_model_len=self.max_model_len,
+                                 num_blocks=self.kv.num_total_blocks, block_size=self.kv.block_size)
 
     def _finish(self, r: Request, now: float, status: Status, reason: str = "") -> None:
         self.kv.free(r)
@@ -230,7 +226,7 @@ class Simulator:
                 elif r.status != Status.RUNNING:
                     raise PolicyError(f"{policy.name}: request {r.req_id} scheduled while {r.status.name}")
                 ctx = r.num_computed_tokens
-                if n == 1 and r.num_output_tokens > 0 and ctx == r.num_tokens - 1:
+                if n == 1 and r.is_decode:
                     shape.add_decode(ctx)
                 else:
                     shape.add_prefill(n, ctx)

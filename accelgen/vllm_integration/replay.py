@@ -27,7 +27,7 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt
 
 from accelgen import metrics
 from accelgen.config import StrictModel
-from accelgen.kvcache import blocks_for
+from accelgen.kvcache import never_fits_reason
 from accelgen.request import Request, Status
 from accelgen.sim.recorder import requests_frame, write_results
 from accelgen.vllm_integration import SCHEDULER_CLS, STOCK_SCHEDULER_CLS
@@ -128,15 +128,9 @@ def shutdown_engine(engine: Any) -> None:
 
 def admission_reject_reason(prompt_len: int, output_len: int, *, max_model_len: int,
                             kv_tokens: int, block_size: int) -> str:
-    """The simulator's rule for a request that can never run (SPEC section 2), so that sim and
-    engine runs of one trace reject the same requests."""
-    if prompt_len >= max_model_len:
-        return (f"prompt ({prompt_len} tokens) does not leave room for output in max_model_len "
-                f"{max_model_len}")
-    need = prompt_len + output_len
-    if blocks_for(need, block_size) * block_size > kv_tokens:
-        return f"sequence ({need} tokens) exceeds total KV capacity ({kv_tokens} tokens)"
-    return ""
+    """The simulator's rule for a request that can never run, on the engine's KV pool."""
+    return never_fits_reason(prompt_len, output_len, max_model_len=max_model_len,
+                             num_blocks=kv_tokens // block_size, block_size=block_size)
 
 
 def _prompt_ids(req_id: int, n: int, vocab: int) -> list[int]:
