@@ -130,9 +130,11 @@ class AccelGenPolicy(Policy):
         b = self._budget
         if b is None or not b.matches(view.cost, view.pivot):
             p = self.params
+            first = b is None
             b = self._budget = TokenBudget(view.cost, view.pivot, p.budget_rule,
                                            p.min_budget or view.kv.block_size, p.budget_cap)
-            self._prev_budget = b.cap
+            # A refitted cost model (the vLLM adapter's online one) keeps the last budget.
+            self._prev_budget = b.cap if first else min(self._prev_budget, b.cap)
         if self._chunk_mean is None:
             self._chunk_mean = float(view.pivot.s_pf)
         return b
@@ -205,9 +207,9 @@ class _State:
         self.to_deadline = t.deadline[:n] - now
         online = t.online[:n]
         self.online_dec = self.is_dec & online
-        # Per-iteration SLO: TBT for an online decode, else the time left per remaining chunk.
-        with np.errstate(divide="ignore", invalid="ignore"):
-            self.slo_iter = np.where(self.online_dec, t.tbt[:n], self.to_deadline / self.nck)
+        # Per-iteration SLO: TBT for an online decode, else the time left per remaining chunk
+        # (N_ck >= 1, so the division is safe).
+        self.slo_iter = np.where(self.online_dec, t.tbt[:n], self.to_deadline / self.nck)
         self.is_long = ~self.is_dec & (prompt + n_out >= p.long_prompt_threshold)
         owner = t.slot_of.get(policy._era_owner, -1) if policy._era_owner is not None else -1
         self.era_owner = owner if p.era else -1
@@ -220,11 +222,14 @@ class _State:
         # decode, and the longest context a running prompt's chunk would attend to.
         run = t.running[:n]
         decodes = self.is_dec & run
+        # (count_nonzero, nonzero and ndarray methods: this runs every decision, and numpy's
+        # Python-level wrappers cost as much as the work on a few hundred elements)
         self.dec_ctx = int(t.computed[:n][decodes].sum())
-        self.n_dec = int(decodes.sum())
+        self.n_dec = int(np.count_nonzero(decodes))
         partial = run & ~self.is_dec
-        self.prefill_ctx = int(t.computed[:n][partial].max()) if partial.any() else 0
+        self.prefill_ctx = int(t.computed[:n][partial].max()) if np.count_nonzero(partial) else 0
         self._t_max: dict[int, float] = {}
+        self._key_order: np.ndarray | None = None
         self._plan_budget()
 
     # -- slack, urgency and budget -------------------------------------------------------------
@@ -250,10 +255,10 @@ class _State:
         self.slack, self.urgent, self.key, self.counted, self.t_max = slack, urgent, key, counted, t_max
         rest = self.eligible & ~urgent
         sel = urgent & counted
-        if rest.any():
+        if np.count_nonzero(rest):
             k1 = key[rest].min()
             sel |= rest & (key <= k1 + p.gamma) & counted
-        return float(self.slo_iter[sel].min()) if sel.any() else math.inf
+        return float(self.slo_iter[sel].min()) if np.count_nonzero(sel) else math.inf
 
     def max_batch_time(self, budget: int) -> float:
         """T_max, the paper's "maximum batch execution time" at ``budget`` tokens: every running
@@ -289,13 +294,13 @@ class _State:
     # -- batching ------------------------------------------------------------------------------
     def form(self) -> BatchFormer:
         p, t, n = self.p, self.t, self.n
-        running = int(t.running[:n].sum())
         former = BatchFormer(
             t, block_size=self.view.kv.block_size, free_blocks=self.view.kv.num_free_blocks,
             token_budget=self.budget.tokens, rem=self.rem, is_dec=self.is_dec, key=self.key,
-            victim_key=self._victim_key(), is_long=self.is_long, available=self.eligible.copy(),
+            victim_key=self._victim_key, is_long=self.is_long, available=self.eligible.copy(),
             chunk=p.chunk, era=p.era, era_owner=self.era_owner,
-            admissions_left=math.inf if p.max_num_seqs is None else p.max_num_seqs - running,
+            admissions_left=(math.inf if p.max_num_seqs is None
+                             else p.max_num_seqs - int(t.running[:n].sum())),
             victim_floor=self.t_max if p.order else -math.inf, victim_margin=p.gamma,
             growth_reserve=(self.view.kv.block_size if p.kv_growth_reserve is None
                             else p.kv_growth_reserve),
@@ -304,9 +309,9 @@ class _State:
         oversize = self._oversize_head(former)
         if oversize >= 0:
             former.available &= self.is_dec  # the oversize prompt runs without other prompts
-        urgent = np.flatnonzero(self.urgent & former.available)
+        urgent = (self.urgent & former.available).nonzero()[0]
         if urgent.size:
-            urgent = urgent[np.argsort(self.slack[urgent], kind="stable")]
+            urgent = urgent[self.slack[urgent].argsort(kind="stable")]
         self.n_urgent = int(urgent.size)
         former.add_urgent(urgent)
         if oversize >= 0:
@@ -344,12 +349,17 @@ class _State:
         """Step 2: SelectRequests on the head slack group, then on the following groups while
         budget and KV are left (forward size = S_b while work is available)."""
         p, bud = self.p, self.bud
+        # Candidates in key order once per decision (stable: ties by slot): each group is then
+        # a prefix of the feasible ones.
+        order = self._key_order
+        if order is None:
+            order = self._key_order = self.key.argsort(kind="stable")
         while former.a_c > 0:
-            cand = former.feasible(np.flatnonzero(former.available))
+            cand = former.feasible(order[former.available[order]])
             if cand.size == 0:
                 return
             kc = self.key[cand]
-            group = cand[kc <= kc.min() + p.gamma]
+            group = cand[: int(np.searchsorted(kc, kc[0] + p.gamma, side="right"))]
             self.n_groups += 1
             # Members of a later group may have a tighter per-iteration SLO: the batch's budget
             # follows the tightest one that joins.
@@ -388,10 +398,9 @@ class _State:
     # -- diagnostics ---------------------------------------------------------------------------
     def info(self, former: BatchFormer) -> dict[str, float]:
         n = self.n
-        slots = np.fromiter(former.slots, dtype=np.int64, count=len(former.slots))
-        dec = self.is_dec[slots]
-        dec_sched = int(dec.sum())
-        chunks = np.fromiter(former.tokens, dtype=np.int64, count=len(former.tokens))[~dec]
+        dec = self.is_dec[former.slots].tolist() if former.slots else []
+        chunks = [c for c, d in zip(former.tokens, dec, strict=True) if not d]
+        dec_sched = len(dec) - len(chunks)
         return {
             "token_budget": float(former.budget),
             "slo_min": self.slo_min if math.isfinite(self.slo_min) else math.nan,
@@ -404,9 +413,9 @@ class _State:
             "n_preempted": float(len(former.preempted)),
             "n_scheduled": float(len(former.slots)),
             "n_decode": float(dec_sched),
-            "n_prefill": float(chunks.size),
-            "n_decode_skipped": float(np.count_nonzero(self.is_dec & self.t.running[:n]) - dec_sched),
-            "max_chunk": float(chunks.max()) if chunks.size else 0.0,
+            "n_prefill": float(len(chunks)),
+            "n_decode_skipped": float(self.n_dec - dec_sched),
+            "max_chunk": float(max(chunks, default=0)),
             "n_cut_chunks": float(len(former.cut_chunks)),
             "n_groups": float(self.n_groups),
             "era_active": float(former.era_owner >= 0),

@@ -52,13 +52,15 @@ import numpy as np
 from accelgen.policies.accelgen_state import RequestTable
 
 _FRESH, _PARTIAL, _DEC_B, _DEC_A = 0, 1, 2, 3
+_NEVER = -(1 << 62)  # a threshold every ledger value meets
 
 
 class BatchFormer:
     """One decision's batch under construction."""
 
     def __init__(self, table: RequestTable, *, block_size: int, free_blocks: int, token_budget: int,
-                 rem: np.ndarray, is_dec: np.ndarray, key: np.ndarray, victim_key: np.ndarray,
+                 rem: np.ndarray, is_dec: np.ndarray, key: np.ndarray,
+                 victim_key: Callable[[], np.ndarray],
                  is_long: np.ndarray, available: np.ndarray, chunk: bool, era: bool,
                  era_owner: int, admissions_left: float, victim_floor: float = -math.inf,
                  victim_margin: float = 0.0, growth_reserve: int = 0,
@@ -73,8 +75,10 @@ class BatchFormer:
         self.is_dec = is_dec
         self.key = key
         # A running request's key as a preemption victim: its slack once preempted, i.e.
-        # including the recompute of everything it holds (its arrival under FCFS).
-        self.victim_key = victim_key
+        # including the recompute of everything it holds (its arrival under FCFS). Computed
+        # on first use: most decisions preempt nobody.
+        self._victim_key_fn = victim_key
+        self._victim_key: np.ndarray | None = None
         # A prompt being admitted preempts only requests outside its slack group (victim key
         # above its key + ``victim_margin`` = gamma) that are not urgent once preempted (above
         # ``victim_floor`` = T_max): preempting a request about as urgent as the requester
@@ -95,19 +99,37 @@ class BatchFormer:
         self.total_blocks = total_blocks if total_blocks is not None else 1 << 62
         # Per-candidate block needs; they do not change while the batch forms (only the
         # ledger's scalars do), so step 2's feasibility test is a few comparisons per group.
-        comp, blk, bs = table.computed[:n], table.blocks[:n], block_size
-        self.need1 = np.maximum(-(-(comp + 1) // bs) - blk, 0)  # the next token
-        self.whole = np.maximum(-(-(comp + rem) // bs) - blk, 0)  # all pending tokens
-        self.owed_all = np.maximum(-(-(comp + rem + growth_reserve) // bs) - blk, 0)
+        # (Ceilings as (x + bs - 1) // bs with the constants folded: counts are non-negative.)
+        comp, blk, bs, g = table.computed[:n], table.blocks[:n], block_size, growth_reserve
+        blocks_next = (comp + bs) // bs  # blocks once the next token is in
+        self.need1 = np.maximum(blocks_next - blk, 0)  # the next token
+        self.owed_all = np.maximum((comp + rem + (g + bs - 1)) // bs - blk, 0)
         self.fresh_need = np.maximum(  # admission: see ``admission_need``
-            -(-(rem + 1) // bs), np.minimum(-(-(rem + 1 + growth_reserve) // bs), self.total_blocks))
+            (rem + bs) // bs, np.minimum((rem + (g + bs)) // bs, self.total_blocks))
         self.reserved_blocks = int(self.owed_all[self.running].sum())
+        # A decode's change of the promised blocks when it runs: owed after its token (the next
+        # one plus growth, beyond what it then holds) minus owed now (``owed_after`` - ``owed``).
+        held = np.maximum(blk, blocks_next)
+        self.dec_reserve_delta = np.maximum((comp + (g + bs + 1)) // bs - held, 0) - self.owed_all
+        # Step 2's feasibility as two thresholds per candidate, so that a test is two comparisons
+        # with the ledger's scalars (see ``feasible``): blocks that must be free, and blocks that
+        # must be owed to nobody. A running prompt may use free blocks owed to nobody else plus
+        # its own: need1 <= min(free, admissible + owed_all).
+        self._need_free = np.where(self.running, self.need1, _NEVER)
+        self._need_admissible = np.where(self.running, np.where(is_dec, _NEVER, self.need1 - self.owed_all),
+                                         self.fresh_need)
         self.slots: list[int] = []
         self.tokens: list[int] = []
         self.cut_chunks: list[int] = []  # prompt chunks cut short by budget or KV (for L_c)
         self.preempted: list[int] = []
         self.member = np.zeros(n, dtype=bool)
         self._victims: list[int] | None = None
+
+    @property
+    def victim_key(self) -> np.ndarray:
+        if self._victim_key is None:
+            self._victim_key = self._victim_key_fn()
+        return self._victim_key
 
     # -- KV arithmetic -------------------------------------------------------------------------
     @property
@@ -223,14 +245,8 @@ class BatchFormer:
         caller has checked that their blocks fit."""
         if u.size == 0:
             return
-        t, bs = self.t, self.bs
-        comp, blk = t.computed[u], t.blocks[u]
-        need = np.maximum(-(-(comp + 1) // bs) - blk, 0)
-        held = np.maximum(blk, -(-(comp + 1) // bs))
-        owed = np.maximum(-(-(comp + 1 + self.growth) // bs) - blk, 0)
-        owed_after = np.maximum(-(-(comp + 2 + self.growth) // bs) - held, 0)
-        self.free_blocks -= int(need.sum())
-        self.reserved_blocks += int(owed_after.sum()) - int(owed.sum())
+        self.free_blocks -= int(self.need1[u].sum())
+        self.reserved_blocks += int(self.dec_reserve_delta[u].sum())
         self.a_c -= int(u.size)
         slots = u.tolist()
         self.slots.extend(slots)
@@ -259,9 +275,8 @@ class BatchFormer:
         run = run[: self.a_c]
         if run.size == 0:
             return
-        t = self.t
-        need = -(-(t.computed[run] + 1) // self.bs) - t.blocks[run] > 0
-        with_block = np.flatnonzero(need)
+        need = self.need1[run] > 0
+        with_block = need.nonzero()[0]
         fit = with_block[: self.free_blocks]  # in slack order, while blocks are free
         ok = ~need
         ok[fit] = True
@@ -310,40 +325,53 @@ class BatchFormer:
 
     # -- step 2: SelectRequests ----------------------------------------------------------------
     def feasible(self, cand: np.ndarray) -> np.ndarray:
-        """Candidates that could still join with at least their smallest piece of work."""
+        """Candidates that could still join with at least their smallest piece of work (in the
+        order given)."""
         if self.a_c <= 0 or cand.size == 0:
             return cand[:0]
+        if not self.chunk:
+            return self._feasible_whole(cand)
+        ok = (self._need_free[cand] <= self.free_blocks) & \
+            (self._need_admissible[cand] <= self.admissible_blocks)
+        if self.admissions_left < 1:
+            ok &= self.running[cand]
+        return cand[ok]
+
+    def _feasible_whole(self, cand: np.ndarray) -> np.ndarray:
+        """``feasible`` for /Chunk: a prompt must fit whole, in the budget and in the KV."""
         running, dec, rem = self.running[cand], self.is_dec[cand], self.rem[cand]
         need1 = self.need1[cand]
         if self.admissions_left < 1:
             fresh_ok = np.zeros(cand.size, dtype=bool)
         else:
-            fresh_ok = self.fresh_need[cand] <= self.admissible_blocks
-            if not self.chunk:
-                fresh_ok &= rem <= self.a_c
+            fresh_ok = (self.fresh_need[cand] <= self.admissible_blocks) & (rem <= self.a_c)
         dec_ok = need1 <= self.free_blocks
-        # A running prompt may use free blocks owed to nobody else, plus its own.
         spare = np.minimum(self.free_blocks, self.admissible_blocks + self.owed_all[cand])
-        prompt_ok = (need1 <= spare if self.chunk
-                     else (self.whole[cand] <= spare) & (rem <= self.a_c))
+        t, bs = self.t, self.bs
+        comp, blk = t.computed[cand], t.blocks[cand]
+        whole = np.maximum(-(-(comp + rem) // bs) - blk, 0)  # blocks for all pending tokens
+        prompt_ok = (whole <= spare) & (rem <= self.a_c)
         return cand[np.where(running, np.where(dec, dec_ok, prompt_ok), fresh_ok)]
 
     def select_euclidean(self, group: np.ndarray) -> None:
-        """Algorithm 2 on one slack group: repeatedly add the candidate whose (D_c, D_m) is
-        closest to (A_c, A_m) among those that fit; ties go to the smaller key."""
-        t, bs, key = self.t, self.bs, self.key
+        """Algorithm 2 on one slack group (in key order): repeatedly add the candidate whose
+        (D_c, D_m) is closest to (A_c, A_m) among those that fit; ties go to the smaller key."""
+        if group.size == 1:  # common with few requests; the loop below would pick it alone
+            self._add_alone(int(group[0]))
+            return
+        bs, key = self.bs, self.key
         dec = self.is_dec[group]
         running = self.running[group]
         fresh = group[~running]
         partial = group[running & ~dec].tolist()
         decs = group[dec]
-        need1 = -(-(t.computed[decs] + 1) // bs) - t.blocks[decs]
-        dec_b, dec_a = decs[need1 > 0], decs[need1 <= 0]
-        fresh = fresh[np.argsort(self.rem[fresh], kind="stable")]
+        with_block = self.need1[decs] > 0
+        # ``group`` is in key order, so each decode class already is.
+        dec_pools = {_DEC_B: decs[with_block].tolist(), _DEC_A: decs[~with_block].tolist()}
+        fresh = fresh[self.rem[fresh].argsort(kind="stable")]
         f_rem: list[int] = self.rem[fresh].tolist()
         f_key: list[float] = key[fresh].tolist()
         f_slot: list[int] = fresh.tolist()
-        dec_pools: dict[int, list[int]] | None = None
         while self.a_c > 0:
             a_c, a_m = self.a_c, self.free_blocks * bs
             best_d, best_k, best = math.inf, math.inf, None
@@ -362,9 +390,6 @@ class BatchFormer:
                     best_d, best_k, best = d, k, (_PARTIAL, pi, c)
             prompt_fits = best is not None
             # Decodes: (1, b) while a block is free, else (1, 0).
-            if dec_pools is None:
-                dec_pools = {_DEC_B: dec_b[np.argsort(key[dec_b], kind="stable")].tolist(),
-                             _DEC_A: dec_a[np.argsort(key[dec_a], kind="stable")].tolist()}
             kind = _DEC_B if dec_pools[_DEC_B] and self.free_blocks >= 1 else _DEC_A
             if dec_pools[kind]:
                 d = math.hypot(a_c - 1, a_m - (bs if kind == _DEC_B else 0))
@@ -390,6 +415,21 @@ class BatchFormer:
             else:
                 self._take_decodes(dec_pools[_DEC_B], dec_pools[_DEC_A])
                 return
+
+    def _add_alone(self, s: int) -> None:
+        """``select_euclidean`` on a one-candidate group that ``feasible`` let through: a decode
+        runs, a running prompt takes ``_prompt_chunk``, a new prompt is cut to the budget (or,
+        unchunked, runs whole)."""
+        if self.is_dec[s]:
+            self.add(s, 1)
+        elif self.running[s]:
+            c = self._prompt_chunk(s)
+            if c >= 1:
+                self.add(s, c)
+        else:
+            rem = int(self.rem[s])
+            if rem <= self.a_c or self.chunk:
+                self.add(s, min(rem, self.a_c))
 
     def _best_fresh(self, f_rem: list[int], f_key: list[float]) -> tuple[int, int] | None:
         """Closest prompt holding no KV, as (index, chunk): one at least A_c long that may be
