@@ -10,7 +10,6 @@ import json
 import math
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 
@@ -20,8 +19,8 @@ from accelgen import metrics
 from accelgen.sim.recorder import read_results
 from accelgen.vllm_integration import SCHEDULER_CLS
 from accelgen.vllm_integration.replay import ReplayConfig, replay_to_dir
+from accelgen.vllm_integration.sample_trace import mixed_slo_trace
 from accelgen.vllm_integration.tiny_model import write_tiny_model
-from accelgen.workloads.trace import validate_trace
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -29,25 +28,7 @@ BLOCKS = 24  # usable KV blocks of 32 tokens: 768 tokens for 50 requests, so KV 
 
 
 def poisson_trace(n: int = 50, rate: float = 25.0, seed: int = 0) -> pd.DataFrame:
-    """Poisson arrivals, three prompt-length groups, online requests with mixed TTFT/TBT SLOs
-    and offline ones with a JCT SLO."""
-    rng = np.random.default_rng(seed)
-    arrival = np.cumsum(rng.exponential(1.0 / rate, n))
-    group = rng.choice(3, n, p=[0.5, 0.35, 0.15])
-    prompt = rng.integers(np.array([16, 96, 256])[group], np.array([96, 256, 512])[group])
-    out = rng.integers(8, 48, n)
-    online = rng.random(n) < 0.8
-    ttft = np.where(online, rng.uniform(0.1, 0.6, n), np.inf)
-    tbt = np.where(online, rng.choice([0.02, 0.05, 0.1], n), np.inf)
-    jct = np.where(online, ttft + tbt * (out - 1), rng.uniform(2.0, 8.0, n))
-    df = pd.DataFrame({
-        "req_id": np.arange(n), "arrival": arrival,
-        "source": np.array(["alpaca", "sharegpt", "bookcorpus"])[group],
-        "prompt_len": prompt, "prompt_len_natural": prompt, "prompt_truncated": False,
-        "output_len": out, "output_len_natural": out, "output_capped": False,
-        "ttft_slo": ttft, "tbt_slo": tbt, "jct_slo": jct, "online": online,
-        "predicted_output_len": 28})
-    return validate_trace(df)
+    return mixed_slo_trace(n, rate, seed)
 
 
 def test_accelgen_serves_a_poisson_trace_with_preemption(tmp_path: Path) -> None:
