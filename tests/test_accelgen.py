@@ -329,6 +329,61 @@ def test_request_about_as_urgent_is_not_preempted_for_an_admission() -> None:
     assert d.preempted == [] and 1 not in scheduled(d)
 
 
+# -- lost requests (a decision where the paper is silent) ------------------------------------------
+
+
+def test_lost_prompts_come_after_on_track_ones() -> None:
+    """Under overload ascending slack would serve the latest request first, so every request is
+    late when it starts; a request whose SLO is lost waits behind on-track ones instead."""
+    bs, now = 16, 10.0
+    lost = waiting(0, 128, arrival=0.0, ttft=0.5)  # TTFT deadline 9.5 s ago
+    on_track = waiting(1, 128, arrival=now - 0.01, ttft=5.0)
+    view = make_view([], [lost, on_track], num_blocks=64, bs=bs, s_pf=128, now=now)
+    d = accelgen().schedule(view)
+    assert scheduled(d) == {1: 128} and d.info["n_lost"] == 1.0
+    view = make_view([], [lost, on_track], num_blocks=64, bs=bs, s_pf=128, now=now)
+    assert scheduled(accelgen(lost_last=False).schedule(view)) == {0: 128}
+
+
+def test_lost_request_is_preempted_before_an_on_track_one() -> None:
+    bs, now = 16, 10.0
+    lost = running(0, 150, 0, bs=bs, now=now, computed=64, ttft=0.5)  # prefilling, TTFT missed
+    on_track = running(1, 100, 20, bs=bs, now=now, tbt=2.0, last=now - 0.01)
+    urgent = waiting(2, 64, arrival=now - 0.01, ttft=0.06)
+
+    def decide(**params: object) -> Decision:
+        run = [running(0, 150, 0, bs=bs, now=now, computed=64, ttft=0.5),
+               running(1, 100, 20, bs=bs, now=now, tbt=2.0, last=now - 0.01)]
+        view = make_view(run, [waiting(2, 64, arrival=now - 0.01, ttft=0.06)], num_blocks=20,
+                         free_blocks=8, bs=bs, now=now)
+        return accelgen(**params).schedule(view)
+
+    d = decide()
+    assert [r.req_id for r in d.preempted] == [lost.req_id]
+    assert scheduled(d).get(urgent.req_id) == 64
+    # Plain slack: the lost request's slack once preempted is the smallest, so the on-track
+    # decode is evicted for the urgent admission.
+    d = decide(lost_last=False)
+    assert [r.req_id for r in d.preempted] == [on_track.req_id]
+
+
+def test_a_token_past_its_deadline_marks_the_request_lost() -> None:
+    t = RequestTable()
+    late, on_time = running(0, 64, 0, bs=16, now=0.0, computed=0), running(1, 64, 0, bs=16,
+                                                                             now=0.0, computed=0)
+    for r in (late, on_time):
+        r.ttft_slo = 1.0
+        t.add(r)
+    for r, when in ((late, 1.5), (on_time, 0.5)):
+        r.num_computed_tokens, r.num_output_tokens = 64, 1
+        r.last_token_time = r.first_token_time = when
+    t.refresh([late, on_time])
+    assert bool(t.lost[t.slot_of[0]]) and not bool(t.lost[t.slot_of[1]])
+    on_time.num_computed_tokens, on_time.num_output_tokens, on_time.last_token_time = 65, 2, 0.6
+    t.refresh([on_time])  # the next token is due by 0.5 + TBT 0.2
+    assert not bool(t.lost[t.slot_of[1]])
+
+
 # -- Euclidean selection -------------------------------------------------------------------------
 
 

@@ -36,6 +36,9 @@ from accelgen.policies.accelgen_state import RequestTable
 from accelgen.policies.base import Decision, Policy, PolicyParams, SchedulerView
 from accelgen.request import Request
 
+# Added to the key of a lost request: after every on-track one, in the same relative order.
+_LOST_OFFSET = 1e9
+
 
 class AccelGenParams(PolicyParams):
     # The three methods (ablation switches).
@@ -59,6 +62,12 @@ class AccelGenParams(PolicyParams):
     # Slack estimation.
     chunk_mean_weight: float = Field(0.05, gt=0.0, le=1.0)  # weight of a new chunk in L_c
     late_is_urgent: bool = False  # True: late prompts are urgent too (late decodes always are)
+    # Requests whose request-level SLO is already lost (an online request with a token past its
+    # deadline, or whose next output's deadline has passed) come after every on-track candidate
+    # in step 2 and are preempted first; their decodes keep their urgency. The paper is silent;
+    # False gives plain ascending slack, which under overload serves the latest request first
+    # and lets it evict on-track ones (docs/accelgen.md, "Lost requests").
+    lost_last: bool = True
     # Offline JCT plan: T_e adds S_g x P_max x P for preemptions (paper; no values given).
     preempt_prob: float = Field(0.0, ge=0.0, le=1.0)  # P
     preempt_max_s: NonNegativeFloat = 0.0  # P_max
@@ -172,6 +181,7 @@ class AccelGenPolicy(Policy):
             "slack": float(st.slack[s]), "urgent": float(st.urgent[s]),
             "slo_iter": float(st.slo_iter[s]), "n_chunks": float(st.nck[s]),
             "counted": float(st.counted[s]), "deadline": float(t.deadline[s]),
+            "lost": float(st.lost[s]) if st.lost is not None else 0.0,
             "t_max": st.t_max, "token_budget": float(st.budget.tokens)} for s in range(t.n)}
 
     def _decision(self, st: _State, former: BatchFormer) -> Decision:
@@ -228,6 +238,9 @@ class _State:
         self.n_dec = int(np.count_nonzero(decodes))
         partial = run & ~self.is_dec
         self.prefill_ctx = int(t.computed[:n][partial].max()) if np.count_nonzero(partial) else 0
+        # Lost requests (see AccelGenParams.lost_last); None when the rule is off.
+        self.lost = (online & (t.lost[:n] | (self.to_deadline < 0.0))
+                     if p.order and p.lost_last else None)
         self._t_max: dict[int, float] = {}
         self._key_order: np.ndarray | None = None
         self._plan_budget()
@@ -248,7 +261,8 @@ class _State:
                 # A request already past its deadline is not urgent (running it now saves no
                 # deadline), except a running decode: its TBT chain restarts at its next token.
                 urgent &= (slack >= 0.0) | self.is_dec
-            key = slack
+            key = slack if self.lost is None else \
+                np.where(self.lost & ~self.is_dec, slack + _LOST_OFFSET, slack)
         else:
             urgent = np.zeros(self.n, dtype=bool)
             key = self.t.arrival[: self.n]
@@ -331,7 +345,8 @@ class _State:
         if not self.p.order:
             return t.arrival[:n]
         recompute = np.ceil((t.prompt[:n] + t.n_out[:n]) / self.chunk_mean)
-        return self.to_deadline - recompute * self.t_max
+        key = self.to_deadline - recompute * self.t_max
+        return key if self.lost is None else np.where(self.lost, key + _LOST_OFFSET, key)
 
     def _oversize_head(self, former: BatchFormer) -> int:
         """/Chunk: a prompt longer than the budget could never run whole within it. When it is
@@ -410,6 +425,7 @@ class _State:
             "n_candidates": float(n),
             "n_urgent": float(self.n_urgent),
             "n_late": float(np.count_nonzero(self.slack < 0.0)),
+            "n_lost": float(np.count_nonzero(self.lost)) if self.lost is not None else 0.0,
             "n_preempted": float(len(former.preempted)),
             "n_scheduled": float(len(former.slots)),
             "n_decode": float(dec_sched),

@@ -28,7 +28,7 @@ from accelgen.request import Request, Status
 
 _INT_FIELDS = ("req_id", "prompt", "n_out", "computed", "blocks", "pred_out")
 _FLOAT_FIELDS = ("arrival", "ttft", "tbt", "jct", "last_tok", "deadline", "off_first", "off_step")
-_BOOL_FIELDS = ("running", "online")
+_BOOL_FIELDS = ("running", "online", "lost")
 
 
 class RequestTable:
@@ -51,6 +51,7 @@ class RequestTable:
     off_step: np.ndarray  # offline: planned time per later token (allowance T_r plus T_max)
     running: np.ndarray
     online: np.ndarray
+    lost: np.ndarray  # online and a token already missed its deadline (request SLO lost)
 
     def __init__(self, capacity: int = 1024) -> None:
         self.n = 0
@@ -97,6 +98,7 @@ class RequestTable:
         self.tbt[s] = r.tbt_slo
         self.jct[s] = r.jct_slo
         self.online[s] = r.online
+        self.lost[s] = False
         self.off_first[s] = math.nan
         self.off_step[s] = math.nan
         if not r.online:
@@ -147,11 +149,15 @@ class RequestTable:
         if not live:
             return
         slots = np.fromiter((self.slot_of[r.req_id] for r in live), dtype=np.int64, count=len(live))
+        old_out, old_deadline = self.n_out[slots], self.deadline[slots]  # copies (fancy index)
         self.n_out[slots] = [r.num_output_tokens for r in live]
         self.computed[slots] = [r.num_computed_tokens for r in live]
         self.blocks[slots] = [r.num_blocks for r in live]
         self.running[slots] = [r.status == Status.RUNNING for r in live]
         self.last_tok[slots] = [r.last_token_time for r in live]
+        # A token emitted after its deadline loses the request's request-level SLO for good.
+        self.lost[slots] |= (self.online[slots] & (self.n_out[slots] > old_out)
+                             & (self.last_tok[slots] > old_deadline))
         self._set_deadline(slots)
 
     def _set_deadline(self, slots: np.ndarray) -> None:
