@@ -48,7 +48,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from scipy.optimize import nnls
 
 from accelgen.costmodel.base import BatchShape, CostModel
 
@@ -317,6 +316,10 @@ class ProfileCostModel(CostModel):
                           s.decode_seqs * scale, s.decode_ctx * scale,
                           (1.0 if s.decode_seqs > 0 else 0.0) * scale])
             resid.append((r.latency_s - _interp(sizes, t0, 0.0, n)) * scale)
+        # Imported here: scipy.optimize adds ~0.3 s to every simulation's start, and only profile
+        # tables with mixed rows need it.
+        from scipy.optimize import nnls
+
         a, b = np.asarray(feats), np.asarray(resid)
         norms = np.linalg.norm(a, axis=0)
         usable = norms > 0

@@ -160,7 +160,7 @@ class AccelGenPolicy(Policy):
         assert lc is not None
         if t.num_unplanned:
             t.plan_offline(lc, bud.time(self._prev_budget), p.preempt_prob * p.preempt_max_s)
-        st = _State(self, view, t, bud, lc)
+        st = DecisionState(self, view, t, bud, lc)
         former = st.form()
         return self._decision(st, former)
 
@@ -176,7 +176,7 @@ class AccelGenPolicy(Policy):
                            p.preempt_prob * p.preempt_max_s)
         if t.n == 0:
             return {}
-        st = _State(self, view, t, bud, self._chunk_mean or float(view.pivot.s_pf))
+        st = DecisionState(self, view, t, bud, self._chunk_mean or float(view.pivot.s_pf))
         return {int(t.req_id[s]): {
             "slack": float(st.slack[s]), "urgent": float(st.urgent[s]),
             "slo_iter": float(st.slo_iter[s]), "n_chunks": float(st.nck[s]),
@@ -184,7 +184,7 @@ class AccelGenPolicy(Policy):
             "lost": float(st.lost[s]) if st.lost is not None else 0.0,
             "t_max": st.t_max, "token_budget": float(st.budget.tokens)} for s in range(t.n)}
 
-    def _decision(self, st: _State, former: BatchFormer) -> Decision:
+    def _decision(self, st: DecisionState, former: BatchFormer) -> Decision:
         t = self._table
         objs = t.objs
         d = Decision(scheduled=list(zip(map(objs.__getitem__, former.slots), former.tokens,
@@ -198,9 +198,11 @@ class AccelGenPolicy(Policy):
         return d
 
 
-class _State:
+class DecisionState:
     """Vectorised per-decision quantities (slack, per-iteration SLO, urgency) and the driver of
-    the two batching steps."""
+    the two batching steps. Built fresh for every decision from the policy's ``RequestTable``;
+    variants of the policy (the clairvoyant Oracle) subclass it to restrict the eligible set or
+    the victims."""
 
     def __init__(self, policy: AccelGenPolicy, view: SchedulerView, t: RequestTable,
                  bud: TokenBudget, chunk_mean: float) -> None:

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from accelgen.policies.accelgen import AccelGenParams, AccelGenPolicy, _State
+from accelgen.policies.accelgen import AccelGenParams, AccelGenPolicy, DecisionState
 from accelgen.policies.accelgen_select import BatchFormer
 from accelgen.policies.accelgen_state import RequestTable
 from accelgen.policies.base import Decision, PolicyParams, SchedulerView
@@ -60,7 +60,7 @@ class OracleParams(AccelGenParams):
     exact_lengths: bool = True  # offline JCT plan with the true output length as S_g
 
 
-class _OracleState(_State):
+class _OracleState(DecisionState):
     """AccelGen's per-decision state with fresh requests that cannot finish without preemption
     made ineligible, and (exact plan) no preemption victims."""
 
