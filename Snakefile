@@ -20,6 +20,7 @@ include: "rules/common.smk"
 include: "rules/workloads.smk"
 include: "rules/simulate.smk"
 include: "rules/vllm.smk"
+include: "rules/fidelity.smk"
 include: "rules/figures.smk"
 
 
@@ -31,3 +32,4 @@ rule all:
     input:
         GRID.all_targets(),
         rules.results.input,
+        FIDELITY_TARGETS,

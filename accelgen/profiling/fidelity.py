@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -38,6 +39,10 @@ SYSTEMS = ("stock", "accelgen")
 # step-time variation, and the profile table alone.
 VARIANTS = {"sim": "engine step model", "sim-nojitter": "engine step model without jitter",
             "sim-table": "profile table alone"}
+# Diagnostics of a round: each timed profile pass's (start, end) and speed relative to the round's
+# profile (vllm_backend.ProfileSession.pass_speeds), and each replay's (start, end) and the number
+# of passes before it: how much the machine's speed drifted around the replays.
+ROUND_NAME = "round.json"
 SIM_POLICY = {"stock": "vllm", "accelgen": "accelgen"}
 # Relative-error targets of the fidelity check (issue 8).
 TARGETS: dict[str, float] = {
@@ -157,63 +162,23 @@ def simulate_run(trace: pd.DataFrame, system: str, dep: Deployment, engine: dict
                  out: Path, trace_path: str | None = None, scheduler_overhead: bool = False,
                  cost: CostModel | None = None) -> dict[str, Any]:
     """Simulate ``trace`` as ``system`` on ``dep``; ``cost`` replaces the deployment's cost model
-    for the latency the simulator charges (the pivot stays the deployment's)."""
+    (``accelgen.sim.runner.simulate``: the pivot is then ``cost``'s, the same as the deployment's
+    when ``cost`` plans with the deployment's profile, as ``simulate_both``'s models do)."""
+    from accelgen.sim.runner import simulate
+
+    # vLLM V1 recomputes preempted requests and never swaps, so the simulated host has no swap
+    # space (only FastServe swaps; the stock and AccelGen models would not use it either).
     cfg = ExperimentConfig(deployment=dep, policy=sim_policy(system, engine),
-                           sim=SimOptions(progress=False,
+                           sim=SimOptions(progress=False, swap_space_gb=0.0,
                                           add_scheduler_overhead=scheduler_overhead))
-    if cost is None:
-        from accelgen.sim.runner import simulate_to_dir
-
-        return simulate_to_dir(trace, cfg, out, trace_path=trace_path).summary
-    run = _simulate_with_cost(trace, cfg, cost)
+    run = simulate(trace, cfg, cost=cost)
     if trace_path is not None:
-        run["config"]["trace"] = trace_path
-    write_results(out, run["requests"], run["iterations"], run["summary"], run["config"],
-                  run["timing"], run["timing_summary"])
-    return run["summary"]
-
-
-def _simulate_with_cost(trace: pd.DataFrame, cfg: ExperimentConfig,
-                        cost: CostModel) -> dict[str, Any]:
-    """``accelgen.sim.runner.simulate`` with a given cost model instance.
-
-    TODO(lead): replace with ``simulate(trace, cfg, cost=...)`` once the runner accepts one."""
-    from accelgen.costmodel.factory import deployment_pivot, kv_num_blocks
-    from accelgen.kvcache import BlockManager
-    from accelgen.policies.registry import make_policy
-    from accelgen.sim.engine import Simulator
-    from accelgen.sim.recorder import requests_frame
-    from accelgen.workloads.trace import to_requests
-
-    dep = cfg.deployment
-    model = resolve_model(dep.model)
-    max_model_len = dep.max_model_len or model.max_model_len
-    pivot = deployment_pivot(dep)
-    policy = make_policy(cfg.policy.name, cfg.policy.params)
-    kv = BlockManager(kv_num_blocks(dep), dep.block_size)
-    requests, output_len = to_requests(trace)
-    sim = Simulator(requests, output_len, policy, cost, kv, pivot, max_model_len=max_model_len,
-                    kv_bytes_per_token=model.kv_bytes_per_token,
-                    host_link_bandwidth=math.inf,
-                    add_scheduler_overhead=cfg.sim.add_scheduler_overhead,
-                    max_iterations=cfg.sim.max_iterations, progress=False)
-    res = sim.run()
-    req_df = requests_frame(res.requests, res.served_output_len)
-    its_df = res.iterations.to_frame()
-    summary = metrics.summarize(req_df, its_df, s_pf=pivot.s_pf)
-    summary.update({"policy": cfg.policy.name, "model": dep.model, "s_pf": pivot.s_pf,
-                    "t_pf": pivot.t_pf, "kv_blocks": kv.num_total_blocks, "seed": cfg.seed,
-                    "cost_model": repr(cost)})
-    timing = res.iterations.timing_frame()
-    tsum = metrics.timing_summary(timing["decision_time"].to_numpy(), summary["makespan_s"])
-    tsum["sim_wall_time_s"] = res.wall_time_s
-    config = {"experiment": cfg.model_dump(mode="json"),
-              "resolved": {"max_model_len": max_model_len, "s_pf": pivot.s_pf,
-                           "t_pf": pivot.t_pf, "kv_blocks": kv.num_total_blocks,
-                           "policy_params": policy.params.model_dump(),
-                           "cost_model": repr(cost)}}
-    return {"requests": req_df, "iterations": its_df, "summary": summary, "timing": timing,
-            "timing_summary": tsum, "config": config}
+        run.config["trace"] = trace_path
+    if cost is not None:  # the model's parameters, beside its name
+        run.config["resolved"]["cost_model_detail"] = repr(cost)
+    write_results(out, run.requests, run.iterations, run.summary, run.config, run.timing,
+                  run.timing_summary)
+    return run.summary
 
 
 def _set_threads(n: int | None) -> None:
@@ -294,6 +259,7 @@ def run_round(cfg: FidelityConfig, rdir: Path, trace: pd.DataFrame, trace_path: 
     plan_csv, final_csv = rdir / PLAN_NAME, rdir / PROFILE_NAME
     chunks = _chunks(cfg.profile_repeats, len(cfg.systems) + 1)
     reals: dict[str, dict[str, Any]] = {}
+    replays: dict[str, dict[str, Any]] = {}
     t0 = time.time()
     with ProfileSession(opts, say) as prof:
         prof.passes(max(chunks[0], 1))
@@ -303,10 +269,14 @@ def run_round(cfg: FidelityConfig, rdir: Path, trace: pd.DataFrame, trace_path: 
             t1 = time.time()
             reals[system] = replay_run(trace, system, cfg, plan_csv, rdir / f"real-{system}",
                                        trace_path)
+            replays[system] = {"start": t1, "end": time.time(), "passes_before": prof.num_passes}
             say(f"real {system}: {reals[system]['num_finished']} finished, "
                 f"{reals[system]['num_iterations']} iterations ({time.time() - t1:.0f} s)")
             prof.passes(n)
         meas, meta = prof.finish()
+        (rdir / ROUND_NAME).write_text(json.dumps(
+            {"pass_times": prof.pass_times, "pass_speeds": prof.pass_speeds(),
+             "replays": replays}, indent=2) + "\n")
     write_engine_profile(cfg, final_csv, meas, meta, "all passes of the round")
     if "accelgen" in cfg.systems:
         profile_plugin_overhead(opts, final_csv, accelgen_adapter(plan_csv), say,
@@ -323,6 +293,10 @@ def run_fidelity(cfg: FidelityConfig, out_dir: Path,
     (needs vllm); rounds expose the machine's drift."""
     say = progress or (lambda _m: None)
     out_dir.mkdir(parents=True, exist_ok=True)
+    # A runs directory holds one run: rounds left by an earlier run with more rounds would be
+    # read as this run's by ``round_dirs``.
+    for old in out_dir.glob("round-*"):
+        shutil.rmtree(old)
     (out_dir / "fidelity.json").write_text(cfg.model_dump_json(indent=2) + "\n")
     (out_dir / "sources.json").write_text(json.dumps(source_digests(), indent=2) + "\n")
     trace_path = write_trace_file(cfg, out_dir / "trace.parquet")
@@ -546,3 +520,35 @@ def step_residuals(round_dir: Path | str, system: str) -> pd.DataFrame:
     df["first_use"] = ~df["forward_size"].duplicated()
     df["first_use_penalty"] = model.first_use_s
     return df.dropna(subset=["period"])
+
+
+def decode_step_costs(round_dir: Path | str, systems: tuple[str, ...] = SYSTEMS) -> pd.DataFrame:
+    """Decode-only steps of the real replays of one round, by batch size (capped at 8): median
+    ``period`` (to the next step's start), ``schedule`` (the whole ``schedule()`` call) and
+    ``exec`` (from its end to ``update_from_output``: model execution), from ``timing.parquet``;
+    columns ``(quantity, system)``. What the plugin adds to a step at equal batch size, seen in
+    the replay itself (the engine step model takes it from the A/B probe instead). Empty when
+    the replays did not record the engine's timing (simulated stand-ins)."""
+    rdir = Path(round_dir)
+    parts = {}
+    for system in systems:
+        d = rdir / f"real-{system}"
+        tpath = d / "timing.parquet"
+        if not tpath.exists():
+            continue
+        timing = pd.read_parquet(tpath)
+        if "exec_time" not in timing:
+            continue
+        _, its, _ = read_results(d)
+        df = its[["start", "prefill_tokens", "batch_size"]].reset_index(drop=True)
+        df["period"] = df["start"].shift(-1) - df["start"]
+        df["schedule"] = timing["decision_time"].to_numpy()
+        df["exec"] = timing["exec_time"].to_numpy()
+        df = df[df["prefill_tokens"] == 0].dropna(subset=["period"])
+        g = df.groupby(df["batch_size"].clip(upper=8))
+        parts[system] = g[["period", "schedule", "exec"]].median().assign(steps=g.size())
+    if not parts:
+        return pd.DataFrame()
+    out = pd.concat(parts, axis=1).swaplevel(axis=1).sort_index(axis=1)
+    out.index.name = "batch_size"
+    return out

@@ -11,6 +11,11 @@ import pandas as pd
 from accelgen.profiling.fidelity import TARGETS, distributions
 
 LABELS = {"stock": "stock vLLM", "accelgen": "AccelGen"}
+# The error panel: the targeted metrics, then iteration count and batch composition (grey: no
+# target).
+PANEL = {**{m: m for m in TARGETS}, "throughput_output_tps": "throughput",
+         "num_iterations": "iterations", "batch_size_mean": "requests/iteration",
+         "prefill_iteration_fraction": "iterations with prefill"}
 
 
 def _cdf(ax, x: np.ndarray, **kw) -> None:  # type: ignore[no-untyped-def]
@@ -47,21 +52,23 @@ def plot_fidelity(out_dir: Path | str, table: pd.DataFrame, path: Path | str) ->
                 ax.xaxis.set_major_formatter(ScalarFormatter())
                 ax.xaxis.set_minor_formatter(NullFormatter())
         row[0].legend(fontsize=7, loc="lower right")
-        t = table[(table["system"] == system) & table["metric"].isin(list(TARGETS))]
+        sel = table[(table["system"] == system) & table["metric"].isin(PANEL)]
+        t = sel.set_index("metric").loc[[m for m in PANEL if m in set(sel["metric"])]]
         ax = row[3]
         y = np.arange(len(t))
         errs = t["rel_err"].to_numpy(float) * 100
-        colors = ["tab:green" if m else "tab:red" for m in t["met"]]
+        colors = ["tab:grey" if not np.isfinite(tgt) else "tab:green" if met is True else "tab:red"
+                  for tgt, met in zip(t["target"].to_numpy(float), t["met"], strict=True)]
         ax.barh(y, errs, color=colors)
         for yi, tgt in zip(y, t["target"].to_numpy(float) * 100, strict=True):
-            ax.plot([-tgt, -tgt], [yi - 0.4, yi + 0.4], color="grey", lw=1)
-            ax.plot([tgt, tgt], [yi - 0.4, yi + 0.4], color="grey", lw=1)
-        ax.set_yticks(y, [m.replace("throughput_output_tps", "throughput") for m in t["metric"]],
-                      fontsize=8)
+            if np.isfinite(tgt):
+                ax.plot([-tgt, -tgt], [yi - 0.4, yi + 0.4], color="grey", lw=1)
+                ax.plot([tgt, tgt], [yi - 0.4, yi + 0.4], color="grey", lw=1)
+        ax.set_yticks(y, [PANEL[m] for m in t.index], fontsize=8)
         ax.invert_yaxis()  # targets top to bottom in table order
         ax.axvline(0, color="black", lw=0.8)
         ax.set_xlabel("simulated vs real (%)")
-        ax.set_title(f"{name}: error (bars) and target (ticks)", fontsize=9)
+        ax.set_title(f"{name}: sim vs real; target (ticks)", fontsize=9)
         ax.grid(alpha=0.3, axis="x")
     fig.tight_layout()
     path = Path(path)

@@ -51,6 +51,9 @@ DECODE_PERIODS_KEY = "decode_periods_s"
 PLUGIN_KEY = "plugin_overhead_s"
 PLUGIN_SPREAD_KEY = "plugin_overhead_spread"
 JITTER_KEY = "step_time_ratio_quantiles"
+# A session's passes (ProfileSession): the machine's speed during each timed pass relative to the
+# whole profile (diagnostics of its drift; nothing reads it back).
+PASS_SPEED_KEY = "pass_speeds"
 JITTER_LEVELS = tuple(round(0.025 + 0.05 * i, 3) for i in range(20))  # 0.025 .. 0.975
 DECODE_PROBE_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16)
 
@@ -341,6 +344,8 @@ class ProfileSession:
         self._proc = ctx.Process(target=_profile_worker, args=(child, opts), daemon=True)
         self._samples: dict[Shape, list[float]] = {}
         self._seen: dict[Shape, list[Shape]] = {}
+        self._pass_of: dict[Shape, list[int]] = {}  # the timed pass (0-based) of each sample
+        self.pass_times: list[tuple[float, float]] = []  # (start, end) of each timed pass
         self._passes = 0
 
     def __enter__(self) -> ProfileSession:
@@ -372,10 +377,13 @@ class ProfileSession:
 
     def passes(self, n: int) -> None:
         for _ in range(n):
+            t0 = time.time()
             got: dict[Shape, list[tuple[Shape, float]]] = self._call(("pass", None))
+            self.pass_times.append((t0, time.time()))
             for s, pairs in got.items():
                 self._samples.setdefault(s, []).extend(dt for _, dt in pairs)
                 self._seen.setdefault(s, []).extend(g for g, _ in pairs)
+                self._pass_of.setdefault(s, []).extend([self._passes] * len(pairs))
             self._passes += 1
             self.say(f"pass {self._passes} done ({len(self.shapes)} shapes x "
                      f"{self.opts.burst} steps)")
@@ -387,12 +395,33 @@ class ProfileSession:
         return [Measurement(_representative(self._seen[s]), list(self._samples[s]))
                 for s in self.shapes]
 
+    @property
+    def num_passes(self) -> int:
+        return self._passes
+
+    def pass_speeds(self) -> list[float]:
+        """Per timed pass, the median over shapes of (the pass's median sample of the shape /
+        the shape's median over all passes): 1.2 = the machine ran 20 % slower than over the
+        whole profile."""
+        per: list[list[float]] = [[] for _ in range(self._passes)]
+        for s, samples in self._samples.items():
+            x, idx = np.asarray(samples), np.asarray(self._pass_of[s])
+            med = float(np.median(x))
+            for k in range(self._passes):
+                if (idx == k).any():
+                    per[k].append(float(np.median(x[idx == k])) / med)
+        return [float(np.median(v)) for v in per]
+
     def finish(self) -> tuple[list[Measurement], dict[str, object]]:
         meas = self.snapshot()
         probe, periods, info = self._call(("probe", None))
         penalty = float(np.median([c - w for _, c, w in probe]))
         self.say(f"first use of a token count: +{penalty * 1e3:.2f} ms (median of {len(probe)})")
-        return meas, _metadata(self.opts, meas, probe, periods, penalty, self._passes, info)
+        meta = _metadata(self.opts, meas, probe, periods, penalty, self._passes, info)
+        speeds = self.pass_speeds()
+        self.say("pass speeds (vs the whole profile): " + ", ".join(f"{v:.3f}" for v in speeds))
+        meta[PASS_SPEED_KEY] = json.dumps([round(v, 4) for v in speeds])
+        return meas, meta
 
 
 def _profile_worker(conn: Any, opts: VllmOptions) -> None:

