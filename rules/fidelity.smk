@@ -11,13 +11,6 @@
 import json
 
 
-# <figures_dir>/fidelity.csv is this stage's, not a grid figure's: keep the `aggregate` rule
-# (rules/figures.smk, `{figure}.csv`) from matching it. Global constraints apply to every rule,
-# so this replaces common.smk's pattern for `figure` with the same pattern minus `fidelity`.
-wildcard_constraints:
-    figure=r"(?!fidelity\b)[a-z0-9_]+",
-
-
 FIDELITY_DIR = f"{RESULTS}/fidelity"
 # Every output of the stage (none when it is off): part of the default target.
 FIDELITY_TARGETS = (
@@ -49,7 +42,7 @@ if PIPE.fidelity_on:
             "../environment.yml"
         shell:
             # The log holds the engines' output (long); on failure its end goes to the terminal.
-            f"{PY} -m accelgen.profiling.fidelity_cli run --out {{output}} --spec {{params.spec:q}}"
+            f"{ACCELGEN} fidelity run --out {{output}} --spec {{params.spec:q}}"
             " {params.renice} > {log} 2>&1 || {{ tail -n 8 {log} >&2; exit 1; }}"
 
     rule fidelity_report:
@@ -64,7 +57,7 @@ if PIPE.fidelity_on:
         conda:
             "../environment.yml"
         shell:
-            f"{PY} -m accelgen.profiling.fidelity_cli report --runs {{input}} --csv {{output}}"
+            f"{ACCELGEN} fidelity report --runs {{input}} --csv {{output}}"
             " > {log} 2>&1"
 
     rule notebook_fidelity:

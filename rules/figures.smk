@@ -2,8 +2,16 @@
 # figure group (CSVs -> <figure>.png/.pdf; the executed notebook is kept as the log), and one
 # target rule per figure (fig01 ... fig12, extra_*, headline; see docs/ARTIFACT.md).
 
+import re
+
+# The figure ids `aggregate` makes: it must not claim another stage's CSV in the figures
+# directory (rules/fidelity.smk writes fidelity.csv).
+AGGREGATE_FIGURES = "|".join(re.escape(f) for f in GRID.csv_figure_ids())
+
 
 rule aggregate:
+    wildcard_constraints:
+        figure=AGGREGATE_FIGURES,
     input:
         figure_inputs,
     output:

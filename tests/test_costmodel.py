@@ -19,6 +19,7 @@ from accelgen.costmodel.base import BatchShape, CostModel
 from accelgen.costmodel.factory import (
     deployment_pivot,
     make_cost_model,
+    pivot_of,
     resolve_hardware,
     resolve_model,
 )
@@ -458,6 +459,36 @@ def test_factory_profile_deployment_and_caching() -> None:
     p1, p2 = deployment_pivot(dep), deployment_pivot(dep)
     assert p1 == p2 and p1 is not p2
     assert p1 == find_pivot(cost)
+
+
+def test_pivot_of_is_the_deployments_rule_on_any_cost_model() -> None:
+    dep = Deployment(cost_model="profile", profile_csv=README_FIXTURE)
+    cost = make_cost_model(dep)
+    assert pivot_of(cost, dep) == deployment_pivot(dep)
+    # The deployment's tolerance, block size and context cap (min(8192, max_model_len)).
+    dep2 = dep.model_copy(update={"pivot_tolerance": 0.1, "block_size": 16, "max_model_len": 600})
+    assert pivot_of(cost, dep2) == find_pivot(cost, tolerance=0.1, step=16, max_size=592)
+    assert pivot_of(cost, dep2).s_pf <= 592
+    # Another cost model: its own pivot, by the same rule; a 2x slower copy moves T_pf only.
+    slow = pivot_of(_Scaled(cost, 2.0), dep)
+    assert slow.s_pf == deployment_pivot(dep).s_pf
+    assert slow.t_pf == pytest.approx(2 * deployment_pivot(dep).t_pf)
+    # A context shorter than one block still sweeps one block.
+    tiny = Deployment(max_model_len=8)
+    assert pivot_of(make_cost_model(tiny), tiny).s_pf == 32
+
+
+class _Scaled(CostModel):
+    name = "scaled"
+
+    def __init__(self, base: CostModel, k: float) -> None:
+        self.base, self.k = base, k
+
+    def iteration_time(self, shape: BatchShape) -> float:
+        return self.k * self.base.iteration_time(shape)
+
+    def forward_time(self, forward_size: int) -> float:
+        return self.k * self.base.forward_time(forward_size)
 
 
 def test_cli_pivot_for_a_deployment(capsys: pytest.CaptureFixture[str]) -> None:

@@ -199,6 +199,49 @@ def test_engine_model_needs_the_plugin_line_when_asked(tmp_path: Path) -> None:
     assert EngineStepModel.from_csv(prof).first_use_s == 0.0
 
 
+# -- the engine processes' environment ------------------------------------------------------
+def test_engine_env_gives_onednn_a_large_cache_unless_the_user_set_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from accelgen.vllm_integration.replay import (
+        ONEDNN_CACHE_CAPACITY,
+        ONEDNN_CACHE_ENV,
+        EngineSpec,
+        _prepare_env,
+        engine_env_defaults,
+    )
+
+    assert ONEDNN_CACHE_ENV == "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+    assert ONEDNN_CACHE_CAPACITY >= 16384  # far above oneDNN's default of 1024 primitives
+    monkeypatch.delenv(ONEDNN_CACHE_ENV, raising=False)
+    assert engine_env_defaults() == {ONEDNN_CACHE_ENV: str(ONEDNN_CACHE_CAPACITY)}
+    assert os.environ[ONEDNN_CACHE_ENV] == str(ONEDNN_CACHE_CAPACITY)
+    # setdefault: a value the user chose wins, also through the engine's start-up.
+    monkeypatch.setenv(ONEDNN_CACHE_ENV, "2048")
+    assert engine_env_defaults() == {ONEDNN_CACHE_ENV: "2048"}
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    _prepare_env(EngineSpec())
+    assert os.environ[ONEDNN_CACHE_ENV] == "2048"
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    monkeypatch.delenv(ONEDNN_CACHE_ENV)
+    _prepare_env(EngineSpec())
+    assert os.environ[ONEDNN_CACHE_ENV] == str(ONEDNN_CACHE_CAPACITY)
+
+
+def test_replays_run_in_a_fresh_process() -> None:
+    # Each replay starts with an empty kernel cache (the engine step model's assumption): the
+    # replay job is a module-level function run in a spawned process.
+    import inspect
+    import pickle
+
+    from accelgen.profiling import fidelity
+
+    src = inspect.getsource(fidelity.replay_run)
+    assert 'get_context("spawn")' in src and "_replay_job" in src
+    assert pickle.loads(pickle.dumps(fidelity._replay_job)) is fidelity._replay_job
+
+
 # -- end to end on the real engine ----------------------------------------------------------
 
 

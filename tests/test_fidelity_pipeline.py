@@ -243,6 +243,28 @@ def test_cli_report_prints_the_table(fake_runs: Path, tmp_path: Path,
     assert (tmp_path / "f.csv").exists()
 
 
+def test_accelgen_fidelity_command_is_the_same_cli(fake_runs: Path, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from accelgen.cli import main as accelgen_main
+
+    assert accelgen_main(["fidelity", "report", "--runs", str(fake_runs), "--csv",
+                          str(tmp_path / "g.csv")]) == 0
+    assert "throughput_output_tps" in capsys.readouterr().out
+    assert (tmp_path / "g.csv").exists()
+    with pytest.raises(SystemExit):  # run or report is required
+        accelgen_main(["fidelity"])
+
+
+def test_aggregate_claims_only_the_grids_figure_csvs() -> None:
+    from accelgen.pipeline.grid import Grid
+
+    ids = Grid(pc.load_file(QUICK)).csv_figure_ids()
+    assert "headline" in ids and "fig09_evaluation" in ids and "fidelity" not in ids
+    text = (ROOT / "rules" / "figures.smk").read_text()
+    assert "csv_figure_ids()" in text
+    assert "wildcard_constraints" not in (ROOT / "rules" / "fidelity.smk").read_text()
+
+
 def test_run_stops_with_a_clear_message_without_vllm(tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError

@@ -18,7 +18,7 @@ from accelgen.costmodel.table import ProfileCostModel
 from accelgen.policies.base import Pivot
 
 __all__ = ["deployment_pivot", "effective_max_model_len", "kv_num_blocks", "make_cost_model",
-           "resolve_deployment", "resolve_hardware", "resolve_model"]
+           "pivot_of", "resolve_deployment", "resolve_hardware", "resolve_model"]
 
 
 def _cache_key(dep: Deployment) -> str:
@@ -71,9 +71,17 @@ def deployment_pivot(dep: Deployment) -> Pivot:
     return Pivot(s_pf=s_pf, t_pf=t_pf)
 
 
-def _pivot(dep: Deployment) -> tuple[int, float]:
+def pivot_of(cost: CostModel, dep: Deployment) -> Pivot:
+    """The pivot of ``cost`` by the deployment's rule: its ``pivot_tolerance``, on multiples of
+    its block size up to min(8192, max_model_len) (at least one block). ``deployment_pivot`` is
+    this for the deployment's own cost model; a simulation given another cost model (e.g. an
+    engine step model) uses it directly."""
     max_size = min(DEFAULT_MAX_SIZE, effective_max_model_len(dep))
     max_size -= max_size % dep.block_size
-    p = find_pivot(make_cost_model(dep), tolerance=dep.pivot_tolerance, step=dep.block_size,
-                   max_size=max(max_size, dep.block_size))
+    return find_pivot(cost, tolerance=dep.pivot_tolerance, step=dep.block_size,
+                      max_size=max(max_size, dep.block_size))
+
+
+def _pivot(dep: Deployment) -> tuple[int, float]:
+    p = pivot_of(make_cost_model(dep), dep)
     return p.s_pf, p.t_pf

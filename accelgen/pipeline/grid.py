@@ -410,6 +410,11 @@ class Grid:
         out.append(self.figure_file("headline", "csv"))
         return out
 
+    def csv_figure_ids(self) -> list[str]:
+        """Every ``<figures_dir>/<id>.csv`` the ``aggregate`` rule writes: the grid's figures and
+        the headline table (other stages' CSVs in that directory, e.g. fidelity.csv, are not)."""
+        return sorted({fig.id for fig in self.figures.values()} | {"headline"})
+
     def figure_by_id(self, fig_id: str) -> Figure:
         for fig in self.figures.values():
             if fig.id == fig_id:

@@ -11,6 +11,9 @@ express (found by the fidelity check; docs/profiling.md has the numbers):
    step with a new forward size costs ``first_use_penalty_s`` more (measured by the profile's
    probe: the same fresh prefill run twice, first and second time). The table holds warm costs;
    this model remembers the forward sizes it has charged and adds the penalty once per size.
+   That holds for an engine whose oneDNN kernel cache keeps every size it built (the engines
+   here get a large one: ``accelgen.vllm_integration.replay.engine_env_defaults``) and that
+   starts cold, like a fidelity replay in its own process.
 
 3. Step times vary: on a shared machine the same step takes from about 0.7 to 2 times its
    median. With ``jitter=True`` every charged iteration is multiplied by a draw from the

@@ -195,16 +195,38 @@ def _set_threads(n: int | None) -> None:
 
 def replay_run(trace: pd.DataFrame, system: str, cfg: FidelityConfig, profile_csv: Path,
                out: Path, trace_path: str | None = None) -> dict[str, Any]:
-    """Replay the trace on a fresh vLLM engine (needs vllm)."""
+    """Replay the trace on a fresh vLLM engine in a fresh process (needs vllm).
+
+    A process of its own, so that the replay starts with an empty oneDNN kernel cache, as the
+    engine step model assumes of every simulated run (first use of a token count charged once,
+    only the warm-up sizes known): kernels built by an earlier replay in the same process would
+    make the later one's new token counts cheap. The process inherits this one's environment
+    (OpenMP threads, the kernel cache capacity: ``replay.engine_env_defaults``) and priority."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    from accelgen.vllm_integration.replay import engine_env_defaults
+
     _set_threads(cfg.omp_threads)
+    engine_env_defaults()
+    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+        return pool.submit(_replay_job, trace, system, cfg.model_dump(mode="json"),
+                           str(profile_csv), str(out), trace_path).result()
+
+
+def _replay_job(trace: pd.DataFrame, system: str, cfg_data: dict[str, Any], profile_csv: str,
+                out: str, trace_path: str | None) -> dict[str, Any]:
+    """``replay_run``'s child process: one replay, its results written to ``out``."""
     from accelgen.vllm_integration.replay import ReplayConfig, replay_to_dir
 
-    adapter = accelgen_adapter(profile_csv) if system == "accelgen" else {}
+    cfg = FidelityConfig.model_validate(cfg_data)
+    _set_threads(cfg.omp_threads)
+    adapter = accelgen_adapter(Path(profile_csv)) if system == "accelgen" else {}
     rc = ReplayConfig.model_validate({
         "system": system, "adapter": adapter,
-        "engine": {**cfg.engine, "tiny_dir": str(out.parent / "tiny-model")},
+        "engine": {**cfg.engine, "tiny_dir": str(Path(out).parent / "tiny-model")},
         "warmup_requests": cfg.warmup_requests})
-    run = replay_to_dir(trace, rc, out, trace_path=trace_path)
+    run = replay_to_dir(trace, rc, Path(out), trace_path=trace_path)
     return run["summary"]
 
 
@@ -313,7 +335,7 @@ def run_fidelity(cfg: FidelityConfig, out_dir: Path,
 SOURCES = ("policies/accelgen.py", "policies/accelgen_budget.py", "policies/accelgen_select.py",
            "policies/accelgen_state.py", "policies/vllm.py", "vllm_integration/scheduler.py",
            "vllm_integration/replay.py", "sim/engine.py", "costmodel/table.py",
-           "profiling/engine_model.py", "profiling/vllm_backend.py")
+           "profiling/engine_model.py", "profiling/vllm_backend.py", "profiling/fidelity.py")
 
 
 def source_digests() -> dict[str, str]:

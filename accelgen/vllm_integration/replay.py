@@ -65,10 +65,33 @@ class ReplayConfig(StrictModel):
     max_wall_s: PositiveFloat = 3600.0  # give up (and record the rest as rejected) after this
 
 
+# oneDNN's primitive cache (per process, least recently used first out; 1024 primitives by
+# default). vLLM's CPU linear layers (``onednn_mm``) build a oneDNN kernel for every new number of
+# rows, about 0.6-0.8 ms per linear layer on the tiny model, and keep only the last 32 per layer
+# themselves; a miss there that hits oneDNN's cache costs about 0.01 ms. The tiny model needs up
+# to 9 primitives per token count (2 layers x 4 linear layers + the LM head), so the default
+# cache holds only a hundred or two token counts: a replay with hundreds of distinct prefill
+# sizes evicts the kernels of the small decode sizes, which then pay the first-use cost again
+# (docs/profiling.md section 3.2). With a large cache every token count
+# pays it once per process, as the engine step model charges it. Read by oneDNN when it first
+# builds a primitive, so it must be set before the engine's first forward pass.
+ONEDNN_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+ONEDNN_CACHE_CAPACITY = 65536
+
+
+def engine_env_defaults() -> dict[str, str]:
+    """Environment defaults of every engine process (``setdefault``: a value the user set
+    wins); call before the process's first oneDNN use (its engine's start). Returns the
+    values in effect."""
+    os.environ.setdefault(ONEDNN_CACHE_ENV, str(ONEDNN_CACHE_CAPACITY))
+    return {ONEDNN_CACHE_ENV: os.environ[ONEDNN_CACHE_ENV]}
+
+
 def _prepare_env(spec: EngineSpec) -> None:
     # The replay must reach the scheduler object, so the engine core runs in this process.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{spec.cpu_kvcache_space_gb:g}")
+    engine_env_defaults()
 
 
 def build_engine(cfg: ReplayConfig, work_dir: Path | None = None) -> Any:
@@ -267,7 +290,9 @@ def _replay(engine: Any, trace: pd.DataFrame, cfg: ReplayConfig, *,
               "resolved": {"max_model_len": max_model_len, "kv_blocks": kv_blocks,
                            "block_size": sched.block_size, "s_pf": pivot.s_pf,
                            "t_pf": pivot.t_pf, "vllm_version": vllm.__version__,
-                           "scheduler_cls": type(sched).__module__ + "." + type(sched).__name__}}
+                           "scheduler_cls": type(sched).__module__ + "." + type(sched).__name__,
+                           "env": {k: os.environ.get(k) for k in (ONEDNN_CACHE_ENV,
+                                                                  "OMP_NUM_THREADS")}}}
     return {"requests": req_df, "iterations": its_df, "timing": timing, "summary": summary,
             "timing_summary": tsum, "config": config}
 
