@@ -36,7 +36,7 @@ from accelgen.policies.accelgen_state import RequestTable
 from accelgen.policies.base import Decision, Policy, PolicyParams, SchedulerView
 from accelgen.request import Request
 
-# Added to the key of a lost request: after every on-track one, in the same relative order.
+# Base of a lost request's key (seconds): above every on-track request's slack.
 _LOST_OFFSET = 1e9
 
 
@@ -64,9 +64,10 @@ class AccelGenParams(PolicyParams):
     late_is_urgent: bool = False  # True: late prompts are urgent too (late decodes always are)
     # Requests whose request-level SLO is already lost (an online request with a token past its
     # deadline, or whose next output's deadline has passed) come after every on-track candidate
-    # in step 2 and are preempted first; their decodes keep their urgency. The paper is silent;
-    # False gives plain ascending slack, which under overload serves the latest request first
-    # and lets it evict on-track ones (docs/accelgen.md, "Lost requests").
+    # in step 2 (FCFS among them) and are preempted first (oldest first); their decodes keep
+    # their urgency. The paper is silent; False gives plain ascending slack, which under overload
+    # serves the latest request first and lets it evict on-track ones (docs/accelgen.md,
+    # decision 11).
     lost_last: bool = True
     # Offline JCT plan: T_e adds S_g x P_max x P for preemptions (paper; no values given).
     preempt_prob: float = Field(0.0, ge=0.0, le=1.0)  # P
@@ -263,8 +264,9 @@ class DecisionState:
                 # A request already past its deadline is not urgent (running it now saves no
                 # deadline), except a running decode: its TBT chain restarts at its next token.
                 urgent &= (slack >= 0.0) | self.is_dec
+            # Lost prompts after every on-track candidate, first come first served among them.
             key = slack if self.lost is None else \
-                np.where(self.lost & ~self.is_dec, slack + _LOST_OFFSET, slack)
+                np.where(self.lost & ~self.is_dec, self.t.arrival[: self.n] + _LOST_OFFSET, slack)
         else:
             urgent = np.zeros(self.n, dtype=bool)
             key = self.t.arrival[: self.n]
@@ -348,7 +350,11 @@ class DecisionState:
             return t.arrival[:n]
         recompute = np.ceil((t.prompt[:n] + t.n_out[:n]) / self.chunk_mean)
         key = self.to_deadline - recompute * self.t_max
-        return key if self.lost is None else np.where(self.lost, key + _LOST_OFFSET, key)
+        # Lost requests are victims before any on-track one, the oldest first: it holds the most
+        # KV, so one preemption frees the most (half the preemptions of newest-first or
+        # largest-slack-first on the quick configuration, docs/accelgen.md decision 11).
+        return key if self.lost is None else \
+            np.where(self.lost, _LOST_OFFSET - t.arrival[:n], key)
 
     def _oversize_head(self, former: BatchFormer) -> int:
         """/Chunk: a prompt longer than the budget could never run whole within it. When it is
