@@ -95,6 +95,7 @@ class SimOptions(StrictModel):
     max_iterations: PositiveInt | None = None
     progress: bool = True
     swap_space_gb: float = Field(64.0, ge=0.0)  # host memory for swapped KV (FastServe)
+    swap_overlap: bool = False  # swaps overlap the iteration's compute (FastServe's proactive copies)
 
 
 class PolicySpec(StrictModel):

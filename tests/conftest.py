@@ -41,13 +41,15 @@ def run_sim(requests: list[Request], output_len: Sequence[int], policy: Policy, 
             num_blocks: int = 64, block_size: int = 16, s_pf: int = 256,
             cost: CostModel | None = None, max_model_len: int = 100_000,
             kv_bytes_per_token: int = 1024, host_link_bandwidth: float = math.inf,
-            num_swap_blocks: int = 0, watermark: float = 0.0) -> SimulationResult:
+            num_swap_blocks: int = 0, watermark: float = 0.0,
+            swap_overlap: bool = False) -> SimulationResult:
     cost = cost or LinearCost()
     kv = BlockManager(num_blocks, block_size, watermark=watermark, num_swap_blocks=num_swap_blocks)
     pivot = Pivot(s_pf=s_pf, t_pf=cost.forward_time(s_pf))
     sim = Simulator(requests, list(output_len), policy, cost, kv, pivot,
                     max_model_len=max_model_len, kv_bytes_per_token=kv_bytes_per_token,
-                    host_link_bandwidth=host_link_bandwidth, max_iterations=200_000)
+                    host_link_bandwidth=host_link_bandwidth, swap_overlap=swap_overlap,
+                    max_iterations=200_000)
     return sim.run()
 
 

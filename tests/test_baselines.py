@@ -243,6 +243,26 @@ def test_fastserve_swap_is_charged_as_time() -> None:
     assert fast.end_time < res.end_time
 
 
+def test_swap_overlap_charges_the_longer_of_compute_and_transfer() -> None:
+    bw, kv_bytes, bs = 1e6, 1024, 16
+    runs = {}
+    for overlap in (False, True):
+        runs[overlap] = run_sim(make_requests([(0.0, 200), (0.3, 150)]), [60, 30],
+                                FastServePolicy(**FS), num_blocks=24, block_size=bs,
+                                kv_bytes_per_token=kv_bytes, host_link_bandwidth=bw,
+                                num_swap_blocks=100, swap_overlap=overlap)
+    its = runs[True].iterations.to_frame()
+    swaps = its[its["swap_time"] > 0]
+    assert len(swaps) >= 2
+    cost = LinearCost()
+    for _, row in swaps.iterrows():
+        shape = BatchShape(int(row["prefill_tokens"]), int(row["num_prefill_seqs"]),
+                           float(row["prefill_attn"]), int(row["decode_tokens"]),
+                           int(row["decode_ctx"]))
+        assert row["latency"] == pytest.approx(max(cost.iteration_time(shape), row["swap_time"]))
+    assert runs[True].end_time < runs[False].end_time
+
+
 def test_fastserve_recomputes_when_swap_space_is_full() -> None:
     reqs = make_requests([(0.0, 200), (0.3, 150)])
     res = run_sim(reqs, [60, 30], FastServePolicy(**FS), num_blocks=24, block_size=16,

@@ -49,6 +49,7 @@ class Simulator:
         kv_bytes_per_token: int = 0,
         host_link_bandwidth: float = math.inf,
         add_scheduler_overhead: bool = False,
+        swap_overlap: bool = False,
         max_iterations: int | None = None,
         progress: bool = False,
     ) -> None:
@@ -74,6 +75,9 @@ class Simulator:
         self.kv_bytes_per_token = kv_bytes_per_token
         self.host_link_bandwidth = host_link_bandwidth
         self.add_scheduler_overhead = add_scheduler_overhead
+        # True: host transfers run beside the iteration's compute (a copy stream, as FastServe's
+        # proactive swapping does), so an iteration takes max(compute, transfer), not the sum.
+        self.swap_overlap = swap_overlap
         self.max_iterations = max_iterations
         self.progress = progress
         self.log = IterationLog()
@@ -237,7 +241,9 @@ class Simulator:
             if admitted:
                 waiting[:] = [r for r in waiting if r.status == Status.WAITING]
 
-            latency = cost.iteration_time(shape) + swap_s + (decide_s if add_overhead else 0.0)
+            compute = cost.iteration_time(shape)
+            latency = ((max(compute, swap_s) if self.swap_overlap else compute + swap_s)
+                       + (decide_s if add_overhead else 0.0))
             end = now + latency
             finished = False
             for r, n in scheduled:

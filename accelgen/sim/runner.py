@@ -60,6 +60,7 @@ def simulate(trace: pd.DataFrame, cfg: ExperimentConfig, *, progress: bool = Fal
         kv_bytes_per_token=model.kv_bytes_per_token,
         host_link_bandwidth=hardware.host_link_bandwidth * dep.num_gpus,
         add_scheduler_overhead=cfg.sim.add_scheduler_overhead,
+        swap_overlap=cfg.sim.swap_overlap,
         max_iterations=cfg.sim.max_iterations,
         progress=progress and cfg.sim.progress,
     )
