@@ -32,7 +32,10 @@ def poisson_trace(n: int = 50, rate: float = 25.0, seed: int = 0) -> pd.DataFram
 
 
 def test_accelgen_serves_a_poisson_trace_with_preemption(tmp_path: Path) -> None:
-    trace = poisson_trace()
+    # 100 req/s: all 50 requests arrive within about half a second, far faster than the tiny
+    # engine serves them on any machine, so the queue backs up and the 24 blocks fill (at 25
+    # req/s an idle machine served the trace without ever filling the KV).
+    trace = poisson_trace(rate=100.0)
     # kv_growth_reserve=0: admissions leave no room for decode growth, so with 24 blocks the
     # policy must preempt (with its default reserve it rarely needs to on this trace).
     cfg = ReplayConfig(
