@@ -3,8 +3,8 @@
 
     .venv/bin/python scripts/compare_vllm.py [--repeats 3] [--out results/vllm-compare]
 
-The trace is ``accelgen.vllm_integration.sample_trace.mixed_slo_trace``, the engine test's
-(default: 50 requests, Poisson 25 req/s, prompts 16-512 in three groups, outputs 8-47, 80 %
+The trace is ``accelgen.vllm_integration.sample_trace.mixed_slo_trace`` with its defaults
+(50 requests, Poisson 25 req/s, prompts 16-512 in three groups, outputs 8-47, 80 %
 online with TTFT 0.1-0.6 s and TBT 0.02/0.05/0.1 s, 20 % offline with a JCT SLO of 2-8 s; a step
 of the tiny model takes 3-5 ms on an idle core). The engine has 24 KV blocks of 32 tokens
 (scarce: preemption happens) and a token budget of 256 for both systems (stock:
