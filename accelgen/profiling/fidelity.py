@@ -97,29 +97,17 @@ class FidelityConfig(StrictModel):
 
 
 def make_trace(cfg: FidelityConfig) -> pd.DataFrame:
-    """A small synthetic trace in the trace-file schema (``accelgen.workloads.trace``)."""
-    rng = np.random.default_rng(cfg.seed)
-    n = cfg.num_requests
-    arrival = np.cumsum(rng.exponential(1.0 / cfg.rate, n))
-    probs = np.array([b[2] for b in cfg.prompt_buckets], dtype=float)
-    bucket = rng.choice(len(cfg.prompt_buckets), n, p=probs / probs.sum())
-    lo = np.array([b[0] for b in cfg.prompt_buckets])[bucket]
-    hi = np.array([b[1] for b in cfg.prompt_buckets])[bucket]
-    prompt = rng.integers(lo, hi)
-    out = rng.integers(cfg.output_range[0], cfg.output_range[1] + 1, n)
-    online = rng.random(n) < cfg.online_fraction
-    ttft = np.where(online, rng.uniform(*cfg.ttft_slo_range, n), np.inf)
-    tbt = np.where(online, rng.choice(cfg.tbt_slo_choices, n), np.inf)
-    jct_online = ttft + tbt * (out - 1)
-    jct = np.where(online, jct_online, 2.0 * (0.5 + 0.02 * out))
-    names = np.array(["short", "medium", "long", "other"])
-    return pd.DataFrame({
-        "req_id": np.arange(n, dtype=np.int64), "arrival": arrival,
-        "source": names[np.minimum(bucket, 3)], "prompt_len": prompt.astype(np.int64),
-        "prompt_len_natural": prompt.astype(np.int64), "prompt_truncated": False,
-        "output_len": out.astype(np.int64), "output_len_natural": out.astype(np.int64),
-        "output_capped": False, "ttft_slo": ttft, "tbt_slo": tbt, "jct_slo": jct,
-        "online": online, "predicted_output_len": np.full(n, cfg.predicted_output_len, np.int64)})
+    """A small synthetic trace in the trace-file schema (``accelgen.workloads.trace``); offline
+    requests get a JCT SLO of twice a nominal 0.5 s + 20 ms per output token."""
+    from accelgen.vllm_integration.sample_trace import mixed_slo_trace
+
+    return mixed_slo_trace(
+        cfg.num_requests, cfg.rate, cfg.seed, buckets=cfg.prompt_buckets,
+        source_names=("short", "medium", "long", "other"),
+        output_range=(cfg.output_range[0], cfg.output_range[1] + 1),
+        online_share=cfg.online_fraction, ttft_range=cfg.ttft_slo_range,
+        tbt_choices=cfg.tbt_slo_choices, offline_jct=lambda out: 2.0 * (0.5 + 0.02 * out),
+        predicted_output_len=cfg.predicted_output_len)
 
 
 def write_trace_file(cfg: FidelityConfig, path: Path) -> Path:
