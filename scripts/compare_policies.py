@@ -48,12 +48,12 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from accelgen.config import Deployment, ExperimentConfig, PolicySpec, SimOptions, load_yaml
 from accelgen.costmodel.factory import effective_max_model_len, make_cost_model
 from accelgen.costmodel.profiles import DEPLOYMENTS
 from accelgen.metrics import per_request
+from accelgen.sim.cli import parse_params
 from accelgen.sim.runner import simulate
 from accelgen.workloads.build import build_trace
 from accelgen.workloads.config import WorkloadConfig
@@ -87,13 +87,7 @@ class PolicyChoice:
 def parse_policy(spec: str) -> PolicyChoice:
     """``name`` or ``name:k=v,k=v`` (values as YAML: ``accelgen:gamma=0.5,era=false``)."""
     name, _, rest = spec.partition(":")
-    params: dict[str, Any] = {}
-    for item in filter(None, rest.split(",")):
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"policy {spec!r}: expected name:k=v,k=v, got {item!r}")
-        params[key.strip()] = yaml.safe_load(value)
-    return PolicyChoice(spec, name, params)
+    return PolicyChoice(spec, name, parse_params([item for item in rest.split(",") if item]))
 
 
 def load_policy_module(ref: str) -> None:

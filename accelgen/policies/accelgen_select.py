@@ -418,8 +418,7 @@ class BatchFormer:
 
     def _add_alone(self, s: int) -> None:
         """``select_euclidean`` on a one-candidate group that ``feasible`` let through: a decode
-        runs, a running prompt takes ``_prompt_chunk``, a new prompt is cut to the budget (or,
-        unchunked, runs whole)."""
+        runs, a running prompt takes ``_prompt_chunk``, a new prompt ``_best_fresh``'s chunk."""
         if self.is_dec[s]:
             self.add(s, 1)
         elif self.running[s]:
@@ -427,9 +426,9 @@ class BatchFormer:
             if c >= 1:
                 self.add(s, c)
         else:
-            rem = int(self.rem[s])
-            if rem <= self.a_c or self.chunk:
-                self.add(s, min(rem, self.a_c))
+            pick = self._best_fresh([int(self.rem[s])], [float(self.key[s])])
+            if pick is not None:
+                self.add(s, pick[1])
 
     def _best_fresh(self, f_rem: list[int], f_key: list[float]) -> tuple[int, int] | None:
         """Closest prompt holding no KV, as (index, chunk): one at least A_c long that may be
