@@ -29,7 +29,12 @@ from accelgen.profiling.fidelity import (
 )
 from accelgen.profiling.grid import Shape
 from accelgen.profiling.measure import Measurement, write_profile
-from accelgen.profiling.vllm_backend import FIRST_USE_KEY, JITTER_KEY, PLUGIN_KEY
+from accelgen.profiling.vllm_backend import (
+    FIRST_USE_KEY,
+    FIRST_USE_REPLAY_KEY,
+    JITTER_KEY,
+    PLUGIN_KEY,
+)
 from accelgen.workloads.trace import validate_trace
 
 ENGINE = {"block_size": 32, "max_model_len": 2048, "max_num_batched_tokens": 2048,
@@ -159,6 +164,22 @@ def test_engine_model_charges_first_use_once_and_plans_without_state(tmp_path: P
     assert p.iteration_time(dec) == pytest.approx(m.iteration_time(dec) + 0.0005 + 4 * 2e-5)
 
 
+def test_engine_model_charges_the_penalty_probed_next_to_its_replay(tmp_path: Path) -> None:
+    prof = _profile(tmp_path / "p.csv", meta={
+        FIRST_USE_KEY: "0.002", FIRST_USE_REPLAY_KEY: json.dumps({"stock": 0.005})})
+    assert EngineStepModel.from_csv(prof, replay="stock").first_use_s == pytest.approx(0.005)
+    # No slices around that replay (or no replay named): the profile-wide median.
+    assert EngineStepModel.from_csv(prof, replay="accelgen").first_use_s == pytest.approx(0.002)
+    assert EngineStepModel.from_csv(prof).first_use_s == pytest.approx(0.002)
+    assert EngineStepModel.from_csv(prof, replay="stock", first_use=False).first_use_s == 0.0
+    shape = BatchShape()
+    shape.add_prefill(300, 0)
+    m = EngineStepModel.from_csv(prof, replay="stock")
+    warm = ProfileCostModel.from_csv(prof).iteration_time(shape)
+    assert m.iteration_time(shape) == pytest.approx(warm + 0.005)
+    assert m.iteration_time(shape) == pytest.approx(warm)
+
+
 def test_jitter_draws_follow_the_measured_quantiles_and_are_seeded(tmp_path: Path) -> None:
     levels = [round(0.025 + 0.05 * i, 3) for i in range(20)]
     ratios = [0.8 + 0.6 * lv for lv in levels]  # uniform between 0.8 and 1.4
@@ -263,6 +284,11 @@ def test_fidelity_smoke_on_the_vllm_cpu_engine(tmp_path: Path,
     assert FIRST_USE_KEY in text and "decode_periods_s" in text and JITTER_KEY in text
     model = EngineStepModel.from_csv(prof, jitter=True)
     assert model.first_use_s >= 0 and model.decode_fixed > 0
+    # The replay's own first-use penalty: the fresh-engine probe run just before it.
+    rnd = json.loads((rdir / "round.json").read_text())["replays"]["stock"]
+    assert rnd["first_use_penalty_s"] > 0 and rnd["first_use_profiler_s"] > 0
+    assert EngineStepModel.from_csv(prof, replay="stock").first_use_s == pytest.approx(
+        rnd["first_use_penalty_s"], abs=1e-7)
     real = json.loads((rdir / "real-stock" / "summary.json").read_text())
     sim = json.loads((rdir / "sim-stock" / "summary.json").read_text())
     assert real["num_finished"] == sim["num_finished"] == 30

@@ -125,6 +125,31 @@ def test_pass_speeds_show_a_slower_pass() -> None:
     assert sess.pass_speeds() == pytest.approx([1.0, 1.5, 1.0])
 
 
+def test_first_use_slices_are_kept_and_pooled_by_finish(monkeypatch: pytest.MonkeyPatch) -> None:
+    from accelgen.profiling import vllm_backend as vb
+
+    sess = vb.ProfileSession.__new__(vb.ProfileSession)  # no engine: a scripted one
+    sess.say, sess.opts, sess.first_use_slices = (lambda _m: None), vb.VllmOptions(), []
+    a = Shape.prefill(64)
+    sess._samples, sess._seen, sess._pass_of, sess._passes = {a: [1.0]}, {a: [a]}, {a: [0]}, 1
+    sess.shapes = [a]
+    answers = {"first_use": [[(30, 0.010, 0.004), (40, 0.011, 0.004)],  # +6, +7 ms
+                             [(50, 0.005, 0.004), (60, 0.0055, 0.004)]],  # +1, +1.5 ms
+               "probe": [([(70, 0.006, 0.004)], [(1, 0.002), (2, 0.0025)],  # +2 ms
+                          {"spec": {}, "vllm": "x", "torch": "y", "threads": 1})]}
+    monkeypatch.setattr(sess, "_call", lambda msg: answers[msg[0]].pop(0), raising=False)
+    first = sess.first_use()
+    assert vb.first_use_penalty(first) == pytest.approx(0.0065)
+    assert vb.first_use_penalty(first + sess.first_use()) == pytest.approx(0.00375)
+    _, meta = sess.finish()
+    # The profile-wide penalty pools every slice with the final probe: median of 1..7 ms.
+    assert float(meta[FIRST_USE_KEY]) == pytest.approx(0.002)
+    slices = json.loads(str(meta["first_use_slices"]))
+    assert [s["penalty_s"] for s in slices] == pytest.approx([0.0065, 0.00125])
+    with pytest.raises(ValueError):
+        vb.first_use_penalty([])
+
+
 # -- the config section ---------------------------------------------------------------------
 def test_quick_and_paper_configs_have_the_stage() -> None:
     for path in (QUICK, ROOT / "config" / "paper.yaml"):

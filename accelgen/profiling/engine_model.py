@@ -9,8 +9,13 @@ express (found by the fidelity check; docs/profiling.md has the numbers):
    squares on relative error).
 2. vLLM's CPU GEMMs (oneDNN) build a kernel the first time they see a token count, so the first
    step with a new forward size costs ``first_use_penalty_s`` more (measured by the profile's
-   probe: the same fresh prefill run twice, first and second time). The table holds warm costs;
-   this model remembers the forward sizes it has charged and adds the penalty once per size.
+   probe: mixed steps at token counts new to the engine, first vs the same composition warm).
+   Building kernels (JIT code, fresh memory pages) can cost 3-5x more in engine processes
+   started at some times than the long-lived profiling engine measures in the same seconds, so
+   a fidelity round probes it in a fresh engine started just before each replay and simulates
+   that replay with that penalty (``first_use_penalty_by_replay_s``; ``from_csv(replay=...)``).
+   The table holds warm costs; this model remembers the forward sizes it has charged and adds
+   the penalty once per size.
    That holds for an engine whose oneDNN kernel cache keeps every size it built (the engines
    here get a large one: ``accelgen.vllm_integration.replay.engine_env_defaults``) and that
    starts cold, like a fidelity replay in its own process.
@@ -49,6 +54,7 @@ from accelgen.costmodel.base import BatchShape, CostModel
 from accelgen.costmodel.table import ProfileCostModel, ProfileRow, read_profile_csv
 from accelgen.profiling.vllm_backend import (
     FIRST_USE_KEY,
+    FIRST_USE_REPLAY_KEY,
     JITTER_KEY,
     PLUGIN_KEY,
     PLUGIN_SPREAD_KEY,
@@ -118,12 +124,14 @@ class EngineStepModel(CostModel):
     def from_csv(cls, path: Path | str, warm_sizes: Iterable[int] = (),
                  first_use: bool = True, plugin: bool = False, jitter: bool = False,
                  seed: int = 0, planning: CostModel | None = None,
-                 decode_fit: bool = True) -> EngineStepModel:
+                 decode_fit: bool = True, replay: str | None = None) -> EngineStepModel:
         """The model of a vLLM profile CSV; with every effect off (``first_use``,
-        ``decode_fit``, ``jitter`` and ``plugin`` False) it is the profile table itself."""
+        ``decode_fit``, ``jitter`` and ``plugin`` False) it is the profile table itself.
+        ``replay``: a system whose replay the profile probed the first-use penalty next to
+        (``first_use_penalty_by_replay_s``); that penalty replaces the profile-wide one."""
         rows = read_profile_csv(path)
         meta = read_metadata(path)
-        penalty = float(meta.get(FIRST_USE_KEY, 0.0)) if first_use else 0.0
+        penalty = first_use_penalty_of(meta, replay) if first_use else 0.0
         overhead = (0.0, 0.0)
         spread = None
         if plugin and jitter and PLUGIN_SPREAD_KEY in meta:
@@ -197,6 +205,16 @@ class EngineStepModel(CostModel):
         return (f"EngineStepModel({self.table.source}, decode {self.decode_fixed * 1e3:.3f} ms + "
                 f"{self.decode_seq * 1e6:.1f} us/seq + {self.decode_ctx * 1e9:.2f} ns/ctx token, "
                 f"first use +{self.first_use_s * 1e3:.2f} ms{plugin}{jit})")
+
+
+def first_use_penalty_of(meta: dict[str, str], replay: str | None = None) -> float:
+    """A profile's first-use penalty: the one probed next to ``replay``'s run when the profile
+    has it, else the profile-wide median (0 when the profile has neither)."""
+    if replay is not None and FIRST_USE_REPLAY_KEY in meta:
+        by = json.loads(meta[FIRST_USE_REPLAY_KEY])
+        if replay in by:
+            return float(by[replay])
+    return float(meta.get(FIRST_USE_KEY, 0.0))
 
 
 def parse_plugin_overhead(text: str) -> tuple[float, float]:

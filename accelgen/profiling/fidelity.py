@@ -218,6 +218,55 @@ def _replay_job(trace: pd.DataFrame, system: str, cfg_data: dict[str, Any], prof
     return run["summary"]
 
 
+def probe_first_use_fresh(cfg: FidelityConfig, work: Path,
+                          count: int = 16) -> list[tuple[int, float, float]]:
+    """The first-use probe (``vllm_backend._Driver.probe_first_use``: mixed steps at ``count``
+    token counts new to the engine, first vs warm) in a fresh process on the replay's engine
+    after the replay's warm-up, the state a replay meets its new token counts in (needs vllm).
+    The long-lived profiling engine can measure a third or less of what a replay pays
+    (docs/profiling.md section 3.2), so each replay is simulated with the probe just before it."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    from accelgen.vllm_integration.replay import engine_env_defaults
+
+    _set_threads(cfg.omp_threads)
+    engine_env_defaults()
+    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+        return pool.submit(_fresh_probe_job, cfg.model_dump(mode="json"), str(work),
+                           count).result()
+
+
+def _fresh_probe_job(cfg_data: dict[str, Any], work: str,
+                     count: int) -> list[tuple[int, float, float]]:
+    """``probe_first_use_fresh``'s child process."""
+    from accelgen.profiling.vllm_backend import _Driver
+    from accelgen.vllm_integration.replay import (
+        ReplayConfig,
+        build_engine,
+        engine_scheduler,
+        run_warmup,
+        shutdown_engine,
+    )
+
+    cfg = FidelityConfig.model_validate(cfg_data)
+    _set_threads(cfg.omp_threads)
+    rc = ReplayConfig.model_validate({
+        "system": "stock", "engine": {**cfg.engine, "tiny_dir": str(Path(work) / "tiny-model")},
+        "warmup_requests": cfg.warmup_requests})
+    engine = build_engine(rc, Path(work))
+    try:
+        sched = engine_scheduler(engine)
+        vocab = rc.engine.tiny.vocab_size
+        before = len(sched.log)
+        run_warmup(engine, cfg.warmup_requests, vocab)
+        driver = _Driver(engine, sched, vocab)
+        driver.sizes_seen |= {int(r[2]) for r in sched.log.rows[before:]}
+        return driver.probe_first_use(count=count)
+    finally:
+        shutdown_engine(engine)
+
+
 def vllm_options(cfg: FidelityConfig, work_dir: Path) -> Any:
     """The profile options of the fidelity engine (its KV size does not change step times, so
     the profiling engine keeps vLLM's default)."""
@@ -263,7 +312,12 @@ def run_round(cfg: FidelityConfig, rdir: Path, trace: pd.DataFrame, trace_path: 
     plans with in the replay, so the simulations plan with it too (pivot, token budgets);
     ``profile-vllm-tiny.csv`` (all passes, the probes) gives the latencies they charge."""
     _set_threads(cfg.omp_threads)
-    from accelgen.profiling.vllm_backend import ProfileSession, profile_plugin_overhead
+    from accelgen.profiling.vllm_backend import (
+        FIRST_USE_REPLAY_KEY,
+        ProfileSession,
+        first_use_penalty,
+        profile_plugin_overhead,
+    )
 
     opts = vllm_options(cfg, rdir)
     plan_csv, final_csv = rdir / PLAN_NAME, rdir / PROFILE_NAME
@@ -276,14 +330,25 @@ def run_round(cfg: FidelityConfig, rdir: Path, trace: pd.DataFrame, trace_path: 
         write_engine_profile(cfg, plan_csv, prof.snapshot(), {"passes": "before the replays"},
                              "plan profile")
         for system, n in zip(cfg.systems, chunks[1:], strict=True):
+            # The first-use penalty a replay pays: probed in a fresh process just before it
+            # (the model's); the profiling engine's probe just before and after (diagnostic).
+            fresh = probe_first_use_fresh(cfg, rdir / f"probe-{system}")
+            say(f"first use in a fresh engine: +{first_use_penalty(fresh) * 1e3:.2f} ms "
+                f"(median of {len(fresh)})")
+            around = prof.first_use()
             t1 = time.time()
             reals[system] = replay_run(trace, system, cfg, plan_csv, rdir / f"real-{system}",
                                        trace_path)
             replays[system] = {"start": t1, "end": time.time(), "passes_before": prof.num_passes}
+            around += prof.first_use()
+            replays[system].update(first_use_penalty_s=first_use_penalty(fresh),
+                                   first_use_profiler_s=first_use_penalty(around))
             say(f"real {system}: {reals[system]['num_finished']} finished, "
                 f"{reals[system]['num_iterations']} iterations ({time.time() - t1:.0f} s)")
             prof.passes(n)
         meas, meta = prof.finish()
+        meta[FIRST_USE_REPLAY_KEY] = json.dumps(
+            {s: round(r["first_use_penalty_s"], 7) for s, r in replays.items()})
         (rdir / ROUND_NAME).write_text(json.dumps(
             {"pass_times": prof.pass_times, "pass_speeds": prof.pass_speeds(),
              "replays": replays}, indent=2) + "\n")
@@ -369,9 +434,10 @@ def simulate_both(trace: pd.DataFrame, system: str, cfg: FidelityConfig, profile
     plugin = system != "stock"
     models = {
         "sim": (EngineStepModel.from_csv(profile_csv, warm, plugin=plugin, jitter=True,
-                                         seed=cfg.seed, planning=planning), False),
+                                         seed=cfg.seed, planning=planning, replay=system),
+                False),
         "sim-nojitter": (EngineStepModel.from_csv(profile_csv, warm, plugin=plugin,
-                                                  planning=planning), False),
+                                                  planning=planning, replay=system), False),
         "sim-table": (EngineStepModel.from_csv(profile_csv, first_use=False, planning=planning,
                                                decode_fit=False),
                       cfg.sim_scheduler_overhead.get(system, False)),
@@ -514,7 +580,8 @@ def step_residuals(round_dir: Path | str, system: str) -> pd.DataFrame:
     (warm, no jitter), ``kind`` (prefill / decode / mixed) and ``first_use`` (its token count
     was new to the engine in this replay)."""
     rdir = Path(round_dir)
-    model = EngineStepModel.from_csv(rdir / PROFILE_NAME, plugin=system != "stock")
+    model = EngineStepModel.from_csv(rdir / PROFILE_NAME, plugin=system != "stock",
+                                     replay=system)
     _, its, _ = read_results(rdir / f"real-{system}")
     df = its[["start", "latency", "forward_size", "prefill_tokens", "decode_tokens",
               "num_prefill_seqs", "batch_size", "prefill_attn", "decode_ctx"]].copy()

@@ -51,6 +51,12 @@ DECODE_PERIODS_KEY = "decode_periods_s"
 PLUGIN_KEY = "plugin_overhead_s"
 PLUGIN_SPREAD_KEY = "plugin_overhead_spread"
 JITTER_KEY = "step_time_ratio_quantiles"
+# The first-use penalty probed for each replay of a fidelity round ({system: seconds}), in a fresh
+# engine started just before that replay (``fidelity.probe_first_use_fresh``): building kernels
+# can cost several times more in a new process than the profiling engine measures meanwhile.
+FIRST_USE_REPLAY_KEY = "first_use_penalty_by_replay_s"
+# New token counts per probe slice of the profiling engine (``ProfileSession.first_use``).
+FIRST_USE_SLICE = 12
 # A session's passes (ProfileSession): the machine's speed during each timed pass relative to the
 # whole profile (diagnostics of its drift; nothing reads it back).
 PASS_SPEED_KEY = "pass_speeds"
@@ -347,6 +353,8 @@ class ProfileSession:
         self._pass_of: dict[Shape, list[int]] = {}  # the timed pass (0-based) of each sample
         self.pass_times: list[tuple[float, float]] = []  # (start, end) of each timed pass
         self._passes = 0
+        # First-use probe slices run between passes: (start, end, [(size, first, warm)]).
+        self.first_use_slices: list[tuple[float, float, list[tuple[int, float, float]]]] = []
 
     def __enter__(self) -> ProfileSession:
         t0 = time.time()
@@ -388,6 +396,16 @@ class ProfileSession:
             self.say(f"pass {self._passes} done ({len(self.shapes)} shapes x "
                      f"{self.opts.burst} steps)")
 
+    def first_use(self, count: int = FIRST_USE_SLICE) -> list[tuple[int, float, float]]:
+        """A slice of the first-use probe now: (size, first step, warm) of ``count`` token
+        counts new to the engine (``finish`` pools every slice with its own probe)."""
+        t0 = time.time()
+        probe = [(int(n), float(c), float(w)) for n, c, w in self._call(("first_use", count))]
+        self.first_use_slices.append((t0, time.time(), probe))
+        self.say(f"first use of a token count now: +{first_use_penalty(probe) * 1e3:.2f} ms "
+                 f"(median of {len(probe)})")
+        return probe
+
     def snapshot(self) -> list[Measurement]:
         """The measurements of the passes so far (no probes)."""
         if not self._passes:
@@ -414,14 +432,28 @@ class ProfileSession:
 
     def finish(self) -> tuple[list[Measurement], dict[str, object]]:
         meas = self.snapshot()
-        probe, periods, info = self._call(("probe", None))
-        penalty = float(np.median([c - w for _, c, w in probe]))
+        last, periods, info = self._call(("probe", None))
+        probe = [p for _, _, ps in self.first_use_slices for p in ps] + [
+            (int(n), float(c), float(w)) for n, c, w in last]
+        penalty = first_use_penalty(probe)
         self.say(f"first use of a token count: +{penalty * 1e3:.2f} ms (median of {len(probe)})")
         meta = _metadata(self.opts, meas, probe, periods, penalty, self._passes, info)
+        if self.first_use_slices:
+            meta["first_use_slices"] = json.dumps(
+                [{"start": round(a, 2), "end": round(b, 2),
+                  "penalty_s": round(first_use_penalty(ps), 7), "n": len(ps)}
+                 for a, b, ps in self.first_use_slices])
         speeds = self.pass_speeds()
         self.say("pass speeds (vs the whole profile): " + ", ".join(f"{v:.3f}" for v in speeds))
         meta[PASS_SPEED_KEY] = json.dumps([round(v, 4) for v in speeds])
         return meas, meta
+
+
+def first_use_penalty(probe: list[tuple[int, float, float]]) -> float:
+    """The median of (first step - the same composition warm) over probe samples."""
+    if not probe:
+        raise ValueError("no first-use probe samples")
+    return float(np.median([c - w for _, c, w in probe]))
 
 
 def _profile_worker(conn: Any, opts: VllmOptions) -> None:
@@ -457,6 +489,8 @@ def _profile_worker(conn: Any, opts: VllmOptions) -> None:
                     out = {s: driver.run(s) for s in shapes}
                     sched.reset_records()
                     conn.send(("ok", out))
+                elif cmd == "first_use":
+                    conn.send(("ok", driver.probe_first_use(count=int(msg[1]))))
                 elif cmd == "probe":
                     probe = driver.probe_first_use()
                     periods = driver.decode_periods(DECODE_PROBE_BATCHES)
@@ -502,7 +536,9 @@ def _metadata(opts: VllmOptions, meas: list[Measurement], probe: list[tuple[int,
                                 "samples": len(ratios),
                                 "what": "sample / median of its shape, all timed steps"}),
         "first_use_probe": (f"mixed steps (3 decodes + a fresh prompt) of {len(probe)} token "
-                            f"counts new to the engine (prompts {probe[0][0]}..{probe[-1][0]}): "
+                            f"counts new to the engine (prompts {min(p[0] for p in probe)}.."
+                            f"{max(p[0] for p in probe)}; slices between the passes and a "
+                            "final one): "
                             f"first step median {np.median(cold) * 1e3:.3f} ms, next two "
                             f"{np.median(warm) * 1e3:.3f} ms; {FIRST_USE_KEY} is the median "
                             "difference (accelgen.profiling.engine_model)"),

@@ -169,7 +169,9 @@ def _sampling(extra: dict[str, Any], max_tokens: int) -> Any:
                           extra_args=extra, detokenize=False)
 
 
-def _run_warmup(engine: Any, n: int, vocab: int) -> None:
+def run_warmup(engine: Any, n: int, vocab: int) -> None:
+    """Serve ``n`` short requests so that a fresh engine has built its common kernels (also used
+    by the fidelity check's first-use probe, which must start from the replay's state)."""
     for i in range(n):
         engine.add_request(f"warmup-{i}", {"prompt_token_ids": _prompt_ids(10**6 + i, 64, vocab)},
                            _sampling({"req_id": 10**9 + i}, 4))
@@ -196,7 +198,7 @@ def _replay(engine: Any, trace: pd.DataFrame, cfg: ReplayConfig, *,
     kv_tokens = kv_blocks * sched.block_size
     max_model_len = sched.max_model_len
 
-    _run_warmup(engine, cfg.warmup_requests, vocab)
+    run_warmup(engine, cfg.warmup_requests, vocab)
 
     df = trace.sort_values(["arrival", "req_id"], kind="stable").reset_index(drop=True)
     n = len(df)
