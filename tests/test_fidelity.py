@@ -23,7 +23,10 @@ from accelgen.profiling.fidelity import (
     FidelityConfig,
     compare,
     compare_all,
+    cpu_shares,
+    cpu_ticks,
     make_trace,
+    parse_cpu_line,
     sim_deployment,
     simulate_run,
 )
@@ -300,3 +303,17 @@ def test_fidelity_smoke_on_the_vllm_cpu_engine(tmp_path: Path,
         ratio = table.loc[key, "sim"] / table.loc[key, "real"]
         assert math.isfinite(ratio) and 0.1 < ratio < 10.0, table.loc[key]
     assert table.loc["num_iterations", "sim"] > 30
+
+
+def test_cpu_shares_split_the_machine_time_between_two_readings() -> None:
+    before = parse_cpu_line("cpu  1000 0 200 5000 10 0 5 100 0 0")
+    after = parse_cpu_line("cpu  1300 0 260 5500 30 0 15 200 0 0")
+    # deltas: user 300, system 60, idle 500, iowait 20, softirq 10, steal 100 -> total 990
+    shares = cpu_shares(before, after)
+    assert shares == {"busy": round(370 / 990, 4), "idle": round(520 / 990, 4),
+                      "steal": round(100 / 990, 4)}
+    assert cpu_shares(None, after) == {} and cpu_shares(before, before) == {}
+    with pytest.raises(ValueError, match="all-CPU line"):
+        parse_cpu_line("cpu0 1 2 3 4 5 6 7 8")
+    now = cpu_ticks()  # Linux: the real counters
+    assert now is None or set(now) >= {"user", "idle", "steal"}

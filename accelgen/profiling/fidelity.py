@@ -336,10 +336,11 @@ def run_round(cfg: FidelityConfig, rdir: Path, trace: pd.DataFrame, trace_path: 
             say(f"first use in a fresh engine: +{first_use_penalty(fresh) * 1e3:.2f} ms "
                 f"(median of {len(fresh)})")
             around = prof.first_use()
-            t1 = time.time()
+            t1, ticks = time.time(), cpu_ticks()
             reals[system] = replay_run(trace, system, cfg, plan_csv, rdir / f"real-{system}",
                                        trace_path)
-            replays[system] = {"start": t1, "end": time.time(), "passes_before": prof.num_passes}
+            replays[system] = {"start": t1, "end": time.time(), "passes_before": prof.num_passes,
+                               "cpu_shares": cpu_shares(ticks, cpu_ticks())}
             around += prof.first_use()
             replays[system].update(first_use_penalty_s=first_use_penalty(fresh),
                                    first_use_profiler_s=first_use_penalty(around))
@@ -401,6 +402,42 @@ def source_digests() -> dict[str, str]:
         f = root / rel
         out[rel] = hashlib.sha256(f.read_bytes()).hexdigest()[:16] if f.exists() else "missing"
     return out
+
+
+_CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def parse_cpu_line(line: str) -> dict[str, int]:
+    """The all-CPU line of ``/proc/stat`` (``cpu  user nice system idle iowait irq softirq steal
+    ...``, in clock ticks) as a dict of those eight counters."""
+    parts = line.split()
+    if len(parts) < 9 or parts[0] != "cpu":
+        raise ValueError(f"not the all-CPU line of /proc/stat: {line!r}")
+    return dict(zip(_CPU_FIELDS, map(int, parts[1:9]), strict=True))
+
+
+def cpu_ticks() -> dict[str, int] | None:
+    """The machine's CPU time counters now, or None where ``/proc/stat`` is missing."""
+    try:
+        return parse_cpu_line(Path("/proc/stat").read_text().split("\n", 1)[0])
+    except (OSError, ValueError):
+        return None
+
+
+def cpu_shares(before: dict[str, int] | None, after: dict[str, int] | None) -> dict[str, float]:
+    """How the machine's CPU time between two ``cpu_ticks`` readings was spent: ``busy`` (user,
+    nice, system, irq, softirq), ``idle`` (with iowait) and ``steal`` (taken by the VM's host),
+    as shares of the total; empty when a reading is missing. A replay that ran slow at a high
+    steal share lost its CPU to the host (docs/profiling.md section 3.3)."""
+    if before is None or after is None:
+        return {}
+    d = {k: after[k] - before[k] for k in _CPU_FIELDS}
+    total = sum(d.values())
+    if total <= 0:
+        return {}
+    busy = d["user"] + d["nice"] + d["system"] + d["irq"] + d["softirq"]
+    return {"busy": round(busy / total, 4), "idle": round((d["idle"] + d["iowait"]) / total, 4),
+            "steal": round(d["steal"] / total, 4)}
 
 
 def _loadavg() -> str:
