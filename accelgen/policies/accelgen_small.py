@@ -234,8 +234,12 @@ class SmallDecisionState(DecisionState):
         else:
             key = [a + _LOST_OFFSET if lo and not d else s
                    for lo, d, a, s in zip(lost, self.is_dec, self._arrival, slack, strict=True)]
-        self.slack, self.urgent, self.key, self.counted, self.t_max = (  # type: ignore[assignment]
-            slack, urgent, key, counted, t_max)
+        # (Lists where the vectorised state holds arrays: indexed alike by slot.)
+        self.slack = slack  # type: ignore[assignment]
+        self.urgent = urgent  # type: ignore[assignment]
+        self.key = key  # type: ignore[assignment]
+        self.counted = counted  # type: ignore[assignment]
+        self.t_max = t_max
         rest = [i for i, (e, u) in enumerate(zip(self.eligible, urgent, strict=True)) if e and not u]
         slo = self.slo_iter
         best = min((slo[i] for i, (u, c) in enumerate(zip(urgent, counted, strict=True)) if u and c),
@@ -281,7 +285,7 @@ class SmallDecisionState(DecisionState):
             order = self._key_order = sorted(range(self.n), key=key.__getitem__)
         while former.a_c > 0:
             avail = former.available
-            cand = former.feasible([s for s in order if avail[s]])
+            cand = former.feasible([s for s in order if avail[s]])  # type: ignore[arg-type]
             if not cand:
                 return
             kc = [key[s] for s in cand]
