@@ -7,7 +7,6 @@ most one long prompt in prefill."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import pytest
@@ -17,8 +16,9 @@ from hypothesis import strategies as st
 from accelgen.policies.accelgen import AccelGenPolicy
 from accelgen.policies.base import Decision, SchedulerView
 from accelgen.policies.registry import make_policy
-from tests.conftest import make_requests, run_sim
+from tests.conftest import run_sim
 from tests.invariants import RecordingPolicy, check_invariants
+from tests.strategies import mixed_slo_traces, trace_requests
 
 VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("accelgen", {}),
@@ -33,19 +33,6 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("accelgen", {"spill_groups": False, "max_num_seqs": 3}),
     ("accelgen/chunk", {"long_prompt_threshold": 200, "budget_cap": 0.5}),
 ]
-
-traces = st.lists(
-    st.tuples(
-        st.floats(min_value=0.0, max_value=3.0, allow_nan=False),  # arrival
-        st.integers(min_value=1, max_value=600),  # prompt tokens
-        st.integers(min_value=1, max_value=80),  # output tokens
-        st.sampled_from([0.02, 0.05, 0.2, 1.0]),  # tbt slo
-        st.sampled_from([0.05, 0.5, 3.0]),  # ttft slo
-        st.sampled_from([None, None, None, 2.0, 30.0]),  # offline JCT SLO (None: online)
-    ),
-    min_size=1, max_size=40,
-)
-
 
 class EraCheck(RecordingPolicy):
     """Records the most long prompts in prefill at once (started, prefill not complete)."""
@@ -68,18 +55,9 @@ class EraCheck(RecordingPolicy):
 @pytest.mark.parametrize(("name", "params"), VARIANTS,
                          ids=[f"{n}{p or ''}" for n, p in VARIANTS])
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(trace=traces, num_blocks=st.integers(min_value=8, max_value=80))
+@given(trace=mixed_slo_traces, num_blocks=st.integers(min_value=8, max_value=80))
 def test_invariants_hold(name: str, params: dict[str, Any], trace, num_blocks: int) -> None:
-    trace = sorted(trace, key=lambda x: x[0])
-    reqs = make_requests([(a, p) for a, p, *_ in trace])
-    for r, (_, _, out, tbt, ttft, jct) in zip(reqs, trace, strict=True):
-        r.tbt_slo, r.ttft_slo = tbt, ttft
-        if jct is not None:  # offline: a JCT SLO and a predicted (not true) output length
-            r.online, r.ttft_slo, r.tbt_slo, r.jct_slo = False, math.inf, math.inf, jct
-            r.predicted_output_len = 40
-        else:
-            r.jct_slo = ttft + tbt * (out - 1)
-    outs = [o for _, _, o, *_ in trace]
+    reqs, outs = trace_requests(trace)
     inner = make_policy(name, params)
     assert isinstance(inner, AccelGenPolicy)
     inner.debug_verify = True  # raises inside schedule() if the arrays drift from the requests

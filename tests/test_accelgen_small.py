@@ -24,7 +24,8 @@ from accelgen.policies.base import Decision, SchedulerView
 from accelgen.policies.registry import make_policy
 from accelgen.sim.engine import Simulator
 from accelgen.workloads import WorkloadConfig, build_trace, to_requests
-from tests.conftest import make_requests, run_sim
+from tests.conftest import run_sim
+from tests.strategies import mixed_slo_traces, trace_requests
 
 
 class TwinAccelGen(AccelGenPolicy):
@@ -38,15 +39,10 @@ class TwinAccelGen(AccelGenPolicy):
         self.max_n = 0
 
     def schedule(self, view: SchedulerView) -> Decision:
-        self._sync(view)
-        bud = self._token_budget(view)
+        bud, lc = self._prepare(view)
         t = self._table
         if t.n == 0:
             return super().schedule(view)
-        p, lc = self.params, self._chunk_mean
-        assert lc is not None
-        if t.num_unplanned:
-            t.plan_offline(lc, bud.time(self._prev_budget), p.preempt_prob * p.preempt_max_s)
         formed = []
         for cls in (DecisionState, SmallDecisionState):
             state = cls(self, view, t, bud, lc)
@@ -92,36 +88,16 @@ PARAMS: list[dict[str, Any]] = [
     {"era": False, "budget_cap": 0.5},
 ]
 
-traces = st.lists(
-    st.tuples(
-        st.floats(min_value=0.0, max_value=3.0, allow_nan=False),  # arrival
-        st.integers(min_value=1, max_value=600),  # prompt tokens
-        st.integers(min_value=1, max_value=80),  # output tokens
-        st.sampled_from([0.02, 0.05, 0.2, 1.0]),  # tbt slo
-        st.sampled_from([0.05, 0.5, 3.0]),  # ttft slo
-        st.sampled_from([None, None, None, 2.0, 30.0]),  # offline JCT SLO (None: online)
-    ),
-    min_size=1, max_size=40,
-)
-
-
 @pytest.mark.parametrize("params", PARAMS, ids=[str(p or "default") for p in PARAMS])
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(trace=traces, num_blocks=st.integers(min_value=8, max_value=80),
+@given(trace=mixed_slo_traces, num_blocks=st.integers(min_value=8, max_value=80),
        use_small=st.booleans())
 def test_small_path_decides_as_the_vectorised_one(params: dict[str, Any], trace: Any,
                                                   num_blocks: int, use_small: bool) -> None:
-    trace = sorted(trace, key=lambda x: x[0])
-    reqs = make_requests([(a, p) for a, p, *_ in trace])
-    for r, (_, _, _out, tbt, ttft, jct) in zip(reqs, trace, strict=True):
-        r.tbt_slo, r.ttft_slo = tbt, ttft
-        if jct is not None:
-            r.online, r.ttft_slo, r.tbt_slo, r.jct_slo = False, math.inf, math.inf, jct
-            r.predicted_output_len = 40
+    reqs, outs = trace_requests(trace)
     pol = TwinAccelGen(**params)
     pol.use_small = use_small
-    res = run_sim(reqs, [o for _, _, o, *_ in trace], pol, num_blocks=num_blocks,
-                  block_size=16, s_pf=128)
+    res = run_sim(reqs, outs, pol, num_blocks=num_blocks, block_size=16, s_pf=128)
     assert all(r.status.name in ("FINISHED", "REJECTED") for r in res.requests)
     # (every request rejected at arrival, e.g. longer than the KV: nothing to decide)
     assert pol.compared > 0 or all(r.status.name == "REJECTED" for r in res.requests)

@@ -160,18 +160,24 @@ class AccelGenPolicy(Policy):
             self._chunk_mean = float(view.pivot.s_pf)
         return b
 
-    def schedule(self, view: SchedulerView) -> Decision:
+    def _prepare(self, view: SchedulerView) -> tuple[TokenBudget, float]:
+        """Everything a decision reads besides the view: the table in sync with it, the token
+        budget rule and L_c, and the JCT plan of offline requests that have none yet."""
         self._sync(view)
         bud = self._token_budget(view)
+        lc = self._chunk_mean
+        assert lc is not None  # set by _token_budget
+        t, p = self._table, self.params
+        if t.num_unplanned:
+            t.plan_offline(lc, bud.time(self._prev_budget), p.preempt_prob * p.preempt_max_s)
+        return bud, lc
+
+    def schedule(self, view: SchedulerView) -> Decision:
+        bud, lc = self._prepare(view)
         t = self._table
         n = t.n
         if n == 0:
             return Decision(info={"token_budget": float(self._prev_budget), "n_candidates": 0.0})
-        p = self.params
-        lc = self._chunk_mean
-        assert lc is not None
-        if t.num_unplanned:
-            t.plan_offline(lc, bud.time(self._prev_budget), p.preempt_prob * p.preempt_max_s)
         small = self._small_state
         cls = small if small is not None and n <= self.small_queue else DecisionState
         st = cls(self, view, t, bud, lc)
@@ -182,15 +188,11 @@ class AccelGenPolicy(Policy):
         """Per request (by id): slack, urgency, per-iteration SLO, N_ck and whether it counts
         toward SLO_min, as the next decision would compute them (plus the iteration's T_max and
         token budget). Read-only; for notebooks, tests and the vLLM adapter's logs."""
-        self._sync(view)
-        bud = self._token_budget(view)
-        t, p = self._table, self.params
-        if t.num_unplanned:
-            t.plan_offline(self._chunk_mean or 1.0, bud.time(self._prev_budget),
-                           p.preempt_prob * p.preempt_max_s)
+        bud, lc = self._prepare(view)
+        t = self._table
         if t.n == 0:
             return {}
-        st = DecisionState(self, view, t, bud, self._chunk_mean or float(view.pivot.s_pf))
+        st = DecisionState(self, view, t, bud, lc)
         return {int(t.req_id[s]): {
             "slack": float(st.slack[s]), "urgent": float(st.urgent[s]),
             "slo_iter": float(st.slo_iter[s]), "n_chunks": float(st.nck[s]),
@@ -393,32 +395,23 @@ class DecisionState:
         """Step 2: SelectRequests on the head slack group, then on the following groups while
         budget and KV are left (forward size = S_b while work is available)."""
         p, bud = self.p, self.bud
-        # Candidates in key order once per decision (stable: ties by slot): each group is then
-        # a prefix of the feasible ones.
-        order = self._key_order
-        if order is None:
-            order = self._key_order = self.key.argsort(kind="stable")
         while former.a_c > 0:
-            cand = former.feasible(order[former.available[order]])
-            if cand.size == 0:
+            group = self._next_group(former)
+            if group is None:
                 return
-            kc = self.key[cand]
-            group = cand[: int(np.searchsorted(kc, kc[0] + p.gamma, side="right"))]
             self.n_groups += 1
             # Members of a later group may have a tighter per-iteration SLO: the batch's budget
             # follows the tightest one that joins.
-            sel = group[self.counted[group]]
-            if sel.size:
-                m = float(self.slo_iter[sel].min())
-                if m < self.slo_min:
-                    self.slo_min = m
-                    nb = bud.for_slo(m)
-                    if nb.tokens < former.budget:
-                        former.a_c -= former.budget - nb.tokens
-                        former.budget = nb.tokens
-                        self.budget = Budget(nb.tokens, nb.clamped_low, self.budget.clamped_high)
-                        if former.a_c <= 0:
-                            return
+            m = self._group_slo_min(group)
+            if m < self.slo_min:
+                self.slo_min = m
+                nb = bud.for_slo(m)
+                if nb.tokens < former.budget:
+                    former.a_c -= former.budget - nb.tokens
+                    former.budget = nb.tokens
+                    self.budget = Budget(nb.tokens, nb.clamped_low, self.budget.clamped_high)
+                    if former.a_c <= 0:
+                        return
             before = len(former.slots)
             if p.batch:
                 former.select_euclidean(group)
@@ -426,6 +419,26 @@ class DecisionState:
                 former.fill_in_order(group)
             if not p.spill_groups or len(former.slots) == before:
                 return
+
+    def _next_group(self, former: BatchFormer) -> np.ndarray | None:
+        """The next slack group: the feasible available candidates whose key is within gamma of
+        the smallest, in key order (None when no candidate is feasible)."""
+        # Candidates in key order once per decision (stable: ties by slot): each group is then
+        # a prefix of the feasible ones.
+        order = self._key_order
+        if order is None:
+            order = self._key_order = self.key.argsort(kind="stable")
+        cand = former.feasible(order[former.available[order]])
+        if cand.size == 0:
+            return None
+        kc = self.key[cand]
+        return cand[: int(np.searchsorted(kc, kc[0] + self.p.gamma, side="right"))]
+
+    def _group_slo_min(self, group: np.ndarray) -> float:
+        """The tightest per-iteration SLO among the group's members that count toward SLO_min
+        (inf if none)."""
+        sel = group[self.counted[group]]
+        return float(self.slo_iter[sel].min()) if sel.size else math.inf
 
     def _ensure_progress(self, former: BatchFormer) -> None:
         """Nothing fits (KV full and every candidate needs a block): run the first running

@@ -265,29 +265,34 @@ class BatchFormer:
         it is the smallest way to remove a budget deficit; decodes beyond the budget are dropped
         largest slack first (lines 2-3). When KV runs out, running requests with a larger slack
         are preempted. ``urgent`` is in ascending slack order."""
-        u = urgent[self.available[urgent]]
-        dec = self.is_dec[u]
-        self._add_urgent_decodes(u[dec])
-        for s in u[~dec].tolist():
+        decodes, prompts = self._split_urgent(urgent)
+        fit, short = self._urgent_decodes_fitting(decodes[: self.a_c])
+        self.add_decodes(fit)
+        for s in short:  # no free block left: preempt for each (Algorithm 1)
+            if self.a_c <= 0:
+                return
+            self.force(s, min_key=self.victim_min_key(s))
+        for s in prompts:
             if self.a_c <= 0:
                 return
             if self.available[s] and not self.era_blocked(s):
                 self.force(s, min_key=self.victim_min_key(s))
 
-    def _add_urgent_decodes(self, run: np.ndarray) -> None:
-        run = run[: self.a_c]
-        if run.size == 0:
-            return
+    def _split_urgent(self, urgent: np.ndarray) -> tuple[np.ndarray, list[int]]:
+        """The available urgent requests: decodes and prompts, each in the order given."""
+        u = urgent[self.available[urgent]]
+        dec = self.is_dec[u]
+        return u[dec], u[~dec].tolist()
+
+    def _urgent_decodes_fitting(self, run: np.ndarray) -> tuple[np.ndarray, list[int]]:
+        """Urgent decodes (in slack order) whose next token fits now: those needing no new
+        block, and those needing one while blocks are free; and the rest."""
         need = self.need1[run] > 0
         with_block = need.nonzero()[0]
         fit = with_block[: self.free_blocks]  # in slack order, while blocks are free
         ok = ~need
         ok[fit] = True
-        self.add_decodes(run[ok])
-        for s in run[~ok].tolist():  # no free block left: preempt for each (Algorithm 1)
-            if self.a_c <= 0:
-                return
-            self.force(s, min_key=self.victim_min_key(s))
+        return run[ok], run[~ok].tolist()
 
     def force(self, s: int, *, min_key: float, oversize: bool = False) -> bool:
         """Add ``s`` with the largest chunk the budget allows, preempting running requests whose

@@ -25,7 +25,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from accelgen.policies.accelgen import _LOST_OFFSET, DecisionState
-from accelgen.policies.accelgen_budget import Budget
 from accelgen.policies.accelgen_select import _NEVER, BatchFormer
 from accelgen.policies.accelgen_state import RequestTable
 
@@ -120,31 +119,17 @@ class SmallBatchFormer(BatchFormer):
         self.slots.extend(u)
         self.tokens.extend([1] * len(u))
 
-    def add_urgent(self, urgent: Any) -> None:
+    def _split_urgent(self, urgent: Any) -> tuple[Any, list[int]]:
         avail, is_dec = self.available, self.is_dec
         u = [s for s in urgent if avail[s]]
-        self._add_urgent_decodes([s for s in u if is_dec[s]])
-        for s in [s for s in u if not is_dec[s]]:
-            if self.a_c <= 0:
-                return
-            if self.available[s] and not self.era_blocked(s):
-                self.force(s, min_key=self.victim_min_key(s))
+        return [s for s in u if is_dec[s]], [s for s in u if not is_dec[s]]
 
-    def _add_urgent_decodes(self, run: Any) -> None:
-        run = run[: self.a_c]
-        if not run:
-            return
+    def _urgent_decodes_fitting(self, run: Any) -> tuple[Any, list[int]]:
         need1 = self.need1
-        # In slack order, those needing a block while blocks are free (the slice keeps numpy's
-        # meaning for a negative count).
+        # (the slice keeps numpy's meaning for a negative count)
         fit = set([s for s in run if need1[s] > 0][: self.free_blocks])
-        ok = [s for s in run if need1[s] <= 0 or s in fit]
-        self.add_decodes(ok)
-        for s in run:
-            if need1[s] > 0 and s not in fit:  # no free block left: preempt for it
-                if self.a_c <= 0:
-                    return
-                self.force(s, min_key=self.victim_min_key(s))
+        return ([s for s in run if need1[s] <= 0 or s in fit],
+                [s for s in run if need1[s] > 0 and s not in fit])
 
     def feasible(self, cand: Any) -> Any:
         if self.a_c <= 0 or not cand:
@@ -278,33 +263,21 @@ class SmallDecisionState(DecisionState):
         return [_LOST_OFFSET - a if lo else k
                 for lo, a, k in zip(self.lost, self._arrival, key, strict=True)]
 
-    def _select(self, former: BatchFormer) -> None:
-        p, bud, key, counted, slo = self.p, self.bud, self.key, self.counted, self.slo_iter
+    def _next_group(self, former: BatchFormer) -> Any:
+        key = self.key
         order = self._key_order
         if order is None:
             order = self._key_order = sorted(range(self.n), key=key.__getitem__)
-        while former.a_c > 0:
-            avail = former.available
-            cand = former.feasible([s for s in order if avail[s]])  # type: ignore[arg-type]
-            if not cand:
-                return
-            kc = [key[s] for s in cand]
-            group = cand[: bisect_right(kc, kc[0] + p.gamma)]
-            self.n_groups += 1
-            m = min((slo[s] for s in group if counted[s]), default=math.inf)
-            if m < self.slo_min:
-                self.slo_min = m
-                nb = bud.for_slo(m)
-                if nb.tokens < former.budget:
-                    former.a_c -= former.budget - nb.tokens
-                    former.budget = nb.tokens
-                    self.budget = Budget(nb.tokens, nb.clamped_low, self.budget.clamped_high)
-                    if former.a_c <= 0:
-                        return
-            before = len(former.slots)
-            former.select_euclidean(group)  # type: ignore[arg-type]
-            if not p.spill_groups or len(former.slots) == before:
-                return
+        avail = former.available
+        cand = former.feasible([s for s in order if avail[s]])  # type: ignore[arg-type]
+        if not cand:
+            return None
+        kc = [key[s] for s in cand]
+        return cand[: bisect_right(kc, kc[0] + self.p.gamma)]
+
+    def _group_slo_min(self, group: Any) -> float:
+        slo, counted = self.slo_iter, self.counted
+        return min((slo[s] for s in group if counted[s]), default=math.inf)
 
     def _ensure_progress(self, former: BatchFormer) -> None:
         run, key, avail = self._running, self.key, former.available
