@@ -253,17 +253,27 @@ def test_engine_env_gives_onednn_a_large_cache_unless_the_user_set_one(
     assert os.environ[ONEDNN_CACHE_ENV] == str(ONEDNN_CACHE_CAPACITY)
 
 
-def test_replays_run_in_a_fresh_process() -> None:
+def test_replays_run_in_a_fresh_process(monkeypatch: pytest.MonkeyPatch) -> None:
     # Each replay starts with an empty kernel cache (the engine step model's assumption): the
     # replay job is a module-level function run in a spawned process.
     import inspect
+    import os
     import pickle
 
     from accelgen.profiling import fidelity
+    from accelgen.vllm_integration.replay import ONEDNN_CACHE_CAPACITY, ONEDNN_CACHE_ENV
 
     src = inspect.getsource(fidelity.replay_run)
-    assert 'get_context("spawn")' in src and "_replay_job" in src
+    assert "_in_fresh_process" in src and "_replay_job" in src
+    assert 'get_context("spawn")' in inspect.getsource(fidelity._in_fresh_process)
     assert pickle.loads(pickle.dumps(fidelity._replay_job)) is fidelity._replay_job
+    cfg = FidelityConfig()
+    # _in_fresh_process sets these in this process too: restore them after the test.
+    if cfg.omp_threads is not None:
+        monkeypatch.setenv("OMP_NUM_THREADS", str(cfg.omp_threads))
+    monkeypatch.setenv(ONEDNN_CACHE_ENV,
+                       os.environ.get(ONEDNN_CACHE_ENV, str(ONEDNN_CACHE_CAPACITY)))
+    assert fidelity._in_fresh_process(cfg, os.getpid) != os.getpid()
 
 
 # -- end to end on the real engine ----------------------------------------------------------

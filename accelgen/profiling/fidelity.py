@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -181,6 +181,9 @@ def _set_threads(n: int | None) -> None:
         torch.set_num_threads(n)
 
 
+T = TypeVar("T")
+
+
 def replay_run(trace: pd.DataFrame, system: str, cfg: FidelityConfig, profile_csv: Path,
                out: Path, trace_path: str | None = None) -> dict[str, Any]:
     """Replay the trace on a fresh vLLM engine in a fresh process (needs vllm).
@@ -188,8 +191,14 @@ def replay_run(trace: pd.DataFrame, system: str, cfg: FidelityConfig, profile_cs
     A process of its own, so that the replay starts with an empty oneDNN kernel cache, as the
     engine step model assumes of every simulated run (first use of a token count charged once,
     only the warm-up sizes known): kernels built by an earlier replay in the same process would
-    make the later one's new token counts cheap. The process inherits this one's environment
-    (OpenMP threads, the kernel cache capacity: ``replay.engine_env_defaults``) and priority."""
+    make the later one's new token counts cheap."""
+    return _in_fresh_process(cfg, _replay_job, trace, system, cfg.model_dump(mode="json"),
+                             str(profile_csv), str(out), trace_path)
+
+
+def _in_fresh_process(cfg: FidelityConfig, job: Callable[..., T], *args: Any) -> T:
+    """``job(*args)`` in a new spawned process, which inherits this one's environment (OpenMP
+    threads, the kernel cache capacity: ``replay.engine_env_defaults``) and priority."""
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
@@ -198,22 +207,29 @@ def replay_run(trace: pd.DataFrame, system: str, cfg: FidelityConfig, profile_cs
     _set_threads(cfg.omp_threads)
     engine_env_defaults()
     with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
-        return pool.submit(_replay_job, trace, system, cfg.model_dump(mode="json"),
-                           str(profile_csv), str(out), trace_path).result()
+        return pool.submit(job, *args).result()
+
+
+def _engine_config(cfg: FidelityConfig, system: str, tiny_dir: Path,
+                   adapter: dict[str, Any] | None = None) -> Any:
+    """The fidelity engine's ``ReplayConfig`` for ``system`` (tiny model files in ``tiny_dir``)."""
+    from accelgen.vllm_integration.replay import ReplayConfig
+
+    return ReplayConfig.model_validate({
+        "system": system, "adapter": adapter or {},
+        "engine": {**cfg.engine, "tiny_dir": str(tiny_dir)},
+        "warmup_requests": cfg.warmup_requests})
 
 
 def _replay_job(trace: pd.DataFrame, system: str, cfg_data: dict[str, Any], profile_csv: str,
                 out: str, trace_path: str | None) -> dict[str, Any]:
     """``replay_run``'s child process: one replay, its results written to ``out``."""
-    from accelgen.vllm_integration.replay import ReplayConfig, replay_to_dir
+    from accelgen.vllm_integration.replay import replay_to_dir
 
     cfg = FidelityConfig.model_validate(cfg_data)
     _set_threads(cfg.omp_threads)
     adapter = accelgen_adapter(Path(profile_csv)) if system == "accelgen" else {}
-    rc = ReplayConfig.model_validate({
-        "system": system, "adapter": adapter,
-        "engine": {**cfg.engine, "tiny_dir": str(Path(out).parent / "tiny-model")},
-        "warmup_requests": cfg.warmup_requests})
+    rc = _engine_config(cfg, system, Path(out).parent / "tiny-model", adapter)
     run = replay_to_dir(trace, rc, Path(out), trace_path=trace_path)
     return run["summary"]
 
@@ -225,16 +241,7 @@ def probe_first_use_fresh(cfg: FidelityConfig, work: Path,
     after the replay's warm-up, the state a replay meets its new token counts in (needs vllm).
     The long-lived profiling engine can measure a third or less of what a replay pays
     (docs/profiling.md section 3.2), so each replay is simulated with the probe just before it."""
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
-
-    from accelgen.vllm_integration.replay import engine_env_defaults
-
-    _set_threads(cfg.omp_threads)
-    engine_env_defaults()
-    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
-        return pool.submit(_fresh_probe_job, cfg.model_dump(mode="json"), str(work),
-                           count).result()
+    return _in_fresh_process(cfg, _fresh_probe_job, cfg.model_dump(mode="json"), str(work), count)
 
 
 def _fresh_probe_job(cfg_data: dict[str, Any], work: str,
@@ -242,7 +249,6 @@ def _fresh_probe_job(cfg_data: dict[str, Any], work: str,
     """``probe_first_use_fresh``'s child process."""
     from accelgen.profiling.vllm_backend import _Driver
     from accelgen.vllm_integration.replay import (
-        ReplayConfig,
         build_engine,
         engine_scheduler,
         run_warmup,
@@ -251,9 +257,7 @@ def _fresh_probe_job(cfg_data: dict[str, Any], work: str,
 
     cfg = FidelityConfig.model_validate(cfg_data)
     _set_threads(cfg.omp_threads)
-    rc = ReplayConfig.model_validate({
-        "system": "stock", "engine": {**cfg.engine, "tiny_dir": str(Path(work) / "tiny-model")},
-        "warmup_requests": cfg.warmup_requests})
+    rc = _engine_config(cfg, "stock", Path(work) / "tiny-model")
     engine = build_engine(rc, Path(work))
     try:
         sched = engine_scheduler(engine)

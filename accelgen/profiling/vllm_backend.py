@@ -659,7 +659,6 @@ def _ab_worker(conn: Any, system: str, spec: dict[str, Any], adapter: dict[str, 
 
     from accelgen.profiling.engine_model import EngineStepModel
     from accelgen.vllm_integration.replay import (
-        EngineSpec,
         ReplayConfig,
         build_engine,
         engine_scheduler,
@@ -667,8 +666,8 @@ def _ab_worker(conn: Any, system: str, spec: dict[str, Any], adapter: dict[str, 
     )
 
     model = EngineStepModel.from_csv(profile_csv)
-    cfg = ReplayConfig(system=system, engine=EngineSpec.model_validate(spec),
-                       adapter=adapter if system != "stock" else {})
+    cfg = ReplayConfig.model_validate({"system": system, "engine": spec,
+                                       "adapter": adapter if system != "stock" else {}})
     engine = build_engine(cfg, Path(work_dir) / f"ab-{system}")
     rng = _random.Random(seed)
     try:
