@@ -137,8 +137,8 @@ def bench_state(label: str, args: argparse.Namespace, burst_s: float | None,
     view, reqs = build_state(args.waiting, args.running, args.seed, burst_s, loose_ttft)
     params = dict(kv.split("=", 1) for kv in args.accelgen_params.split(",") if kv)
     accel = make_policy("accelgen", params)
-    if args.small_queue is not None:
-        accel.small_queue = args.small_queue  # type: ignore[attr-defined]
+    if args.no_kernel:
+        accel.use_kernel = False  # type: ignore[attr-defined]
     vllm = make_policy("vllm")
     for r in reqs:
         accel.on_arrival(r, r.arrival)
@@ -191,9 +191,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--state", choices=["trace", "burst", "loose", "all"], default="all")
     ap.add_argument("--accelgen-params", default="", help="k=v,... AccelGen parameter overrides")
-    ap.add_argument("--small-queue", type=int, default=None,
-                    help="AccelGen's plain-Python path up to this many live requests (0: never; "
-                         "default: accelgen.policies.accelgen.SMALL_QUEUE)")
+    ap.add_argument("--no-kernel", action="store_true",
+                    help="AccelGen without its compiled decision (the vectorised numpy classes)")
     args = ap.parse_args(argv)
     if args.state in ("trace", "all"):
         bench_state("trace", args, None)

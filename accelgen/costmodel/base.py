@@ -44,6 +44,13 @@ class CostModel(ABC):
     def iteration_time(self, shape: BatchShape) -> float:
         """Latency of one iteration with the given batch composition."""
 
+    def linear_coefficients(self) -> tuple[float, float, float] | None:
+        """(base, per token, per decode-context token) when ``iteration_time`` is exactly
+        ``base + per_token x forward size + per_ctx x decode context`` (0 for an empty batch),
+        evaluated in that order; lets compiled code (``accelgen_kernel``) predict latencies
+        itself. None: ask ``iteration_time``."""
+        return None
+
     def forward_time(self, forward_size: int) -> float:
         """Latency of a prefill-only iteration of ``forward_size`` tokens with no prior context.
 

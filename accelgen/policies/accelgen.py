@@ -24,12 +24,12 @@ prompt whole or not at all; ``batch=False`` fills in queue order instead of by E
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
-from accelgen.costmodel.base import BatchShape
+from accelgen.costmodel.base import BatchShape, CostModel
 from accelgen.policies.accelgen_budget import Budget, BudgetRule, TokenBudget
 from accelgen.policies.accelgen_select import BatchFormer
 from accelgen.policies.accelgen_state import RequestTable
@@ -38,8 +38,23 @@ from accelgen.request import Request
 
 # Base of a lost request's key (seconds): above every on-track request's slack.
 _LOST_OFFSET = 1e9
-# Live requests up to which a decision runs in plain Python (AccelGenPolicy.small_queue).
-SMALL_QUEUE = 48
+
+
+def max_batch_time(cost: CostModel, bud: TokenBudget, budget: int, n_dec: int, dec_ctx: int,
+                   prefill_ctx: int) -> float:
+    """T_max, the paper's "maximum batch execution time" at ``budget`` tokens: every running
+    decode (``n_dec`` of them, ``dec_ctx`` tokens of context in all) plus a prompt chunk filling
+    the rest of the budget at the longest running prompt's context (``prefill_ctx``). A
+    prefill-only latency (``forward_time``) leaves out the KV reads, and a decode let skip by a
+    slack computed with it can miss its TBT by that much (seen on the quick configuration at
+    moderate load)."""
+    shape = BatchShape()
+    n = min(n_dec, budget)
+    if budget > n:
+        shape.add_prefill(budget - n, prefill_ctx)
+    shape.decode_seqs = n
+    shape.decode_ctx = dec_ctx if n == n_dec else dec_ctx * n // max(n_dec, 1)
+    return max(cost.iteration_time(shape), bud.time(budget))
 
 
 class AccelGenParams(PolicyParams):
@@ -95,15 +110,10 @@ class AccelGenPolicy(Policy):
         self._pending_cuts: list[int] = []
         # Tests switch this on: compare the table with the request objects every decision.
         self.debug_verify = False
-        # Decisions over at most this many live requests use the plain-Python state (same
-        # decisions, no numpy per-call cost; accelgen_small), for the full algorithm only.
-        self.small_queue = SMALL_QUEUE
         p = self.params
-        self._small_state: type[DecisionState] | None = None
-        if p.order and p.chunk and p.batch:
-            from accelgen.policies.accelgen_small import SmallDecisionState
-
-            self._small_state = SmallDecisionState
+        # The compiled decision (accelgen_kernel) for the full algorithm with the paper's budget
+        # rule; False: always the interpreted classes (tests compare the two).
+        self.use_kernel = p.order and p.chunk and p.batch and p.budget_rule == "paper"
 
     # -- hooks ---------------------------------------------------------------------------------
     def on_arrival(self, req: Request, now: float) -> None:
@@ -149,7 +159,9 @@ class AccelGenPolicy(Policy):
 
     def _token_budget(self, view: SchedulerView) -> TokenBudget:
         b = self._budget
-        if b is None or not b.matches(view.cost, view.pivot):
+        # (identity first: the same cost model and pivot objects every step is the usual case)
+        if b is None or (not (b.cost is view.cost and b.pivot is view.pivot)
+                         and not b.matches(view.cost, view.pivot)):
             p = self.params
             first = b is None
             b = self._budget = TokenBudget(view.cost, view.pivot, p.budget_rule,
@@ -178,11 +190,24 @@ class AccelGenPolicy(Policy):
         n = t.n
         if n == 0:
             return Decision(info={"token_budget": float(self._prev_budget), "n_candidates": 0.0})
-        small = self._small_state
-        cls = small if small is not None and n <= self.small_queue else DecisionState
-        st = cls(self, view, t, bud, lc)
+        if self.use_kernel:
+            return self._kernel_schedule(view, bud, lc)
+        st = DecisionState(self, view, t, bud, lc)
         former = st.form()
         return self._decision(st, former)
+
+    def _kernel_schedule(self, view: SchedulerView, bud: TokenBudget, lc: float) -> Decision:
+        """``schedule`` through the compiled decision (``accelgen_kernel``)."""
+        res = _kernel_decide()(self, view, self._table, bud, lc)
+        t = self._table
+        objs = t.objs
+        if res.era_owner >= 0:
+            self._era_owner = int(t.req_id[res.era_owner])
+        self._pending_cuts = res.cut_chunks
+        self._prev_budget = res.budget
+        return Decision(scheduled=list(zip(map(objs.__getitem__, res.slots), res.tokens,
+                                           strict=True)),
+                        preempted=list(map(objs.__getitem__, res.preempted)), info=res.info)
 
     def explain(self, view: SchedulerView) -> dict[int, dict[str, float]]:
         """Per request (by id): slack, urgency, per-iteration SLO, N_ck and whether it counts
@@ -212,6 +237,19 @@ class AccelGenPolicy(Policy):
         self._prev_budget = former.budget
         d.info = st.info(former)
         return d
+
+
+def _kernel_decide() -> Any:
+    """``accelgen_kernel.decide``, imported on first use (numba loads only for the kernel)."""
+    global _DECIDE
+    if _DECIDE is None:
+        from accelgen.policies.accelgen_kernel import decide
+
+        _DECIDE = decide
+    return _DECIDE
+
+
+_DECIDE: Any = None
 
 
 class DecisionState:
@@ -294,22 +332,11 @@ class DecisionState:
         return float(self.slo_iter[sel].min()) if np.count_nonzero(sel) else math.inf
 
     def max_batch_time(self, budget: int) -> float:
-        """T_max, the paper's "maximum batch execution time" at ``budget`` tokens: every running
-        decode with its context plus a prompt chunk filling the rest of the budget at the longest
-        running prompt's context. A prefill-only latency (``forward_time``) leaves out the KV
-        reads, and a decode let skip by a slack computed with it can miss its TBT by that much
-        (seen on the quick configuration at moderate load)."""
+        """T_max at ``budget`` tokens (``max_batch_time``), memoised for the decision."""
         t = self._t_max.get(budget)
         if t is None:
-            shape = BatchShape()
-            n_dec = min(self.n_dec, budget)
-            if budget > n_dec:
-                shape.add_prefill(budget - n_dec, self.prefill_ctx)
-            shape.decode_seqs = n_dec
-            shape.decode_ctx = self.dec_ctx if n_dec == self.n_dec else \
-                self.dec_ctx * n_dec // max(self.n_dec, 1)
-            t = self._t_max[budget] = max(self.view.cost.iteration_time(shape),
-                                          self.bud.time(budget))
+            t = self._t_max[budget] = max_batch_time(self.view.cost, self.bud, budget, self.n_dec,
+                                                     self.dec_ctx, self.prefill_ctx)
         return t
 
     def _plan_budget(self) -> None:

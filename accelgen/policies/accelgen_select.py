@@ -389,6 +389,9 @@ class BatchFormer:
     def _euclid_loop(self, f_slot: list[int], f_rem: list[int], f_key: list[float],
                      partial: list[int], dec_pools: dict[int, list[int]]) -> None:
         bs, key = self.bs, self.key
+        # Distances are compared squared: exact integers, the same order as the Euclidean
+        # distance's and no rounding to tell apart (or tie) two candidates.
+        best_d: float
         while self.a_c > 0:
             a_c, a_m = self.a_c, self.free_blocks * bs
             best_d, best_k, best = math.inf, math.inf, None
@@ -396,12 +399,12 @@ class BatchFormer:
             if fresh_pick is not None:
                 j, c = fresh_pick
                 m = -(-c // bs) * bs
-                best_d, best_k, best = math.hypot(a_c - c, a_m - m), f_key[j], (_FRESH, j, c)
+                best_d, best_k, best = (a_c - c) ** 2 + (a_m - m) ** 2, f_key[j], (_FRESH, j, c)
             for pi, s in enumerate(partial):
                 c = self._prompt_chunk(s)
                 if c < 1:
                     continue
-                d = math.hypot(a_c - c, a_m - self.need_blocks(s, c) * bs)
+                d = (a_c - c) ** 2 + (a_m - self.need_blocks(s, c) * bs) ** 2
                 k = float(key[s])
                 if d < best_d or (d == best_d and k < best_k):
                     best_d, best_k, best = d, k, (_PARTIAL, pi, c)
@@ -409,7 +412,7 @@ class BatchFormer:
             # Decodes: (1, b) while a block is free, else (1, 0).
             kind = _DEC_B if dec_pools[_DEC_B] and self.free_blocks >= 1 else _DEC_A
             if dec_pools[kind]:
-                d = math.hypot(a_c - 1, a_m - (bs if kind == _DEC_B else 0))
+                d = (a_c - 1) ** 2 + (a_m - (bs if kind == _DEC_B else 0)) ** 2
                 k = float(key[dec_pools[kind][0]])
                 if d < best_d or (d == best_d and k < best_k):
                     best = (kind, 0, 1)

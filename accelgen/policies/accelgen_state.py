@@ -29,6 +29,8 @@ from accelgen.request import Request, Status
 _INT_FIELDS = ("req_id", "prompt", "n_out", "computed", "blocks", "pred_out")
 _FLOAT_FIELDS = ("arrival", "ttft", "tbt", "jct", "last_tok", "deadline", "off_first", "off_step")
 _BOOL_FIELDS = ("running", "online", "lost")
+# Rows of the blocks ``ints``, ``floats``, ``flags`` (for code that takes the blocks whole).
+ROW = {f: i for fields in (_INT_FIELDS, _FLOAT_FIELDS, _BOOL_FIELDS) for i, f in enumerate(fields)}
 
 
 class RequestTable:
@@ -52,6 +54,9 @@ class RequestTable:
     running: np.ndarray
     online: np.ndarray
     lost: np.ndarray  # online and a token already missed its deadline (request SLO lost)
+    ints: np.ndarray  # (fields, capacity) blocks holding the arrays above as rows
+    floats: np.ndarray
+    flags: np.ndarray
 
     def __init__(self, capacity: int = 1024) -> None:
         self.n = 0
@@ -62,16 +67,20 @@ class RequestTable:
 
     # -- storage -------------------------------------------------------------------------------
     def _alloc(self, capacity: int) -> None:
-        old = {f: getattr(self, f, None) for f in (*_INT_FIELDS, *_FLOAT_FIELDS, *_BOOL_FIELDS)}
-        for f in _INT_FIELDS:
-            setattr(self, f, np.zeros(capacity, dtype=np.int64))
-        for f in _FLOAT_FIELDS:
-            setattr(self, f, np.full(capacity, np.nan))
-        for f in _BOOL_FIELDS:
-            setattr(self, f, np.zeros(capacity, dtype=bool))
-        for f, arr in old.items():
-            if arr is not None:
-                getattr(self, f)[: self.n] = arr[: self.n]
+        # One 2-D block per dtype; the named fields are its rows (views), so a removal moves a
+        # slot with three copies and the compiled decision (accelgen_kernel) takes three arrays.
+        ints = np.zeros((len(_INT_FIELDS), capacity), dtype=np.int64)
+        floats = np.full((len(_FLOAT_FIELDS), capacity), np.nan)
+        flags = np.zeros((len(_BOOL_FIELDS), capacity), dtype=bool)
+        old = getattr(self, "ints", None)
+        if old is not None:
+            ints[:, : self.n] = self.ints[:, : self.n]
+            floats[:, : self.n] = self.floats[:, : self.n]
+            flags[:, : self.n] = self.flags[:, : self.n]
+        self.ints, self.floats, self.flags = ints, floats, flags
+        for block, fields in ((ints, _INT_FIELDS), (floats, _FLOAT_FIELDS), (flags, _BOOL_FIELDS)):
+            for i, f in enumerate(fields):
+                setattr(self, f, block[i])
         self.capacity = capacity
 
     def __len__(self) -> int:
@@ -114,9 +123,8 @@ class RequestTable:
             self.num_unplanned -= 1
         last = self.n - 1
         if s != last:  # move the last live request into the hole
-            for f in (*_INT_FIELDS, *_FLOAT_FIELDS, *_BOOL_FIELDS):
-                arr = getattr(self, f)
-                arr[s] = arr[last]
+            for block in (self.ints, self.floats, self.flags):
+                block[:, s] = block[:, last]
             moved = self.objs[last]
             self.objs[s] = moved
             self.slot_of[moved.req_id] = s

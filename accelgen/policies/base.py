@@ -74,7 +74,8 @@ class Decision:
     # Waiting requests the policy gives up on for good (e.g. a prompt that can never fit its KV
     # rule), with the reason recorded; never used to shed load.
     rejected: list[tuple[Request, str]] = field(default_factory=list)
-    # Diagnostics copied into the iteration log (token_budget, slo_min, n_urgent, ...).
+    # Diagnostics copied into the iteration log (token_budget, slo_min, n_urgent, ...); a new
+    # dict per decision (the vLLM adapter adds its own entries to it).
     info: dict[str, float] = field(default_factory=dict)
     # When the policy deliberately schedules nothing, the earliest time it wants to be asked again.
     wake_at: float | None = None

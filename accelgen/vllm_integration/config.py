@@ -139,6 +139,12 @@ class LinearCostModel(CostModel):
             return 0.0
         return self.base_s + self.per_token_s * n + self.per_ctx_s * shape.decode_ctx
 
+    def linear_coefficients(self) -> tuple[float, float, float] | None:
+        # Subclasses that change iteration_time must not inherit this.
+        if type(self).iteration_time is not LinearCostModel.iteration_time:
+            return None
+        return self.base_s, self.per_token_s, self.per_ctx_s
+
 
 class OnlineLinearCostModel(LinearCostModel):
     """``LinearCostModel`` refitted to measured (forward size, step time) pairs.

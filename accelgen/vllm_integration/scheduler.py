@@ -460,6 +460,9 @@ class AccelGenScheduler(InstrumentedScheduler):
                                   cost=self.cost, pivot=self.pivot,
                                   max_model_len=self.max_model_len)
         self._caps: dict[str, int] | None = None
+        # The temporary waiting queues of a step (see schedule); replaced after any step that
+        # left requests in them.
+        self._admit_queues = (create_request_queue(self.policy), create_request_queue(self.policy))
         self._budget_warned = False
         self._mismatch_warned = 0
         # Admission's KV rule belongs to the policy (vLLM's default reserves the whole prompt at
@@ -580,8 +583,8 @@ class AccelGenScheduler(InstrumentedScheduler):
         try:
             # vLLM reads the queues through these attributes, so swapping in queues holding only
             # the admitted requests is cheaper than rebuilding the long queues (O(admitted)).
-            self.waiting = create_request_queue(self.policy)
-            self.kv_holding_waiting = create_request_queue(self.policy)
+            # The same two (emptied) queues every step: most steps admit nobody.
+            self.waiting, self.kv_holding_waiting = self._admit_queues
             for v in wait_order:
                 q = self.kv_holding_waiting if self._holds_kv_blocks(v) else self.waiting
                 q.add_request(v)
@@ -600,9 +603,10 @@ class AccelGenScheduler(InstrumentedScheduler):
             mismatch = 1
             self._report_mismatch(caps, got)
         t1 = time.perf_counter()
-        info = dict(decision.info)
-        info.update({"adapter_budget": float(budget), "adapter_mismatch": float(mismatch),
-                     "adapter_trimmed_tokens": float(trimmed)})
+        info = decision.info  # (the policy's fresh dict for this decision)
+        info["adapter_budget"] = float(budget)
+        info["adapter_mismatch"] = float(mismatch)
+        info["adapter_trimmed_tokens"] = float(trimmed)
         self._record_schedule(out, start=start, t0=t0, t1=t1, policy_time=policy_time,
                               vllm_time=vllm_time, info=info, decision=decision)
         return out
@@ -678,6 +682,11 @@ class AccelGenScheduler(InstrumentedScheduler):
     def _restore_queues(self, waiting: Any, kv_waiting: Any, selected: list[VRequest]) -> None:
         tmp_waiting, tmp_kv = self.waiting, self.kv_holding_waiting
         self.waiting, self.kv_holding_waiting = waiting, kv_waiting
+        if not selected and not tmp_waiting and not tmp_kv:
+            return  # nothing admitted, nothing preempted by vLLM itself: the usual step
+        # vLLM may still hold the temporary queues; the next step needs fresh empty ones.
+        self._admit_queues = (create_request_queue(self.policy),
+                              create_request_queue(self.policy))
         chosen = set(selected)
         for v in selected:
             # Admitted requests leave the queue; the others keep their original place.
