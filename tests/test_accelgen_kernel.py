@@ -64,14 +64,7 @@ class TwinAccelGen(AccelGenPolicy):
         self.max_n = max(self.max_n, t.n)
         self.preemptions += len(res.preempted)
         if self.use_kernel_result:
-            objs = t.objs
-            if res.era_owner >= 0:
-                self._era_owner = int(t.req_id[res.era_owner])
-            self._pending_cuts = res.cut_chunks
-            self._prev_budget = res.budget
-            return Decision(scheduled=[(objs[s], c) for s, c in zip(res.slots, res.tokens,
-                                                                    strict=True)],
-                            preempted=[objs[s] for s in res.preempted], info=res.info)
+            return self._kernel_decision(res)
         return self._decision(vs, vf)
 
 

@@ -24,7 +24,8 @@ prompt whole or not at all; ``batch=False`` fills in queue order instead of by E
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
@@ -35,6 +36,9 @@ from accelgen.policies.accelgen_select import BatchFormer
 from accelgen.policies.accelgen_state import RequestTable
 from accelgen.policies.base import Decision, Policy, PolicyParams, SchedulerView
 from accelgen.request import Request
+
+if TYPE_CHECKING:
+    from accelgen.policies.accelgen_kernel import KernelResult
 
 # Base of a lost request's key (seconds): above every on-track request's slack.
 _LOST_OFFSET = 1e9
@@ -55,6 +59,24 @@ def max_batch_time(cost: CostModel, bud: TokenBudget, budget: int, n_dec: int, d
     shape.decode_seqs = n
     shape.decode_ctx = dec_ctx if n == n_dec else dec_ctx * n // max(n_dec, 1)
     return max(cost.iteration_time(shape), bud.time(budget))
+
+
+def plan_budget(bud: TokenBudget, prev_budget: int, t_max_at: Callable[[int], float],
+                urgency_at: Callable[[float], float]) -> tuple[float, Budget, float]:
+    """SLO_min, token budget and T_max of a decision: urgency at the last budget's T_max, the
+    budget for that SLO_min, and when the new budget's T_max is longer, urgency re-checked at it
+    (a larger budget means longer iterations). ``urgency_at(t)`` returns SLO_min at T_max ``t``
+    (and leaves the caller's slack state at ``t``)."""
+    t_prev = t_max_at(prev_budget)
+    slo_min = urgency_at(t_prev)
+    b = bud.for_slo(slo_min)
+    if b.tokens == prev_budget:
+        return slo_min, b, t_prev
+    t_new = t_max_at(b.tokens)
+    if t_new <= t_prev:
+        return slo_min, b, t_prev
+    slo_min = min(slo_min, urgency_at(t_new))
+    return slo_min, bud.for_slo(slo_min), t_new
 
 
 class AccelGenParams(PolicyParams):
@@ -198,7 +220,10 @@ class AccelGenPolicy(Policy):
 
     def _kernel_schedule(self, view: SchedulerView, bud: TokenBudget, lc: float) -> Decision:
         """``schedule`` through the compiled decision (``accelgen_kernel``)."""
-        res = _kernel_decide()(self, view, self._table, bud, lc)
+        return self._kernel_decision(_kernel_decide()(self, view, self._table, bud, lc))
+
+    def _kernel_decision(self, res: KernelResult) -> Decision:
+        """The decision of a compiled result; keeps its ERA owner, cut chunks and budget."""
         t = self._table
         objs = t.objs
         if res.era_owner >= 0:
@@ -340,16 +365,8 @@ class DecisionState:
         return t
 
     def _plan_budget(self) -> None:
-        bud = self.bud
-        t_prev = self.max_batch_time(self.prev_budget)
-        slo_min = self._urgency(t_prev)
-        b = bud.for_slo(slo_min)
-        t_new = self.max_batch_time(b.tokens)
-        if t_new > t_prev:
-            # A larger budget means longer iterations: re-check who must run now.
-            slo_min = min(slo_min, self._urgency(t_new))
-            b = bud.for_slo(slo_min)
-        self.slo_min, self.budget = slo_min, b
+        self.slo_min, self.budget, _ = plan_budget(self.bud, self.prev_budget,
+                                                   self.max_batch_time, self._urgency)
 
     # -- batching ------------------------------------------------------------------------------
     def form(self) -> BatchFormer:

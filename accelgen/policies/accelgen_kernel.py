@@ -28,12 +28,13 @@ With ``NUMBA_DISABLE_JIT=1`` these functions run as plain Python (slowly), e.g. 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 from numba import njit
 
-from accelgen.policies.accelgen import max_batch_time
+from accelgen.policies.accelgen import max_batch_time, plan_budget
 from accelgen.policies.accelgen_state import ROW
 
 
@@ -153,11 +154,11 @@ def _columns(ti: np.ndarray, tf: np.ndarray, tb: np.ndarray, n: int, now: float,
         ondec = dec and online[i]
         bmat[_ONDEC, i] = ondec
         fmat[_SLO, i] = tbt[i] if ondec else td / nck
-        bmat[_LONG, i] = (not dec) and tot >= long_threshold
+        long_ = (not dec) and tot >= long_threshold
+        bmat[_LONG, i] = long_
+        bmat[_ELIG, i] = era_owner < 0 or not long_ or i == era_owner
         if lost_last:
             bmat[_LOST, i] = online[i] and (lost[i] or td < 0.0)
-    for i in range(n):
-        bmat[_ELIG, i] = era_owner < 0 or not bmat[_LONG, i] or i == era_owner
     return imat, bmat, fmat
 
 
@@ -393,6 +394,13 @@ def _victim_min_key(bmat: np.ndarray, fmat: np.ndarray, s: int, gamma: float,
 @njit(cache=True)
 def _era_blocked(bmat: np.ndarray, k: np.ndarray, led: np.ndarray, s: int) -> bool:
     return bool(k[_ERA_ON]) and bmat[_LONG, s] and led[_ERA] >= 0 and led[_ERA] != s
+
+
+@njit(cache=True)
+def _slots_by(mask: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Slots where ``mask`` holds, in ascending ``values`` (stable: ties by slot)."""
+    slots = np.nonzero(mask)[0]
+    return slots[np.argsort(values[slots], kind="mergesort")]
 
 
 # -- step 1: urgent requests -----------------------------------------------------------------
@@ -713,8 +721,8 @@ def form(ti: np.ndarray, tf: np.ndarray, tb: np.ndarray, n: int, now: float, chu
          admissions_left: int, s_pf: int, t_pf: float) -> tuple[np.ndarray, np.ndarray]:
     """``DecisionState.form`` at ``t_max`` with token budget ``budget``.
 
-    Returns ``out`` (rows: slots, tokens, preempted, cut chunks; lengths in ``led``) and the
-    ledger ``led`` followed by the diagnostics, as floats: see ``decide``."""
+    Returns ``packed`` (the three lengths, then slots, tokens, preempted slots and cut chunks)
+    and the diagnostics in ``INFO_KEYS`` order followed by the ERA owner's slot, as floats."""
     late_urgent = bool(k[_LATE_URGENT])
     lost_last = bool(k[_LOST_LAST])
     arrival = tf[_T_ARRIVAL]
@@ -761,35 +769,12 @@ def form(ti: np.ndarray, tf: np.ndarray, tb: np.ndarray, n: int, now: float, chu
     led[_LOW] = 1 if clamped_low else 0
     # (2n: room even if a policy bug added a slot twice; numba does not check bounds)
     out = np.empty((4, 2 * n + 1), dtype=np.int64)
-    # Victims: running requests, largest victim key first (stable).
-    nv = 0
-    for i in range(n):
-        if bmat[_RUN, i]:
-            nv += 1
-    pool = np.empty(nv, dtype=np.int64)
-    vkeys = np.empty(nv, dtype=np.float64)
-    nv = 0
-    for i in range(n):
-        if bmat[_RUN, i]:
-            pool[nv] = i
-            vkeys[nv] = -fmat[_VK, i]
-            nv += 1
-    victims = pool[np.argsort(vkeys, kind="mergesort")]
-    led[_NV] = nv
-    # Step 1: urgent requests in ascending slack (ties by slot).
-    nu = 0
-    for i in range(n):
-        if bmat[_URGENT, i] and bmat[_AVAIL, i]:
-            nu += 1
-    urgent = np.empty(nu, dtype=np.int64)
-    uslack = np.empty(nu, dtype=np.float64)
-    nu = 0
-    for i in range(n):
-        if bmat[_URGENT, i] and bmat[_AVAIL, i]:
-            urgent[nu] = i
-            uslack[nu] = fmat[_SLACK, i]
-            nu += 1
-    urgent = urgent[np.argsort(uslack, kind="mergesort")]
+    # Victims: running requests, largest victim key first.
+    victims = _slots_by(bmat[_RUN], -fmat[_VK])
+    led[_NV] = victims.shape[0]
+    # Step 1: urgent requests in ascending slack.
+    urgent = _slots_by(bmat[_URGENT] & bmat[_AVAIL], fmat[_SLACK])
+    nu = urgent.shape[0]
     _add_urgent(imat, bmat, fmat, k, led, out, victims, urgent, gamma, t_max)
     # Step 2.
     order = np.argsort(fmat[_KEY], kind="mergesort")
@@ -799,29 +784,10 @@ def form(ti: np.ndarray, tf: np.ndarray, tb: np.ndarray, n: int, now: float, chu
     if fallback:
         # Nothing fits: the first running request in key order (else the first waiting one),
         # preempting the largest-key running requests for it.
-        nc = 0
-        for i in range(n):
-            if bmat[_AVAIL, i]:
-                nc += 1
-        cand = np.empty(nc, dtype=np.int64)
-        ckey = np.empty(nc, dtype=np.float64)
-        nc = 0
-        for i in range(n):  # running first: their keys, then the waiting ones'
-            if bmat[_AVAIL, i] and bmat[_RUN, i]:
-                cand[nc] = i
-                nc += 1
-        n_run = nc
-        for i in range(n):
-            if bmat[_AVAIL, i] and not bmat[_RUN, i]:
-                cand[nc] = i
-                nc += 1
-        for j in range(nc):
-            ckey[j] = fmat[_KEY, cand[j]]
-        if n_run > 1:
-            cand[:n_run] = cand[:n_run][np.argsort(ckey[:n_run], kind="mergesort")]
-        if nc - n_run > 1:
-            cand[n_run:] = cand[n_run:][np.argsort(ckey[n_run:], kind="mergesort")]
-        for j in range(nc):
+        avail = bmat[_AVAIL]
+        cand = np.concatenate((_slots_by(avail & bmat[_RUN], fmat[_KEY]),
+                               _slots_by(avail & ~bmat[_RUN], fmat[_KEY])))
+        for j in range(cand.shape[0]):
             if _force(imat, bmat, fmat, k, led, out, victims, cand[j], -math.inf):
                 slo_min = _select(imat, bmat, fmat, k, led, out, order, group, gamma, slo_min,
                                   s_pf, t_pf)
@@ -845,7 +811,7 @@ def form(ti: np.ndarray, tf: np.ndarray, tb: np.ndarray, n: int, now: float, chu
         elif out[1, j] > max_chunk:
             max_chunk = out[1, j]
     n_sched = led[_NS]
-    info = np.empty(len(INFO_KEYS) + 2, dtype=np.float64)
+    info = np.empty(len(INFO_KEYS) + 1, dtype=np.float64)
     info[0] = led[_BUDGET]
     info[1] = slo_min if math.isfinite(slo_min) else math.nan
     info[2] = t_max
@@ -867,9 +833,7 @@ def form(ti: np.ndarray, tf: np.ndarray, tb: np.ndarray, n: int, now: float, chu
     info[18] = 1.0 if fallback else 0.0
     info[19] = chunk_mean
     info[20] = led[_FREE]
-    # Trailer: counts of the rows of ``out`` and the ERA owner slot.
-    info[21] = led[_NP]
-    info[22] = led[_ERA]
+    info[21] = led[_ERA]  # (trailer: the ERA owner's slot)
     lens = np.array([led[_NS], led[_NP], led[_NC]], dtype=np.int64)
     packed = np.empty(lens[0] * 2 + lens[1] + lens[2] + 3, dtype=np.int64)
     packed[:3] = lens
@@ -912,7 +876,7 @@ def decide_linear(ti: np.ndarray, tf: np.ndarray, tb: np.ndarray, n: int, now: f
                   k: np.ndarray, free_blocks: int, admissions_left: int, s_pf: int,
                   t_pf: float) -> tuple[np.ndarray, np.ndarray]:
     """The whole decision in one call when the cost model is ``LinearCostModel`` (the vLLM
-    plugin's): T_max is then computed here (``DecisionState._plan_budget``), then ``form``."""
+    plugin's): T_max is then computed here (``accelgen.plan_budget``, compiled), then ``form``."""
     late_urgent = bool(k[_LATE_URGENT])
     lost_last = bool(k[_LOST_LAST])
     n_dec, dec_ctx, _ = shape_constants(ti, tb, n)
@@ -936,19 +900,20 @@ def decide_linear(ti: np.ndarray, tf: np.ndarray, tb: np.ndarray, n: int, now: f
 
 
 # -- the Python side -------------------------------------------------------------------------
+@dataclass(slots=True)
 class KernelResult:
     """One compiled decision: slots index the ``RequestTable``, as a ``BatchFormer``'s;
     ``slo_min`` is NaN when nothing constrained the budget."""
 
-    __slots__ = ("budget", "cut_chunks", "era_owner", "info", "preempted", "slo_min", "slots",
-                 "t_max", "tokens")
-
-    def __init__(self, slots: list[int], tokens: list[int], preempted: list[int],
-                 cut_chunks: list[int], era_owner: int, budget: int, t_max: float,
-                 slo_min: float, info: dict[str, float]) -> None:
-        self.slots, self.tokens, self.preempted = slots, tokens, preempted
-        self.cut_chunks, self.era_owner, self.budget = cut_chunks, era_owner, budget
-        self.t_max, self.slo_min, self.info = t_max, slo_min, info
+    slots: list[int]
+    tokens: list[int]
+    preempted: list[int]
+    cut_chunks: list[int]
+    era_owner: int
+    budget: int
+    t_max: float
+    slo_min: float
+    info: dict[str, float]
 
 
 def decide(policy: AccelGenPolicy, view: SchedulerView, t: RequestTable, bud: TokenBudget,
@@ -977,19 +942,11 @@ def decide(policy: AccelGenPolicy, view: SchedulerView, t: RequestTable, bud: To
                                          s_pf, t_pf)
     else:
         n_dec, dec_ctx, prefill_ctx = shape_constants(ti, tb, n)
-        t_prev = max_batch_time(cost, bud, prev, n_dec, dec_ctx, prefill_ctx)
-        slo_min = urgency(ti, tf, tb, n, now, chunk_mean, thr, owner, t_prev, gamma, late,
-                          lost_last)
-        b = bud.for_slo(slo_min)
-        t_max = t_prev
-        if b.tokens != prev:
-            t_new = max_batch_time(cost, bud, b.tokens, n_dec, dec_ctx, prefill_ctx)
-            if t_new > t_prev:
-                # A larger budget means longer iterations: re-check who must run now.
-                slo_min = min(slo_min, urgency(ti, tf, tb, n, now, chunk_mean, thr, owner, t_new,
-                                               gamma, late, lost_last))
-                b = bud.for_slo(slo_min)
-                t_max = t_new
+        slo_min, b, t_max = plan_budget(
+            bud, prev,
+            lambda budget: max_batch_time(cost, bud, budget, n_dec, dec_ctx, prefill_ctx),
+            lambda t: urgency(ti, tf, tb, n, now, chunk_mean, thr, owner, t, gamma, late,
+                              lost_last))
         packed, info_arr = form(ti, tf, tb, n, now, chunk_mean, thr, owner, t_max, gamma,
                                 slo_min, b.tokens, b.clamped_low, b.clamped_high, consts,
                                 kv.num_free_blocks, adm, s_pf, t_pf)
@@ -998,27 +955,21 @@ def decide(policy: AccelGenPolicy, view: SchedulerView, t: RequestTable, bud: To
     j = 3 + 2 * ns
     vals = info_arr.tolist()
     return KernelResult(ints[3:3 + ns], ints[3 + ns:j], ints[j:j + npre],
-                        ints[j + npre:j + npre + ncut], int(vals[22]), int(vals[0]), vals[2],
+                        ints[j + npre:j + npre + ncut], int(vals[21]), int(vals[0]), vals[2],
                         vals[1], dict(zip(INFO_KEYS, vals, strict=False)))
 
 
-_CONSTANTS: dict[tuple[object, ...], np.ndarray] = {}
 _LAST: list[object] = [None, None]  # (key of the last lookup, its array)
 
 
 def _constants(p: AccelGenParams, block_size: int, total_blocks: int, bud: TokenBudget
                ) -> np.ndarray:
-    """The ``K`` array (read-only for the kernel), built once per configuration."""
+    """The ``K`` array (read-only for the kernel), rebuilt only when the params, KV or budget
+    objects change (a policy's stay the same between refits)."""
     key = (p, block_size, total_blocks, bud)
-    if _LAST[0] == key:  # (identity of the params and budget objects: the usual case)
-        return _LAST[1]  # type: ignore[return-value]
-    growth = block_size if p.kv_growth_reserve is None else p.kv_growth_reserve
-    values = (block_size, growth, total_blocks, p.era, p.spill_groups, p.late_is_urgent,
-              p.lost_last, bud.min_budget, bud.cap)
-    k = _CONSTANTS.get(values)
-    if k is None:
-        if len(_CONSTANTS) > 64:
-            _CONSTANTS.clear()
-        k = _CONSTANTS[values] = np.array(values, dtype=np.int64)
-    _LAST[0], _LAST[1] = key, k
-    return k
+    if _LAST[0] != key:
+        growth = block_size if p.kv_growth_reserve is None else p.kv_growth_reserve
+        _LAST[0], _LAST[1] = key, np.array(
+            (block_size, growth, total_blocks, p.era, p.spill_groups, p.late_is_urgent,
+             p.lost_last, bud.min_budget, bud.cap), dtype=np.int64)
+    return _LAST[1]  # type: ignore[return-value]
