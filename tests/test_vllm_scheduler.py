@@ -12,7 +12,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 
@@ -203,6 +203,8 @@ def test_explicit_preemption_of_a_named_victim() -> None:
     plan(lambda v: Decision(preempted=[by_id(v, 3), by_id(v, 1)],
                             scheduled=[(by_id(v, 0), by_id(v, 0).num_new_tokens)]))
     assert run_step(s) == {vid_of(s, 0): 97}
+    # The policy saw the queues as the preemption left them (their lengths had not changed).
+    assert ScriptedPolicy.views[-1] == ([0], [1, 2, 3])
     assert [v.request_id for v in s.waiting] == [vid_of(s, 1), vid_of(s, 3)]
 
 
@@ -280,6 +282,40 @@ def test_policies_serve_everything_under_scarce_kv(policy: str, params: dict,
     assert len(timing) == len(its)
     assert (timing["decision_time"] >= timing["vllm_schedule_time"]).all()
     assert (timing["policy_time"] > 0).all()
+
+
+@pytest.mark.parametrize("policy", ["fcfs-test", "accelgen"])
+def test_the_view_is_always_the_engine_queues(policy: str) -> None:
+    """The adapter rebuilds the view's lists only after arrivals, finishes, admissions and
+    preemptions; every decision still sees exactly vLLM's queues, in their order."""
+    s = plugin(policy, num_blocks=20, s_pf=192)
+    s.reset_records(time.time())
+    checked = [0]
+    inner = s.accelgen_policy.schedule
+
+    def checking(view: SchedulerView) -> Any:
+        want_waiting = [v.request_id for v in [*s.kv_holding_waiting, *s.waiting]]
+        want_running = [v.request_id for v in s.running]
+        assert [s._vid_of[m.req_id] for m in view.waiting] == want_waiting
+        assert [s._vid_of[m.req_id] for m in view.running] == want_running
+        checked[0] += 1
+        return inner(view)
+
+    s.accelgen_policy.schedule = checking  # type: ignore[method-assign]
+    # An arrival before every step: some steps then see an arrival, an admission and a finish
+    # at once, which leave both queue lengths as they were.
+    prompts = [40, 300, 90, 500, 20, 150, 260, 75, 410, 33, 128, 64] * 4
+    for i, p in enumerate(prompts):
+        add(s, i, p, 4 + i % 7)
+        step(s)
+    for _ in range(2000):
+        if not s.has_unfinished_requests():
+            break
+        step(s)
+    assert not s.has_unfinished_requests()
+    assert checked[0] > 50
+    if policy == "fcfs-test":
+        assert sum(r.num_preemptions for r in s.all_requests()) > 0
 
 
 def test_stock_scheduler_records_the_same_files() -> None:

@@ -1047,7 +1047,7 @@ class CompiledDecision:
         ws = self.ws
         if ws is None or ws.capacity < t.n:
             ws = self.ws = Workspace(max(t.n, t.capacity))
-        self._key = (bud, view.pivot, cost, p, kv, ws)
+        self._key = (bud, view.pivot, cost, p, kv)
         k = _constants(p, kv.block_size, kv.num_total_blocks, bud)
         lin = cost.linear_coefficients()
         base, per_token, per_ctx = lin if lin is not None else (0.0, 0.0, 0.0)
@@ -1071,13 +1071,12 @@ class CompiledDecision:
         n = t.n
         p = policy.params
         kv = view.kv
-        key = self._key
+        key, ws = self._key, self.ws
         # (identity checks: the same objects every step is the usual case)
-        if (not key or key[0] is not bud or key[1] is not view.pivot or key[2] is not view.cost
-                or key[3] is not p or key[4] is not kv or key[5].capacity < n):
+        if (ws is None or ws.capacity < n or not key or key[0] is not bud
+                or key[1] is not view.pivot or key[2] is not view.cost or key[3] is not p
+                or key[4] is not kv):
             ws = self._setup(policy, view, t, bud)
-        else:
-            ws = key[5]
         owner = -1
         if policy._era_owner is not None and p.era:
             owner = t.slot_of.get(policy._era_owner, -1)

@@ -34,7 +34,8 @@ import logging
 import math
 import operator
 import time
-from collections.abc import MutableMapping
+from collections import deque
+from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -77,6 +78,11 @@ from accelgen.vllm_integration.config import (  # noqa: E402
 logger = logging.getLogger("vllm.accelgen")
 
 _mirror_of = operator.attrgetter("accelgen_mirror")
+# vLLM's FCFS queue is a deque whose iter/len/bool are Python-level overrides that only call the
+# deque's own; the adapter, which reads the queues every step, calls the deque's directly (the
+# adapter refuses the priority queue, so its queues are always FCFS ones).
+_queue_iter: Callable[[Any], Iterator[VRequest]] = deque.__iter__
+_queue_len: Callable[[Any], int] = deque.__len__
 
 _NORMAL_FINISH = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)
 
@@ -100,8 +106,8 @@ class VLLMKVView(KVQueries):
         self.watermark_blocks = mgr.watermark_blocks
         self.num_free_swap_blocks = 0  # recompute preemption only
 
-    @property  # type: ignore[override]
-    def num_free_blocks(self) -> int:
+    @property
+    def num_free_blocks(self) -> int:  # type: ignore[override]
         return self._pool.get_num_free_blocks()
 
 
@@ -470,6 +476,7 @@ class AccelGenScheduler(InstrumentedScheduler):
                                   cost=self.cost, pivot=self.pivot,
                                   max_model_len=self.max_model_len)
         self._caps: dict[str, int] | None = None
+        self._view_stale = True  # view.waiting/running to be rebuilt before the next decision
         # The temporary waiting queues of a step (see schedule); replaced after any step that
         # left requests in them.
         self._admit_queues = (create_request_queue(self.policy), create_request_queue(self.policy))
@@ -512,12 +519,15 @@ class AccelGenScheduler(InstrumentedScheduler):
         cfg = self.accelgen_config
         self.accelgen_policy = make_adapter_policy(cfg.policy.name, cfg.policy.params)
         self.mismatch_steps = 0
+        self._view_stale = True
 
     # -- hooks ---------------------------------------------------------------------------------
     def _on_arrival(self, req: Request, now: float) -> None:
+        self._view_stale = True
         self.accelgen_policy.on_arrival(req, now)
 
     def _on_finish(self, req: Request, now: float) -> None:
+        self._view_stale = True
         self.accelgen_policy.on_finish(req, now)
 
     def _on_step_end(self, step: _Step, latency: float, exec_time: float) -> None:
@@ -550,25 +560,19 @@ class AccelGenScheduler(InstrumentedScheduler):
             return super().schedule(throttle_prefills)
         start = self.now()
         t0 = time.perf_counter()
-        tracked = self.tracked
         view = self.view
         view.now = start
-        try:
-            # C-level map over the queues: this runs every step over every waiting request.
-            view.waiting = list(map(_mirror_of, self.waiting))
-            if self.kv_holding_waiting:
-                view.waiting[:0] = map(_mirror_of, self.kv_holding_waiting)
-            view.running = list(map(_mirror_of, self.running))
-        except AttributeError:  # a request added behind add_request's back: skip it
-            view.waiting = [m for v in itertools.chain(self.kv_holding_waiting, self.waiting)
-                            if (m := tracked.get(v.request_id)) is not None]
-            view.running = [m for v in self.running
-                            if (m := tracked.get(v.request_id)) is not None]
+        # The view's queues change only with arrivals, finishes, admissions and preemptions,
+        # which mark it stale; the counts are a second check.
+        if (self._view_stale or len(view.running) != len(self.running)
+                or len(view.waiting) != (_queue_len(self.waiting)
+                                         + _queue_len(self.kv_holding_waiting))):
+            self._refresh_view()
         tp = time.perf_counter()
         decision = self.accelgen_policy.schedule(view)
         policy_time = time.perf_counter() - tp
 
-        if decision.swap_out or decision.swap_in or getattr(decision, "reserve", None):
+        if decision.swap_out or decision.swap_in or decision.reserve:
             raise PolicyDecisionError(
                 f"policy {self.accelgen_policy.name!r} asked for KV swapping or reservation, "
                 "which the vLLM backend does not support (recompute preemption only)")
@@ -585,8 +589,7 @@ class AccelGenScheduler(InstrumentedScheduler):
             m.status, m.num_computed_tokens, m.num_blocks = Status.WAITING, 0, 0
             m.num_preemptions += 1
             m.queued_since = start
-        caps, wait_order, trimmed = self._caps_from(decision)
-        budget = sum(caps.values())
+        caps, wait_order, budget, trimmed = self._caps_from(decision)
 
         saved_budget = self.max_num_scheduled_tokens
         saved_waiting, saved_kv_waiting = self.waiting, self.kv_holding_waiting
@@ -606,7 +609,12 @@ class AccelGenScheduler(InstrumentedScheduler):
         finally:
             self._caps = None
             self.max_num_scheduled_tokens = saved_budget
-            self._restore_queues(saved_waiting, saved_kv_waiting, wait_order)
+            if wait_order or _queue_len(self.waiting) or _queue_len(self.kv_holding_waiting):
+                self._restore_queues(saved_waiting, saved_kv_waiting, wait_order)
+            else:  # nothing admitted, nothing preempted by vLLM itself: the usual step
+                self.waiting, self.kv_holding_waiting = saved_waiting, saved_kv_waiting
+        if wait_order or decision.preempted or out.preempted_req_ids:
+            self._view_stale = True
         mismatch = 0
         got = out.num_scheduled_tokens
         if got != caps:
@@ -617,6 +625,22 @@ class AccelGenScheduler(InstrumentedScheduler):
                               vllm_time=vllm_time, info=decision.info, decision=decision,
                               adapter=(budget, mismatch, trimmed))
         return out
+
+    def _refresh_view(self) -> None:
+        """The view's waiting and running mirrors, in vLLM's queue order."""
+        view, tracked = self.view, self.tracked
+        try:
+            # C-level map over the queues: this runs over every waiting request.
+            view.waiting = list(map(_mirror_of, _queue_iter(self.waiting)))
+            if _queue_len(self.kv_holding_waiting):
+                view.waiting[:0] = map(_mirror_of, _queue_iter(self.kv_holding_waiting))
+            view.running = list(map(_mirror_of, self.running))
+        except AttributeError:  # a request added behind add_request's back: skip it
+            view.waiting = [m for v in itertools.chain(self.kv_holding_waiting, self.waiting)
+                            if (m := tracked.get(v.request_id)) is not None]
+            view.running = [m for v in self.running
+                            if (m := tracked.get(v.request_id)) is not None]
+        self._view_stale = False
 
     def _bad_schedule(self, m: Request, n: int, vid: str | None, caps: dict[str, int]
                       ) -> NoReturn:
@@ -633,13 +657,16 @@ class AccelGenScheduler(InstrumentedScheduler):
                                       f"request {m.req_id}, which the engine is not serving")
         return self._vreqs[vid]
 
-    def _caps_from(self, decision: Decision) -> tuple[dict[str, int], list[VRequest], int]:
+    def _caps_from(self, decision: Decision) -> tuple[dict[str, int], list[VRequest], int, int]:
+        """(tokens per vLLM request id, the admitted requests in the decision's order, the
+        total tokens, the tokens trimmed to fit ``max_num_batched_tokens``)."""
         caps: dict[str, int] = {}
         wait_order: list[VRequest] = []
         vid_of, vreqs = self._vid_of, self._vreqs
         bs = self.block_size
         running = RequestStatus.RUNNING
         need = 0
+        total = 0
         # Runs for every scheduled request every step: plain arithmetic, no helper calls
         # (blocks as in VLLMKVView.blocks_needed, pending tokens as Request.num_new_tokens).
         for m, n in decision.scheduled:
@@ -648,6 +675,7 @@ class AccelGenScheduler(InstrumentedScheduler):
             if vid is None or n <= 0 or n > pending or vid in caps:
                 self._bad_schedule(m, n, vid, caps)
             caps[vid] = n
+            total += n
             grow = -(-(m.num_computed_tokens + n) // bs) - m.num_blocks
             if grow > 0:
                 need += grow
@@ -662,7 +690,7 @@ class AccelGenScheduler(InstrumentedScheduler):
                 f"policy {self.accelgen_policy.name!r} scheduled tokens needing {need} KV blocks "
                 f"with {free} free after its preemptions")
         trimmed = 0
-        excess = sum(caps.values()) - self.scheduler_config.max_num_batched_tokens
+        excess = total - self.scheduler_config.max_num_batched_tokens
         if excess > 0:
             # The engine's buffers hold max_num_batched_tokens; cut the decision's tail to fit.
             trimmed = excess
@@ -684,13 +712,14 @@ class AccelGenScheduler(InstrumentedScheduler):
                         wait_order.remove(v)
                 if excess == 0:
                     break
-        return caps, wait_order, trimmed
+            total -= trimmed
+        return caps, wait_order, total, trimmed
 
     def _restore_queues(self, waiting: Any, kv_waiting: Any, selected: list[VRequest]) -> None:
+        """Put the original queues back after a step that admitted requests or in which vLLM
+        preempted some itself (the temporary queues are not empty)."""
         tmp_waiting, tmp_kv = self.waiting, self.kv_holding_waiting
         self.waiting, self.kv_holding_waiting = waiting, kv_waiting
-        if not selected and not tmp_waiting and not tmp_kv:
-            return  # nothing admitted, nothing preempted by vLLM itself: the usual step
         # vLLM may still hold the temporary queues; the next step needs fresh empty ones.
         self._admit_queues = (create_request_queue(self.policy),
                               create_request_queue(self.policy))
