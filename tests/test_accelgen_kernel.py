@@ -7,9 +7,11 @@ both are checked over the states that one produces."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -20,9 +22,10 @@ from accelgen.costmodel.factory import deployment_pivot, make_cost_model
 from accelgen.costmodel.profiles import kv_num_blocks, resolve_model
 from accelgen.kvcache import BlockManager
 from accelgen.policies import accelgen_kernel as kern
-from accelgen.policies.accelgen import AccelGenPolicy, DecisionState
-from accelgen.policies.base import Decision, SchedulerView
+from accelgen.policies.accelgen import INFO_INDEX, INFO_KEYS, AccelGenPolicy, DecisionState
+from accelgen.policies.base import Decision, InfoRow, SchedulerView
 from accelgen.policies.registry import make_policy
+from accelgen.request import Request
 from accelgen.sim.engine import Simulator
 from accelgen.vllm_integration.config import LinearCostModel, OnlineLinearCostModel
 from accelgen.workloads import WorkloadConfig, build_trace, to_requests
@@ -78,6 +81,24 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, tuple | list) and isinstance(b, tuple | list):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
     return a == b
+
+
+def test_decision_of_batch_is_the_dataclass_with_an_info_row() -> None:
+    """``Decision.of_batch`` skips the generated ``__init__``: it must still set every field
+    (a field added to ``Decision`` later fails here until ``of_batch`` sets it too)."""
+    reqs = [Request(req_id=i, arrival=0.0, prompt_len=8, ttft_slo=1.0, tbt_slo=0.1)
+            for i in range(3)]
+    values = np.arange(len(INFO_KEYS), dtype=np.float64)
+    fast = Decision.of_batch([(reqs[0], 8), (reqs[1], 1)], [reqs[2]], INFO_INDEX, values)
+    slow = Decision(scheduled=[(reqs[0], 8), (reqs[1], 1)], preempted=[reqs[2]],
+                    info=InfoRow(INFO_INDEX, values.copy()))
+    for f in dataclasses.fields(Decision):
+        assert getattr(fast, f.name) == getattr(slow, f.name), f.name
+    assert fast.swap_out is not slow.swap_out  # fresh lists, as the default factories give
+    fast.info["adapter_budget"] = 9.0  # an entry under a new name goes to the row's extras
+    assert fast.info.as_dict() == {**dict(zip(INFO_KEYS, values.tolist(), strict=True)),
+                                   "adapter_budget": 9.0}
+    assert fast.info["n_urgent"] == 6.0 and len(fast.info) == len(INFO_KEYS) + 1
 
 
 def test_only_the_plain_linear_cost_model_offers_its_coefficients() -> None:

@@ -34,7 +34,7 @@ from accelgen.costmodel.base import BatchShape, CostModel
 from accelgen.policies.accelgen_budget import Budget, BudgetRule, TokenBudget
 from accelgen.policies.accelgen_select import BatchFormer
 from accelgen.policies.accelgen_state import RequestTable
-from accelgen.policies.base import Decision, InfoRow, Policy, PolicyParams, SchedulerView
+from accelgen.policies.base import Decision, Policy, PolicyParams, SchedulerView
 from accelgen.request import Request
 
 if TYPE_CHECKING:
@@ -234,21 +234,20 @@ class AccelGenPolicy(Policy):
             self._compiled = CompiledDecision()
         return self._compiled
 
-    def _kernel_decision(self, ints: list[int], vals: list[float]) -> Decision:
+    def _kernel_decision(self, ints: list[int], vals: np.ndarray) -> Decision:
         """The decision of a compiled result (``CompiledDecision.run``); keeps its ERA owner,
         cut chunks and budget."""
         ns, npre = ints[0], ints[1]
-        j = 3 + 2 * ns
+        j = 5 + 2 * ns
         t = self._table
         objs = t.objs
-        if vals[21] >= 0:
-            self._era_owner = int(t.req_id[int(vals[21])])
+        if ints[4] >= 0:
+            self._era_owner = int(t.req_id[ints[4]])
         self._pending_cuts = ints[j + npre:]
-        self._prev_budget = int(vals[0])
-        return Decision(scheduled=list(zip(map(objs.__getitem__, ints[3:3 + ns]), ints[3 + ns:j],
-                                           strict=True)),
-                        preempted=[objs[s] for s in ints[j:j + npre]] if npre else [],
-                        info=InfoRow(INFO_INDEX, vals))
+        self._prev_budget = ints[3]
+        batch = list(zip(map(objs.__getitem__, ints[5:5 + ns]), ints[5 + ns:j], strict=True))
+        return Decision.of_batch(batch, [objs[s] for s in ints[j:j + npre]] if npre else [],
+                                 INFO_INDEX, vals)
 
     def explain(self, view: SchedulerView) -> dict[int, dict[str, float]]:
         """Per request (by id): slack, urgency, per-iteration SLO, N_ck and whether it counts

@@ -20,6 +20,13 @@ an int64 array ``L`` and the per-candidate columns in row-stacked arrays ``I`` (
 compared squared, as exact integers (the vectorised loop does the same), and "no more admissions"
 (``math.inf``) is a large integer.
 
+Per decision nothing is allocated and nothing reference-counted: the columns, slot lists, sort
+buffer, ledger and outputs live in a ``Workspace`` kept between decisions, the functions are
+compiled with ``_nrt=False`` (every array is the caller's), and ``CompiledDecision`` calls the
+compiled entry point with the arguments that stay the same cached. Why: in vLLM each step runs
+after a forward pass has evicted the caches, where every allocation, reference count and
+dispatcher lookup costs cache misses (``docs/vllm.md``, *Scheduler time*).
+
 ``tests/test_accelgen_kernel.py`` forms every decision of simulations with both implementations and
 compares them (batch, preemptions, ERA owner, cut chunks, budget, T_max, SLO_min, diagnostics).
 With ``NUMBA_DISABLE_JIT=1`` these functions run as plain Python (slowly), e.g. under a debugger.
@@ -102,6 +109,7 @@ _T_PROMPT, _T_NOUT, _T_COMP, _T_BLK = ROW["prompt"], ROW["n_out"], ROW["computed
 _T_ARRIVAL, _T_TBT, _T_DEADLINE = ROW["arrival"], ROW["tbt"], ROW["deadline"]
 _T_RUN, _T_ONLINE, _T_LOST = ROW["running"], ROW["online"], ROW["lost"]
 
+_HEADER = 5  # packed outputs: batch size, preemptions, cut chunks, token budget, ERA owner's slot
 _NO_ADMISSION_CAP = 1 << 60  # "math.inf" admissions: only ever decremented a few times
 _LOST_OFFSET = 1e9  # as accelgen._LOST_OFFSET
 _NEVER = -(1 << 62)  # as accelgen_select._NEVER
@@ -906,12 +914,13 @@ def _form(arrival: np.ndarray, n: int, chunk_mean: float, era_owner: int, t_max:
     info[18] = 1.0 if fallback else 0.0
     info[19] = chunk_mean
     info[20] = led[_FREE]
-    info[21] = led[_ERA]  # (trailer: the ERA owner's slot)
     n_pre, n_cut = led[_NP], led[_NC]
     packed[0] = n_sched
     packed[1] = n_pre
     packed[2] = n_cut
-    p = 3
+    packed[3] = led[_BUDGET]
+    packed[4] = led[_ERA]
+    p = _HEADER
     for j in range(n_sched):
         packed[p + j] = sc[_S_SLOT, j]
         packed[p + n_sched + j] = sc[_S_TOK, j]
@@ -997,8 +1006,8 @@ class Workspace:
         self.fmat = np.zeros((_FCOLS, width), dtype=np.float64)
         self.sc = np.zeros((_SROWS, width), dtype=np.int64)
         self.led = np.zeros(_LEDGER, dtype=np.int64)
-        self.info = np.zeros(len(INFO_KEYS) + 1, dtype=np.float64)
-        self.packed = np.zeros(3 + 4 * width, dtype=np.int64)
+        self.info = np.zeros(len(INFO_KEYS), dtype=np.float64)
+        self.packed = np.zeros(_HEADER + 4 * width, dtype=np.int64)
 
 
 @dataclass(slots=True)
@@ -1017,14 +1026,15 @@ class KernelResult:
     slo_min: float
     info: InfoRow
     ints: list[int]  # the raw outputs of CompiledDecision.run
-    vals: list[float]
+    vals: np.ndarray
 
     @classmethod
-    def parse(cls, ints: list[int], vals: list[float]) -> KernelResult:
+    def parse(cls, ints: list[int], vals: np.ndarray) -> KernelResult:
         ns, npre = ints[0], ints[1]
-        j = 3 + 2 * ns
-        return cls(ints[3:3 + ns], ints[3 + ns:j], ints[j:j + npre], ints[j + npre:],
-                   int(vals[21]), int(vals[0]), vals[2], vals[1], InfoRow(INFO_INDEX, vals), ints,
+        j = _HEADER + 2 * ns
+        return cls(ints[_HEADER:_HEADER + ns], ints[_HEADER + ns:j], ints[j:j + npre],
+                   ints[j + npre:], ints[4], ints[3], float(vals[2]), float(vals[1]),
+                   InfoRow(INFO_INDEX, vals), ints,
                    vals)
 
 
@@ -1062,12 +1072,12 @@ class CompiledDecision:
         return ws
 
     def run(self, policy: AccelGenPolicy, view: SchedulerView, t: RequestTable,
-            bud: TokenBudget, chunk_mean: float) -> tuple[list[int], list[float]]:
+            bud: TokenBudget, chunk_mean: float) -> tuple[list[int], np.ndarray]:
         """``DecisionState(policy, view, t, bud, chunk_mean).form()`` compiled (see the module
         docstring for the order of the calls). Returns ``ints``: the numbers of scheduled,
-        preempted and cut requests, then the batch's slots, its tokens, the preempted slots
-        and the cut chunks; and ``vals``: the diagnostics in ``INFO_KEYS`` order, then the ERA
-        owner's slot (-1: none)."""
+        preempted and cut requests, the token budget and the ERA owner's slot (-1: none), then
+        the batch's slots, its tokens, the preempted slots and the cut chunks; and ``vals``: the
+        diagnostics in ``INFO_KEYS`` order (a new array)."""
         n = t.n
         p = policy.params
         kv = view.kv
@@ -1088,7 +1098,8 @@ class CompiledDecision:
                        policy._prev_budget, kv.num_free_blocks, adm, *self._steady)
         else:
             m = self._generic(policy, view, t, bud, chunk_mean, owner, adm, ws)
-        return ws.packed[:m].tolist(), ws.info.tolist()
+        # (the diagnostics as one array copy: a list would be 21 float objects per step)
+        return ws.packed[:m].tolist(), ws.info.copy()
 
     def _generic(self, policy: AccelGenPolicy, view: SchedulerView, t: RequestTable,
                  bud: TokenBudget, chunk_mean: float, owner: int, adm: int,
@@ -1126,6 +1137,8 @@ def _entry_point(dispatcher: Any, tables: tuple[np.ndarray, ...], step_types: tu
     about 18 us against 10 through the entry point). The caller keeps the argument types: the
     same arrays (the table's blocks keep their dtype and layout when they grow) and scalars that
     the entry point converts to the declared ``step_types``."""
+    if not hasattr(dispatcher, "overloads"):  # NUMBA_DISABLE_JIT=1: a plain Python function
+        return dispatcher  # type: ignore[no-any-return]
     sig = (*map(typeof, tables), *step_types, *map(typeof, steady))
     if sig not in dispatcher.overloads:
         dispatcher.compile(sig)

@@ -65,8 +65,8 @@ class SchedulerView:
 
 class InfoRow(MutableMapping[str, float]):
     """A decision's diagnostics as a row: names shared by every decision of one kind (``index``:
-    name -> position), values in a list that compiled code fills with one ``tolist()``; entries
-    set under other names (the vLLM adapter's) go to a small dict.
+    name -> position), values in a list or a 1-D float array (what compiled code fills);
+    entries set under other names (the vLLM adapter's) go to a small dict.
 
     Why not a dict: inside vLLM a step is scheduled right after a forward pass has evicted the
     caches, and building a twenty-key dict there took longer than the compiled AccelGen decision
@@ -74,7 +74,7 @@ class InfoRow(MutableMapping[str, float]):
 
     __slots__ = ("_extra", "_index", "_values")
 
-    def __init__(self, index: dict[str, int], values: list[float]) -> None:
+    def __init__(self, index: dict[str, int], values: Any) -> None:
         self._index = index
         self._values = values
         self._extra: dict[str, float] | None = None
@@ -82,7 +82,7 @@ class InfoRow(MutableMapping[str, float]):
     def __getitem__(self, key: str) -> float:
         i = self._index.get(key)
         if i is not None:
-            return self._values[i]
+            return float(self._values[i])
         if self._extra is not None:
             return self._extra[key]
         raise KeyError(key)
@@ -110,7 +110,9 @@ class InfoRow(MutableMapping[str, float]):
         return len(self._index) + (len(self._extra) if self._extra is not None else 0)
 
     def as_dict(self) -> dict[str, float]:
-        d = dict(zip(self._index, self._values, strict=False))
+        values = self._values
+        d = dict(zip(self._index, values if isinstance(values, list) else values.tolist(),
+                     strict=False))
         if self._extra is not None:
             d.update(self._extra)
         return d
@@ -133,6 +135,32 @@ class Decision:
     info: MutableMapping[str, float] = field(default_factory=dict)
     # When the policy deliberately schedules nothing, the earliest time it wants to be asked again.
     wake_at: float | None = None
+
+    @staticmethod
+    def of_batch(scheduled: list[tuple[Request, int]], preempted: list[Request],
+                 info_index: dict[str, int], info_values: Any) -> Decision:
+        """``Decision(scheduled=..., preempted=..., info=InfoRow(info_index, info_values))``,
+        built without the generated ``__init__``s. Why: in vLLM a step is scheduled right after a
+        forward pass has evicted the caches, and there the two keyword-parsing ``__init__``s with
+        their default factories took longer than the compiled decision they wrap
+        (``tests/test_accelgen_kernel.py`` checks that every field is set)."""
+        d = _new(Decision)
+        d.scheduled = scheduled
+        d.preempted = preempted
+        d.swap_out = []
+        d.swap_in = []
+        d.reserve = []
+        d.rejected = []
+        info = _new(InfoRow)
+        info._index = info_index
+        info._values = info_values
+        info._extra = None
+        d.info = info
+        d.wake_at = None
+        return d
+
+
+_new = object.__new__
 
 
 class PolicyParams(BaseModel):
