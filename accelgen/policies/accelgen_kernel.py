@@ -1151,17 +1151,10 @@ def decide(policy: AccelGenPolicy, view: SchedulerView, t: RequestTable, bud: To
     return KernelResult.parse(*policy.compiled_decision().run(policy, view, t, bud, chunk_mean))
 
 
-_LAST: list[object] = [None, None]  # (key of the last lookup, its array)
-
-
 def _constants(p: AccelGenParams, block_size: int, total_blocks: int, bud: TokenBudget
                ) -> np.ndarray:
-    """The ``K`` array (read-only for the kernel), rebuilt only when the params, KV or budget
-    objects change (a policy's stay the same between refits)."""
-    key = (p, block_size, total_blocks, bud)
-    if _LAST[0] != key:
-        growth = block_size if p.kv_growth_reserve is None else p.kv_growth_reserve
-        _LAST[0], _LAST[1] = key, np.array(
-            (block_size, growth, total_blocks, p.era, p.spill_groups, p.late_is_urgent,
-             p.lost_last, bud.min_budget, bud.cap), dtype=np.int64)
-    return _LAST[1]  # type: ignore[return-value]
+    """The ``K`` array (read-only for the kernel); ``CompiledDecision`` keeps it until the
+    params, KV or budget objects change."""
+    growth = block_size if p.kv_growth_reserve is None else p.kv_growth_reserve
+    return np.array((block_size, growth, total_blocks, p.era, p.spill_groups, p.late_is_urgent,
+                     p.lost_last, bud.min_budget, bud.cap), dtype=np.int64)
