@@ -70,14 +70,6 @@ def run(system: str, trace: pd.DataFrame, out: Path, policy_params: dict[str, An
     }
 
 
-def _in_fresh_process(job: Any, *args: Any) -> Any:
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
-        return pool.submit(job, *args).result()
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
@@ -90,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--same-process", action="store_true",
                     help="run every engine in this process instead of a fresh one each")
     args = ap.parse_args(argv)
+    from accelgen.vllm_integration.replay import in_fresh_process
     from accelgen.vllm_integration.sample_trace import mixed_slo_trace
 
     trace = mixed_slo_trace(args.requests, args.rate, args.seed)
@@ -98,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         order = ["stock", "accelgen"] if rep % 2 == 0 else ["accelgen", "stock"]
         for system in order:
             job = (system, trace, args.out / f"{system}-rep{rep}", {}, args.blocks)
-            row = run(*job) if args.same_process else _in_fresh_process(run, *job)
+            row = run(*job) if args.same_process else in_fresh_process(run, *job)
             row["rep"] = rep
             rows.append(row)
             print({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}, flush=True)

@@ -261,11 +261,16 @@ def test_replays_run_in_a_fresh_process(monkeypatch: pytest.MonkeyPatch) -> None
     import pickle
 
     from accelgen.profiling import fidelity
-    from accelgen.vllm_integration.replay import ONEDNN_CACHE_CAPACITY, ONEDNN_CACHE_ENV
+    from accelgen.vllm_integration.replay import (
+        ONEDNN_CACHE_CAPACITY,
+        ONEDNN_CACHE_ENV,
+        in_fresh_process,
+    )
 
     src = inspect.getsource(fidelity.replay_run)
     assert "_in_fresh_process" in src and "_replay_job" in src
-    assert 'get_context("spawn")' in inspect.getsource(fidelity._in_fresh_process)
+    assert "in_fresh_process(job" in inspect.getsource(fidelity._in_fresh_process)
+    assert 'get_context("spawn")' in inspect.getsource(in_fresh_process)
     assert pickle.loads(pickle.dumps(fidelity._replay_job)) is fidelity._replay_job
     cfg = FidelityConfig()
     # _in_fresh_process sets these in this process too: restore them after the test.

@@ -197,17 +197,12 @@ def replay_run(trace: pd.DataFrame, system: str, cfg: FidelityConfig, profile_cs
 
 
 def _in_fresh_process(cfg: FidelityConfig, job: Callable[..., T], *args: Any) -> T:
-    """``job(*args)`` in a new spawned process, which inherits this one's environment (OpenMP
-    threads, the kernel cache capacity: ``replay.engine_env_defaults``) and priority."""
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
-
-    from accelgen.vllm_integration.replay import engine_env_defaults
+    """``job(*args)`` in a new spawned process (``replay.in_fresh_process``) with the fidelity
+    engine's OpenMP threads."""
+    from accelgen.vllm_integration.replay import in_fresh_process
 
     _set_threads(cfg.omp_threads)
-    engine_env_defaults()
-    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
-        return pool.submit(job, *args).result()
+    return in_fresh_process(job, *args)
 
 
 def _engine_config(cfg: FidelityConfig, system: str, tiny_dir: Path,

@@ -18,8 +18,9 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -33,6 +34,8 @@ from accelgen.sim.recorder import requests_frame, write_results
 from accelgen.vllm_integration import SCHEDULER_CLS, STOCK_SCHEDULER_CLS
 from accelgen.vllm_integration.config import AdapterConfig, build_cost_model, build_pivot
 from accelgen.vllm_integration.tiny_model import TinyModelSpec, write_tiny_model
+
+T = TypeVar("T")
 
 System = Literal["accelgen", "stock"]
 
@@ -85,6 +88,18 @@ def engine_env_defaults() -> dict[str, str]:
     values in effect."""
     os.environ.setdefault(ONEDNN_CACHE_ENV, str(ONEDNN_CACHE_CAPACITY))
     return {ONEDNN_CACHE_ENV: os.environ[ONEDNN_CACHE_ENV]}
+
+
+def in_fresh_process(job: Callable[..., T], *args: Any) -> T:
+    """``job(*args)`` in a new spawned process, which inherits this one's environment (with
+    ``engine_env_defaults``) and priority, and nothing of an engine that ran here before
+    (threads still shutting down, garbage, oneDNN kernels already built)."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    engine_env_defaults()
+    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+        return pool.submit(job, *args).result()
 
 
 def _prepare_env(spec: EngineSpec) -> None:
