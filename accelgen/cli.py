@@ -17,6 +17,8 @@ COMMANDS: dict[str, str] = {
     "simulate": "accelgen.sim.cli",
     "profile": "accelgen.profiling.cli",
     "replay": "accelgen.vllm_integration.cli",
+    "serve": "accelgen.vllm_integration.serve",
+    "bench-serve": "accelgen.serving.cli",
     "fidelity": "accelgen.profiling.fidelity_cli",
     "oracle": "accelgen.policies.oracle",
 }
@@ -42,7 +44,12 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(argv).parse_args(argv)
+    parser = build_parser(argv)
+    args, rest = parser.parse_known_args(argv)
+    if rest:
+        if not getattr(args, "passthrough", False):
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        args.passthrough_args = rest  # another program's options (`accelgen serve`: vLLM's)
     try:
         return int(args.func(args) or 0)
     except (ValueError, FileNotFoundError) as exc:

@@ -20,7 +20,7 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +87,9 @@ class IterationLog:
         return pd.DataFrame({"decision_time": times})
 
 
-def requests_frame(requests: Iterable[Request], output_len: np.ndarray) -> pd.DataFrame:
+def requests_frame(requests: Iterable[Request],
+                   output_len: np.ndarray | Mapping[int, int]) -> pd.DataFrame:
+    """One row per request; ``output_len[req_id]`` is its target output length."""
     rows = []
     for r in requests:
         rows.append((

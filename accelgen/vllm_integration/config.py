@@ -77,9 +77,12 @@ class AdapterConfig(StrictModel):
     # Epoch seconds (time.time()) that the policy's clock calls 0; None: when the scheduler is
     # built. The replay runner sets it to its own start so trace and engine times agree.
     time_origin: float | None = None
-    # Where a scheduler writes its per-step and per-request logs at shutdown (Parquet, same schema
-    # as the simulator); needed when the engine core is a child process the caller cannot reach.
+    # Where a scheduler writes its per-request and per-step logs (Parquet, the simulator's
+    # schema): needed when the engine core is a child process the caller cannot reach (a server).
+    # Written atomically every `log_flush_interval_s` while requests are served, as soon as the
+    # engine has none left in flight, and at shutdown (``logsink``).
     log_dir: Path | None = None
+    log_flush_interval_s: PositiveFloat = 10.0
 
 
 def resolve_config(additional_config: Any = None) -> AdapterConfig:
@@ -223,12 +226,38 @@ def build_pivot(cfg: AdapterConfig, cost: CostModel, *, block_size: int,
 
 # --------------------------------------------------------------------------------------------
 # per-request SLOs
+#
+# One rule for every way a request's SLOs arrive: ``SamplingParams.extra_args`` read by the
+# scheduler inside the engine, and ``vllm_xargs`` / the ``X-AccelGen-SLO`` header read by the
+# HTTP middleware (``slo_http``) before the request reaches the engine.
 
 SLO_KEYS = ("ttft_slo", "tbt_slo", "jct_slo")
+# Keys of extra_args the plugin reads; anything else is vLLM's or the client's.
+REQUEST_KEYS = (*SLO_KEYS, "online", "predicted_output_len", "source", "req_id")
+# Largest finite SLO (s): about 11.6 days. A larger finite value is a client bug (a unit slip,
+# an overflow) that would silently act as "no deadline"; `inf` (or leaving the key out of a
+# request whose default is inf) says that on purpose.
+MAX_SLO_S = 1e6
+MAX_PREDICTED_OUTPUT_LEN = 10_000_000
+# Client-given req_ids are < AUTO_REQ_ID_BASE; the plugin numbers requests without one from it
+# upward, so an id a client picks never collides with one the plugin picked.
+AUTO_REQ_ID_BASE = 1 << 40
+MAX_SOURCE_LEN = 200
 
 
 class SLOError(ValueError):
-    """A request's ``extra_args`` carry an SLO (or related field) that cannot be used."""
+    """A request's ``extra_args`` carry an SLO (or related field) that cannot be used.
+
+    ``problems`` lists ``(field, message)`` for every bad field; ``str()`` joins the messages.
+    """
+
+    def __init__(self, problems: list[tuple[str, str]]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(message for _, message in problems))
+
+    @property
+    def fields(self) -> list[str]:
+        return [name for name, _ in self.problems]
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,49 +271,73 @@ class RequestSLO:
     req_id: int | None  # the trace's id when the client passes one
 
 
-def _is_number(v: Any) -> bool:
+def _is_int(v: Any) -> bool:
     # bool is an int subclass, but `ttft_slo=True` is a client bug, not one second.
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return _is_int(v) or isinstance(v, float)
+
+
+def _slo_problem(key: str, v: Any) -> str | None:
+    if not _is_number(v):
+        return f"{key}={v!r} is not a number (seconds)"
+    if math.isnan(v) or v <= 0:
+        return f"{key}={v!r} must be > 0 seconds"
+    if v > MAX_SLO_S and not math.isinf(v):
+        return (f"{key}={v!r} is larger than {MAX_SLO_S:g} s (use inf, or leave it out, for no "
+                "deadline)")
+    return None
 
 
 def parse_request_slo(extra: Mapping[str, Any] | None, defaults: SLODefaults) -> RequestSLO:
     """SLOs and bookkeeping fields of one request; raises ``SLOError`` naming every bad field.
 
-    Recognised keys: ``ttft_slo``, ``tbt_slo``, ``jct_slo`` (seconds, > 0; ``inf`` = none),
-    ``online`` (bool), ``predicted_output_len`` (int >= 1), ``source`` (str), ``req_id``
-    (int >= 0). Other keys are vLLM's or the client's and are ignored.
+    Recognised keys: ``ttft_slo``, ``tbt_slo``, ``jct_slo`` (seconds, 0 < v <= ``MAX_SLO_S`` or
+    ``inf`` for none; missing or None: the default), ``online`` (bool; 0 and 1 too, because
+    vLLM's OpenAI server turns JSON booleans in ``vllm_xargs`` into integers),
+    ``predicted_output_len`` (int in [1, ``MAX_PREDICTED_OUTPUT_LEN``]), ``source`` (str of at most
+    ``MAX_SOURCE_LEN`` characters), ``req_id`` (int in [0, ``AUTO_REQ_ID_BASE``)). Any other key
+    ending in ``_slo`` is refused as a misspelt SLO; other keys are vLLM's or the client's and are
+    ignored.
     """
     extra = extra or {}
-    problems: list[str] = []
+    problems: list[tuple[str, str]] = []
+    for key in extra:
+        if isinstance(key, str) and key.endswith("_slo") and key not in SLO_KEYS:
+            problems.append((key, f"{key} is not an SLO the plugin knows (known: "
+                                  f"{', '.join(SLO_KEYS)})"))
     online = extra.get("online", defaults.online)
+    if _is_int(online) and online in (0, 1):
+        online = bool(online)
     if not isinstance(online, bool):
-        problems.append(f"online={online!r} is not a boolean")
+        problems.append(("online", f"online={online!r} is not a boolean"))
     slo: dict[str, float] = {}
     for key in SLO_KEYS:
         if key not in extra or extra[key] is None:
             # An offline request has no per-token deadlines unless it asks for them.
             offline_token_slo = online is False and key != "jct_slo"
             slo[key] = math.inf if offline_token_slo else float(getattr(defaults, key))
-            continue
-        v = extra[key]
-        if not _is_number(v):
-            problems.append(f"{key}={v!r} is not a number (seconds)")
-        elif math.isnan(v) or v <= 0:
-            problems.append(f"{key}={v!r} must be > 0 seconds")
+        elif (why := _slo_problem(key, extra[key])) is not None:
+            problems.append((key, why))
         else:
-            slo[key] = float(v)
+            slo[key] = float(extra[key])
     pred = extra.get("predicted_output_len", defaults.predicted_output_len)
-    if not (isinstance(pred, int) and not isinstance(pred, bool) and pred >= 1):
-        problems.append(f"predicted_output_len={pred!r} is not an integer >= 1")
+    if not (_is_int(pred) and 1 <= pred <= MAX_PREDICTED_OUTPUT_LEN):
+        problems.append(("predicted_output_len", f"predicted_output_len={pred!r} is not an "
+                                                 f"integer in [1, {MAX_PREDICTED_OUTPUT_LEN}]"))
     source = extra.get("source", "unknown")
-    if not isinstance(source, str):
-        problems.append(f"source={source!r} is not a string")
+    if not (isinstance(source, str) and len(source) <= MAX_SOURCE_LEN):
+        shown = f"{source[:40]!r}... ({len(source)} characters)" if isinstance(source, str) \
+            else repr(source)
+        problems.append(("source", f"source={shown} is not a string of at most "
+                                   f"{MAX_SOURCE_LEN} characters"))
     req_id = extra.get("req_id")
-    if req_id is not None and not (isinstance(req_id, int) and not isinstance(req_id, bool)
-                                   and req_id >= 0):
-        problems.append(f"req_id={req_id!r} is not an integer >= 0")
+    if req_id is not None and not (_is_int(req_id) and 0 <= req_id < AUTO_REQ_ID_BASE):
+        problems.append(("req_id", f"req_id={req_id!r} is not an integer in [0, 2**40)"))
     if problems:
-        raise SLOError("; ".join(problems))
+        raise SLOError(problems)
     return RequestSLO(ttft_slo=slo["ttft_slo"], tbt_slo=slo["tbt_slo"], jct_slo=slo["jct_slo"],
                       online=bool(online), predicted_output_len=int(pred), source=str(source),
                       req_id=req_id)

