@@ -297,7 +297,9 @@ def test_bench_serve_records_every_end_state(tmp_path: Path,
     assert summary["policy"] == "fake" and summary["num_preemptions"] is None
     assert summary["model"] == "fake-model" and summary["url"] == url
     # What the server got: the trace's lengths, ignore_eos and SLOs, token-id prompts.
-    sent = {b["vllm_xargs"]["req_id"]: b for b in seen}
+    warmups = [b for b in seen if "vllm_xargs" not in b]
+    assert len(warmups) == 2 and seen[:2] == warmups  # sent first, without SLOs, not recorded
+    sent = {b["vllm_xargs"]["req_id"]: b for b in seen[2:]}
     row = trace.set_index("req_id").loc[0]
     assert len(sent[0]["prompt"]) == row["prompt_len"] and sent[0]["ignore_eos"] is True
     assert sent[0]["max_tokens"] == 6 and sent[0]["stream"] is True
@@ -312,7 +314,11 @@ def test_unreachable_server_leaves_every_request_unfinished(tmp_path: Path) -> N
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     trace = mixed_slo_trace(n=3, rate=100.0, seed=1)
-    run = bench_to_dir(trace, BenchConfig(url=f"http://127.0.0.1:{port}", model="m"),
+    with pytest.raises(ValueError, match=r"warm-up request 0 .* failed: unfinished: connection"):
+        bench_to_dir(trace, BenchConfig(url=f"http://127.0.0.1:{port}", model="m"),
+                     tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    run = bench_to_dir(trace, BenchConfig(url=f"http://127.0.0.1:{port}", model="m", warmup=0),
                        tmp_path / "out")
     df = run["requests"]
     assert (df["status"] == "unfinished").all()

@@ -447,7 +447,7 @@ def test_vllm_policy_through_the_plugin_reproduces_stock_vllm() -> None:
 
 
 def test_logs_written_at_shutdown_for_out_of_process_engines(tmp_path) -> None:
-    import pandas as pd
+    from accelgen.vllm_integration.logsink import read_logs
 
     s = make_scheduler(InstrumentedScheduler, num_blocks=16,
                        accelgen={"log_dir": str(tmp_path / "logs")})
@@ -455,10 +455,50 @@ def test_logs_written_at_shutdown_for_out_of_process_engines(tmp_path) -> None:
     while s.has_unfinished_requests():
         step(s)
     s.shutdown()
-    reqs = pd.read_parquet(tmp_path / "logs" / "requests.parquet")
-    assert list(reqs["num_output_tokens"]) == [3]
-    assert len(pd.read_parquet(tmp_path / "logs" / "iterations.parquet")) == 3
-    assert len(pd.read_parquet(tmp_path / "logs" / "timing.parquet")) == 3
+    logs = read_logs(tmp_path / "logs")
+    assert list(logs["requests"]["num_output_tokens"]) == [3]
+    assert list(logs["requests"]["status"]) == ["finished"]
+    assert len(logs["iterations"]) == len(logs["timing"]) == 3
+
+
+def test_logs_while_serving_hold_in_flight_and_aborted_requests(tmp_path) -> None:
+    """The log directory is current while the engine serves: what an engine-core crash would
+    leave behind. Requests in flight and requests vLLM aborted are unfinished, with why."""
+    from accelgen.vllm_integration.config import AUTO_REQ_ID_BASE
+    from accelgen.vllm_integration.logsink import read_log
+    from accelgen.vllm_integration.scheduler import ABORTED_REASON, IN_FLIGHT_REASON
+
+    logs = tmp_path / "logs"
+    s = make_scheduler(InstrumentedScheduler, num_blocks=16,
+                       accelgen={"log_dir": str(logs), "log_flush_interval_s": 0.05})
+    add(s, 0, 40, 3)
+    aborted = add(s, 1, 40, 50)
+    s.add_request(make_request("no-id", 30, 2, extra_args={"online": 1}))  # vLLM's 0/1 bool
+    for _ in range(4):
+        step(s)
+    # Within the flush interval (plus the writer's 1 s minimum gap) the files hold the state.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        reqs = read_log(logs / "requests.parquet") if (logs / "requests.parquet").exists() \
+            else None
+        if reqs is not None and (reqs["status"] == "finished").sum() == 2:
+            break
+        time.sleep(0.05)
+    assert reqs is not None
+    by_id = reqs.set_index("req_id")
+    assert by_id.loc[0, "status"] == "finished"
+    assert by_id.loc[1, "status"] == "unfinished"
+    assert by_id.loc[1, "reject_reason"] == IN_FLIGHT_REASON
+    auto = [i for i in by_id.index if i >= AUTO_REQ_ID_BASE]
+    assert len(auto) == 1 and by_id.loc[auto[0], "status"] == "finished"
+    assert bool(by_id.loc[auto[0], "online"])
+    # vLLM aborts a request (client gone, or the server stopping in abort mode).
+    s.finish_requests(aborted, RequestStatus.FINISHED_ABORTED)
+    s.shutdown()
+    reqs = read_log(logs / "requests.parquet").set_index("req_id")
+    assert reqs.loc[1, "status"] == "unfinished"
+    assert reqs.loc[1, "reject_reason"] == ABORTED_REASON
+    assert len(reqs) == 3 and s.log_sink is not None and s.log_sink.writes >= 2
 
 
 def test_an_engine_can_start_after_the_compiled_decision_ran() -> None:

@@ -13,7 +13,8 @@ streaming completion (``POST /v1/completions``, ``stream: true``) with
 - ``return_token_ids`` and ``stream_options.continuous_usage_stats`` (vLLM's), which make the
   token count of every chunk exact.
 
-Every token gets the time its chunk arrived (tokens that share a chunk share its time), on the
+Before the run, ``warmup`` short requests (no SLOs, not recorded) go one at a time. Every
+token gets the time its chunk arrived (tokens that share a chunk share its time), on the
 trace's clock (0 = the start of the run), so TTFT includes the time the request waited for the
 client's connection limit or in the server's queues, as a user would see it. At most
 ``max_concurrency`` requests are open at once; a request that arrives while that many are open
@@ -48,7 +49,7 @@ from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
-from pydantic import PositiveFloat, PositiveInt
+from pydantic import NonNegativeInt, PositiveFloat, PositiveInt
 
 from accelgen import metrics
 from accelgen.config import StrictModel
@@ -58,6 +59,7 @@ from accelgen.workloads.prompts import prompt_text, prompt_token_ids
 from accelgen.workloads.trace import to_requests
 
 API_KEY_ENV = "OPENAI_API_KEY"
+WARMUP_SEED = 10**6  # prompt seeds of the warm-up requests (the trace's ids are far below)
 
 
 class BenchConfig(StrictModel):
@@ -70,6 +72,10 @@ class BenchConfig(StrictModel):
     request_timeout_s: PositiveFloat = 600.0
     limit: PositiveInt | None = None  # replay only the first N requests of the trace
     label: str = "server"  # summary["policy"]: what the server runs, for grouping results
+    # Short requests sent one after another before the run and not recorded, so that a fresh
+    # server's one-off start-up costs (first forward passes) do not land on the trace's first
+    # requests (as `accelgen replay` does).
+    warmup: NonNegativeInt = 2
 
 
 def base_url(url: str) -> str:
@@ -238,6 +244,18 @@ async def _one(session: Any, url: str, headers: dict[str, str], body: dict[str, 
         out.reason = f"connection: {type(exc).__name__}: {exc}".rstrip(": ")
 
 
+async def warm_up(session: Any, url: str, headers: dict[str, str], cfg: BenchConfig,
+                  model: str) -> None:
+    """``cfg.warmup`` short requests, one at a time, without SLOs or req_id."""
+    for i in range(cfg.warmup):
+        warm = Request(req_id=WARMUP_SEED + i, arrival=0.0, prompt_len=64)
+        body = request_body(warm, 4, cfg.model_copy(update={"send_slos": False}), model)
+        out = Outcome()
+        await _one(session, url, headers, body, 4, out, time.perf_counter())
+        if out.status != "finished":
+            raise ValueError(f"warm-up request {i} to {url} failed: {out.status}: {out.reason}")
+
+
 async def first_model(session: Any, base: str, headers: dict[str, str]) -> str:
     async with session.get(f"{base}/v1/models", headers=headers) as resp:
         if resp.status != 200:
@@ -266,6 +284,7 @@ async def run_requests(reqs: list[Request], max_tokens: np.ndarray, cfg: BenchCo
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         model = cfg.model or await first_model(session, base, headers)
         url = f"{base}/v1/completions"
+        await warm_up(session, url, headers, cfg, model)
         slots = asyncio.Semaphore(cfg.max_concurrency)
         t0 = time.perf_counter()
 

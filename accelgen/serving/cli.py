@@ -30,6 +30,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--limit", type=int, help="replay only the first N requests")
     p.add_argument("--label", default="server",
                    help="what the server runs (summary.json 'policy'), e.g. accelgen or stock")
+    p.add_argument("--warmup", type=int, default=2,
+                   help="short requests sent (one at a time, not recorded) before the run "
+                        "(default 2)")
     p.add_argument("--no-slos", action="store_true",
                    help="send no vllm_xargs (for servers other than vLLM)")
     p.add_argument("--no-progress", action="store_true")
@@ -47,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = BenchConfig(url=args.url, model=args.model, prompt=args.prompt,
                       vocab_size=args.vocab_size, send_slos=not args.no_slos,
                       max_concurrency=args.max_concurrency,
-                      request_timeout_s=args.request_timeout, limit=args.limit, label=args.label)
+                      request_timeout_s=args.request_timeout, limit=args.limit, label=args.label,
+                      warmup=args.warmup)
     trace = load_trace(args.trace)
     out = bench_to_dir(trace, cfg, args.out, progress=not args.no_progress,
                        trace_path=str(args.trace))

@@ -11,9 +11,9 @@ per-request and per-step records are only useful if they reach disk. ``LogSink``
 - at shutdown (``close``), after the last step.
 
 Each file is written to a temporary file in ``log_dir`` and renamed over the old one, so a
-reader never sees a half-written file (the three files are each consistent; after a crash
-between two renames they may be one flush apart). Requests still in flight are written with
-status ``unfinished``.
+reader that opens it once never sees a half-written file (``read_log``; the three files are each
+consistent, and after a crash between two renames they may be one flush apart). Requests still
+in flight are written with status ``unfinished``.
 
 The work per flush is incremental: the source (the scheduler) hands over only the requests that
 ended and the steps logged since the previous flush, as data frames built while it holds its
@@ -89,6 +89,19 @@ def write_atomic(table: pa.Table, path: Path) -> None:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+
+
+def read_log(path: Path | str) -> pd.DataFrame:
+    """One log file as written at one moment. The file is opened once: pyarrow (and pandas)
+    given a path open it twice (metadata, then data), which can pair two versions of a file
+    the server is rewriting."""
+    with open(path, "rb") as f:
+        return pq.read_table(f).to_pandas()
+
+
+def read_logs(log_dir: Path | str) -> dict[str, pd.DataFrame]:
+    """``{"requests": ..., "iterations": ..., "timing": ...}`` of a log directory."""
+    return {name: read_log(Path(log_dir) / f"{name}.parquet") for name in FILES}
 
 
 class LogSink:

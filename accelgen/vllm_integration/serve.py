@@ -22,6 +22,7 @@ Every other option goes to vLLM unchanged (``--host``, ``--port``, ``--max-model
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -201,3 +202,105 @@ def run(args: argparse.Namespace) -> int:
     # exec: the server is this process, so signals sent to `accelgen serve` reach it directly.
     os.execve(cmd[0], cmd, {**os.environ, **env})
     return 0  # pragma: no cover - execve does not return
+
+
+# --------------------------------------------------------------------------------------------
+# a server in a child process (tests, scripts/compare_serve.py)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now (the OS's pick)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class ServerProcess:
+    """``accelgen serve ARGS`` in a child process of its own session, on ``host``:``port``
+    (a free port by default); its output goes to ``log_path``. ``with`` starts it, waits until
+    ``/health`` answers, and stops it (SIGTERM, then SIGKILL to its process group after
+    ``stop_timeout_s``)."""
+
+    def __init__(self, args: list[str], *, log_path: Path | str, host: str = "127.0.0.1",
+                 port: int | None = None, ready_timeout_s: float = 300.0,
+                 stop_timeout_s: float = 90.0) -> None:
+        self.args = list(args)
+        self.host = host
+        self.port = port or free_port(host)
+        self.log_path = Path(log_path)
+        self.ready_timeout_s = ready_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self.proc: Any = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> None:
+        import subprocess
+
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "accelgen.cli", "serve", "--host", self.host,
+                 "--port", str(self.port), *self.args],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True)
+
+    def wait_ready(self) -> None:
+        import time
+        import urllib.error
+        import urllib.request
+
+        deadline = time.monotonic() + self.ready_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"accelgen serve exited with {self.proc.returncode} before "
+                                   f"it was ready; its log ({self.log_path}) ends with:\n"
+                                   f"{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=5) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise TimeoutError(f"accelgen serve not ready after {self.ready_timeout_s:.0f} s; its "
+                           f"log ({self.log_path}) ends with:\n{self.log_tail()}")
+
+    def stop(self, sig: int | None = None) -> int | None:
+        """Send ``sig`` (SIGTERM) and wait; returns the exit status (None if it had to be
+        killed)."""
+        import signal
+        import subprocess
+
+        if self.proc is None or self.proc.poll() is not None:
+            return None if self.proc is None else int(self.proc.returncode)
+        self.proc.send_signal(signal.SIGTERM if sig is None else sig)
+        try:
+            status: int | None = int(self.proc.wait(self.stop_timeout_s))
+        except subprocess.TimeoutExpired:
+            status = None
+        # Whatever is left of the session this object started (an engine core that outlived
+        # its server) goes too.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        return status
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def __enter__(self) -> ServerProcess:
+        self.start()
+        self.wait_ready()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
