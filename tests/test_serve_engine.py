@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 MALFORMED: list[dict[str, Any]] = [
     {"ttft_slo": "abc"}, {"ttft_slo": -1}, {"tbt_slo": math.nan}, {"jct_slo": 1e300},
     {"ttft_slo": True}, {"online": "yes"}, {"predicted_output_len": 10**30},
-    {"ttft_sla": 0.5}, {"req_id": -5}, {"tbt_slo": 0},
+    {"ttf_slo": 0.5}, {"req_id": -5}, {"tbt_slo": 0},
 ]
 GOOD_IDS = 100_000  # req_ids of the robustness requests (the trace's are 0..n-1)
 

@@ -47,16 +47,33 @@ def test_slo_from_extra_args_and_defaults() -> None:
     ({"online": "yes"}, "online='yes' is not a boolean"),
     ({"req_id": -3}, "req_id=-3"),
     ({"predicted_output_len": 0}, "predicted_output_len=0"),
+    ({"predicted_output_len": 10**8}, "predicted_output_len=100000000"),
+    ({"jct_slo": 2e6}, "jct_slo=2000000.0 is larger than 1e"),
+    ({"ttf_slo": 1.0}, "ttf_slo is not an SLO the plugin knows"),
+    ({"online": 2}, "online=2 is not a boolean"),
+    ({"req_id": 2**40}, "req_id=1099511627776 is not an integer in"),
+    ({"source": 5}, "source=5 is not a string"),
 ])
 def test_bad_slo_values_are_named(extra: dict, fragment: str) -> None:
     with pytest.raises(SLOError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
         parse_request_slo(extra, SLODefaults())
 
 
+def test_vllm_server_integers_for_booleans_and_infinite_slos() -> None:
+    # vLLM's OpenAI server turns JSON booleans in vllm_xargs into 0/1.
+    s = parse_request_slo({"online": 0, "jct_slo": 30.0}, SLODefaults())
+    assert (s.online, s.ttft_slo, s.tbt_slo, s.jct_slo) == (False, math.inf, math.inf, 30.0)
+    assert parse_request_slo({"online": 1}, SLODefaults()).online is True
+    # inf is "no deadline", on purpose; large finite values are not.
+    assert parse_request_slo({"ttft_slo": math.inf}, SLODefaults()).ttft_slo == math.inf
+    assert parse_request_slo({"jct_slo": 1e6}, SLODefaults()).jct_slo == 1e6
+
+
 def test_every_problem_is_reported_at_once() -> None:
     with pytest.raises(SLOError) as err:
         parse_request_slo({"ttft_slo": -1, "tbt_slo": "x"}, SLODefaults())
     assert "ttft_slo" in str(err.value) and "tbt_slo" in str(err.value)
+    assert err.value.fields == ["ttft_slo", "tbt_slo"]
 
 
 def test_config_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
