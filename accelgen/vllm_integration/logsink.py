@@ -17,9 +17,9 @@ in flight are written with status ``unfinished``.
 
 The work per flush is incremental: the source (the scheduler) hands over only the requests that
 ended and the steps logged since the previous flush, as data frames built while it holds its
-lock; the sink keeps them as Arrow tables and concatenates them for each write. Encoding and
-writing Parquet run in the background thread without the engine's lock (and mostly without the
-GIL).
+lock (the only time the engine waits for the sink); the sink converts them to Arrow tables,
+keeps them, and concatenates them for each write, in the background thread, outside that lock
+(Parquet encoding and writing also mostly without the GIL).
 """
 
 from __future__ import annotations
@@ -120,6 +120,7 @@ class LogSink:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_write = 0.0
+        self._reset_pending = False
         self.writes = 0
         self._failed = False
 
@@ -136,9 +137,9 @@ class LogSink:
         self._wake.set()
 
     def reset(self) -> None:
-        """Forget what was collected (the source cleared its records); call under the lock."""
-        self._chunks = {name: [] for name in FILES}
-        self._in_flight = None
+        """Forget what was collected (the source cleared its records); call under the source's
+        lock. (Only flags it: the writer may be converting an earlier delta outside that lock.)"""
+        self._reset_pending = True
 
     def close(self) -> None:
         """Stop the background thread and write the final state."""
@@ -153,12 +154,17 @@ class LogSink:
     def flush(self) -> bool:
         """Collect the source's changes and rewrite the files; False if nothing changed."""
         with self._write_lock:
-            with self.lock:
+            with self.lock:  # the engine waits only while the source builds its delta
                 delta = self.source.log_delta()
-                if delta is None:
-                    return False
+                reset, self._reset_pending = self._reset_pending, False
+            if reset:
+                self._chunks = {name: [] for name in FILES}
+                self._in_flight = None
+            if delta is None and not reset:
+                return False
+            if delta is not None:
                 self._collect(delta)
-                tables = self._tables()
+            tables = self._tables()
             self.out_dir.mkdir(parents=True, exist_ok=True)
             for name, table in tables.items():
                 write_atomic(table, self.out_dir / f"{name}.parquet")
