@@ -4,7 +4,8 @@ vLLM constructs the scheduler itself (``Scheduler(vllm_config=..., ...)``), poss
 core child process, so the plugin cannot take constructor arguments. It reads, first found wins:
 
 1. ``vllm_config.additional_config["accelgen"]`` (``LLM(additional_config=...)``,
-   ``EngineArgs(additional_config=...)``, ``vllm serve --additional-config '{"accelgen": ...}'``):
+   ``EngineArgs(additional_config=...)``, the OpenAI server's ``--additional-config
+   '{"accelgen": ...}'``, which ``accelgen serve`` writes):
    travels with the config into any process;
 2. the environment variable ``ACCELGEN_VLLM_CONFIG``: JSON text, or the path of a JSON/YAML file
    (inherited by child processes);
