@@ -3,8 +3,8 @@ scheduling with the same recording (``InstrumentedScheduler``).
 
 Use: ``LLM(..., scheduler_cls="accelgen.vllm_integration.scheduler.AccelGenScheduler")``, the
 same string in ``EngineArgs(scheduler_cls=...)`` or the OpenAI server's ``--scheduler-cls``
-(``accelgen serve`` sets it); the policy
-and SLO defaults come from ``accelgen.vllm_integration.config``.
+(``accelgen serve`` sets it); the policy and SLO defaults come from
+``accelgen.vllm_integration.config``.
 
 How a policy decision reaches vLLM without copying vLLM's ``schedule()`` (vLLM 0.32.0,
 ``vllm/v1/core/sched/scheduler.py``):
