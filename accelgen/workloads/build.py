@@ -100,6 +100,7 @@ def build_trace(cfg: WorkloadConfig, prefill_latency: PrefillLatency | None = No
     df = validate_trace(df, "<generated trace>")  # the writer's own invariants, checked once
 
     tokenizers = sorted({src.tokenizer for src in sources.values()})
+    checksums = _recorded_checksums(cfg)
     meta: dict[str, Any] = {
         "format": FORMAT,
         "accelgen_version": __version__,
@@ -111,6 +112,7 @@ def build_trace(cfg: WorkloadConfig, prefill_latency: PrefillLatency | None = No
             name: {"origin": src.origin, "tokenizer": src.tokenizer, "requests": counts[name],
                    "predicted_output_len": predicted[name], "skipped": src.skipped,
                    **({"records": src.num_records} if src.num_records is not None else {}),
+                   **({"sha256": checksums[name]} if name in checksums else {}),
                    **src.stats}
             for name, src in sources.items()
         },
@@ -123,3 +125,19 @@ def build_trace(cfg: WorkloadConfig, prefill_latency: PrefillLatency | None = No
         },
     }
     return Trace(df, meta)
+
+
+def _recorded_checksums(cfg: WorkloadConfig) -> dict[str, str]:
+    """``kind: datasets``: each source file's sha256 as ``accelgen download`` recorded it (the
+    trace's provenance: which bytes it was drawn from)."""
+    if cfg.kind != "datasets":
+        return {}
+    from accelgen.workloads.download import read_sums
+
+    out = {}
+    for name, spec in cfg.resolved_sources().items():
+        assert spec.path is not None
+        rec = read_sums(spec.path.parent).get(spec.path.name)
+        if rec is not None:
+            out[name] = rec.sha256
+    return out
