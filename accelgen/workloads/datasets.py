@@ -73,7 +73,7 @@ class DownloadSource(StrictModel):
     """Where one dataset comes from."""
 
     url: str = Field(description="http(s) URL of the file (a mirror or a local server works)")
-    sha256: str | None = Field(None, description="expected sha256 (hex); default: the one "
+    sha256: str | None = Field(default=None, description="expected sha256 (hex); default: the one "
                                                  "recorded in SHA256SUMS on first download")
 
     @field_validator("url")
@@ -99,14 +99,14 @@ def _default_sources() -> dict[str, DownloadSource]:
 class DownloadConfig(StrictModel):
     """The ``download:`` section of an experiment config (``accelgen download``)."""
 
-    dir: Path = Field(DEFAULT_RAW_DIR, description="where the files go (and SHA256SUMS)")
+    dir: Path = Field(default=DEFAULT_RAW_DIR, description="where the files go (and SHA256SUMS)")
     datasets: dict[str, DownloadSource] = Field(
         default_factory=_default_sources,
         description="per dataset: url (default: the public source) and an optional pinned "
                     "sha256; datasets left out keep their defaults")
-    retries: int = Field(5, ge=0, le=100, description="reconnects after a dropped connection "
+    retries: int = Field(default=5, ge=0, le=100, description="reconnects after a dropped connection "
                                                       "(each resumes where the last one stopped)")
-    timeout_s: PositiveFloat = Field(60.0, description="seconds without data before a reconnect")
+    timeout_s: PositiveFloat = Field(default=60.0, description="seconds without data before a reconnect")
     chunk_bytes: PositiveInt = 1 << 20
 
     @model_validator(mode="before")
