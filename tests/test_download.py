@@ -312,6 +312,18 @@ def test_kind_datasets_builds_the_paper_mix_from_the_downloaded_files(server, tm
     assert np.isfinite(df["ttft_slo"]).all()
 
 
+def test_kind_datasets_refuses_a_file_that_changed_since_its_download(server, tmp_path):
+    from accelgen.workloads import WorkloadConfig, WorkloadError, build_trace
+
+    raw = tmp_path / "raw"
+    cfg = config(server, raw)
+    ensure(cfg, fetcher=fetcher(cfg))
+    path = raw / CATALOGUE["alpaca"].file
+    path.write_bytes(path.read_bytes().replace(b"model", b"MODEL"))
+    with pytest.raises(WorkloadError, match="--force --only alpaca"):
+        build_trace(WorkloadConfig(kind="datasets", path=raw, num_requests=20))
+
+
 def test_kind_datasets_without_the_files_says_how_to_get_them(tmp_path):
     from accelgen.workloads import WorkloadConfig, build_trace
 
