@@ -103,6 +103,10 @@ def download_name(wildcards, output):
     return GRID.downloads()[output[0]]
 
 
+def download_spec(wildcards, output):
+    return GRID.download_spec_json(GRID.downloads()[output[0]])
+
+
 def profile_args(wildcards):
     return _quote(GRID.profile_args(wildcards.deployment))
 

@@ -9,7 +9,6 @@ RAW = str(PIPE.download_config().dir)
 
 
 if DOWNLOADS:
-    DOWNLOAD_SPEC = GRID.download_spec_json()
 
     rule download:
         localrule: True
@@ -18,7 +17,7 @@ if DOWNLOADS:
         output:
             f"{RAW}/{{dataset_file}}",
         params:
-            spec=DOWNLOAD_SPEC,
+            spec=download_spec,
             name=download_name,
         log:
             f"{LOGS}/download/{{dataset_file}}.log",

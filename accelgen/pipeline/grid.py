@@ -487,9 +487,12 @@ class Grid:
             raise PipelineConfigError(f"files outside the download directory: {sorted(unknown)}")
         return {p: names[p] for p in sorted(wanted)}
 
-    def download_spec_json(self) -> str:
-        return json.dumps(self.cfg.download_config().model_dump(mode="json"), sort_keys=True,
-                          separators=(",", ":"))
+    def download_spec_json(self, name: str) -> str:
+        """The ``download:`` section as one dataset's job sees it: only its own source, so that
+        changing another dataset's URL does not re-run (and re-fetch) this one."""
+        data = self.cfg.download_config().model_dump(mode="json")
+        data["datasets"] = {name: data["datasets"][name]}
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     def profiled(self) -> list[str]:
         """Deployments with a profile stage."""
