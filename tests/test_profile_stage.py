@@ -262,7 +262,7 @@ def test_cpu_engine_config_profiles_the_tiny_cpu_engine() -> None:
     assert grid.profiled() == ["tiny-cpu"] and grid.gpus("tiny-cpu") == 0
     assert grid.engine_json("tiny-cpu") == ""
     prof = grid.profile_args("tiny-cpu")
-    assert prof[prof.index("--model") + 1] == "tiny" and "--quick" in prof
+    assert prof[prof.index("--model") + 1] == "tiny" and "--grid" in prof
     assert sorted(grid.downloads().values()) == ["alpaca", "bookcorpus", "sharegpt"]
 
 
