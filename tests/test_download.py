@@ -254,7 +254,8 @@ def test_cli_downloads_with_a_progress_bar_and_prints_one_summary_line(server, t
 
 
 def test_cli_offline_exits_2_with_the_message(tmp_path):
-    res = accelgen("download", "--only", "alpaca", "--no-progress", "--url",
+    spec = json.dumps({"retries": 1})  # one reconnect, not the default five (15 s of pauses)
+    res = accelgen("download", "--only", "alpaca", "--no-progress", "--spec", spec, "--url",
                    f"alpaca=http://127.0.0.1:{free_port()}/a.json", cwd=tmp_path)
     assert res.returncode == 2
     assert "accelgen download: error: alpaca: could not download http://127.0.0.1:" in res.stderr
