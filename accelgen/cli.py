@@ -12,6 +12,7 @@ import sys
 
 # (module, description) of every sub-command; imported lazily so `accelgen --help` stays fast.
 COMMANDS: dict[str, str] = {
+    "download": "accelgen.workloads.download_cli",
     "trace": "accelgen.workloads.cli",
     "pivot": "accelgen.costmodel.cli",
     "simulate": "accelgen.sim.cli",

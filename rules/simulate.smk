@@ -3,6 +3,8 @@
 
 rule deployment_config:
     localrule: True
+    input:
+        deployment_inputs,  # a profiled deployment's table (rules/profile.smk)
     output:
         f"{RESULTS}/deployments/{{deployment}}.yaml",
     params:

@@ -32,6 +32,7 @@ from pydantic import (
 
 from accelgen.config import Deployment, SimOptions
 from accelgen.workloads.config import SYNTHETIC_DATASETS, WorkloadConfig
+from accelgen.workloads.datasets import DEFAULT_RAW_DIR, DownloadConfig
 
 PosFinite = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
@@ -57,6 +58,51 @@ class Strict(BaseModel):
 # --------------------------------------------------------------------------------------------
 # Deployments and systems
 # --------------------------------------------------------------------------------------------
+class EngineSection(Strict):
+    """The real engine of a deployment (``backend: vllm``, and the ``vllm`` profile stage): what
+    ``accelgen replay`` and ``accelgen profile --backend vllm`` serve. The tensor- and
+    pipeline-parallel sizes are the deployment's ``tp`` and ``pp``."""
+
+    model: str | None = Field(
+        default=None, description="Hugging Face id or local directory of the real weights (e.g. "
+                          "facebook/opt-13b); null: the tiny random-weight model (CPU runs)")
+    settings: dict[str, Any] = Field(
+        default_factory=dict,
+        description="more fields of the replay's EngineSpec (dtype, load_format, max_num_seqs, "
+                    "...; extra_args: vLLM EngineArgs such as enforce_eager, "
+                    "gpu_memory_utilization)")
+
+    def spec(self, tp: int, pp: int) -> dict[str, Any]:
+        """The EngineSpec overrides (``accelgen replay/profile --engine``)."""
+        out: dict[str, Any] = {}
+        if self.model is not None:
+            out.update(model=self.model, load_format="auto")
+        parallel = {k: v for k, v in (("tensor_parallel_size", tp),
+                                      ("pipeline_parallel_size", pp)) if v > 1}
+        if parallel:
+            out["extra_args"] = parallel
+        return deep_merge(out, self.settings)
+
+
+class ProfileStage(Strict):
+    """The deployment's profile stage (rules/profile.smk): measure its iteration latencies with
+    ``accelgen profile`` on its own hardware, and use that table as its cost model
+    (``cost_model: profile``) for SLO assignment, the policies and the simulator."""
+
+    backend: Literal["vllm", "torch"] = Field(
+        default="vllm", description="vllm: the deployment's real engine (`engine:`); torch: a random "
+                            "decoder of its shape on one CUDA device (flash-attn attention)")
+    grid: Literal["cpu", "gpu"] = Field(default="gpu", description="shape sweep: gpu is the paper's "
+                                                          "range, cpu a small one")
+    quick: bool = Field(default=False, description="a handful of shapes only (CI, smoke runs)")
+    repeats: PositiveInt = 5
+    warmup: NonNegativeInt = 1
+    max_num_batched_tokens: PositiveInt | None = Field(
+        default=None, description="vllm: the engine's token budget, the largest forward size profiled "
+                          "(default: min(max_model_len, 8192), at least 2048)")
+    threads: PositiveInt | None = Field(default=None, description="CPU threads (vLLM's OpenMP threads)")
+
+
 class DeploymentSpec(Strict):
     """A built-in deployment (``base``, default: the entry's own name) with field overrides.
 
@@ -78,9 +124,23 @@ class DeploymentSpec(Strict):
     cost_model: Literal["analytic", "profile"] | None = None
     profile_csv: Path | None = None
     pivot_tolerance: PosFinite | None = None
+    engine: EngineSection | None = Field(
+        default=None, description="backend vllm: the real engine (model weights, engine settings)")
+    profile: ProfileStage | None = Field(
+        default=None, description="measure this deployment (`accelgen profile`) and use the table as its "
+                          "cost model; sets cost_model: profile")
+
+    @model_validator(mode="after")
+    def _stage_or_csv(self) -> DeploymentSpec:
+        if self.profile is not None and self.profile_csv is not None:
+            raise ValueError("profile_csv: give a profile table or a profile stage "
+                             "(`profile:`), not both")
+        if self.profile is not None and self.cost_model == "analytic":
+            raise ValueError("cost_model: a profile stage makes the cost model `profile`")
+        return self
 
     def overrides(self) -> dict[str, Any]:
-        skip = {"base", "label"}
+        skip = {"base", "label", "engine", "profile"}
         return {k: v for k, v in self.model_dump(exclude_none=True).items() if k not in skip}
 
 
@@ -90,6 +150,11 @@ class SystemSpec(Strict):
     policy: str
     params: dict[str, Any] = Field(default_factory=dict)
     label: str | None = None  # legend label; default: the entry name
+    vllm_scheduler: Literal["plugin", "stock"] = Field(
+        default="plugin", description="backend vllm: `plugin` runs the policy inside vLLM "
+                              "(AccelGenScheduler); `stock` is vLLM's own scheduler, unmodified "
+                              "(policy must be `vllm`, the simulator's model of it, used by "
+                              "backend sim)")
     search: dict[str, list[Any]] | None = Field(
         None, description="oracle only: run the Oracle's parameter search "
                           "(python -m accelgen.policies.oracle) over this grid, {} = its default "
@@ -270,6 +335,9 @@ class PipelineConfig(Strict):
     fidelity: FidelitySection | None = Field(
         None, description="the simulator-fidelity stage (real vLLM CPU engine); left out or "
                           "enabled: false drops it")
+    download: DownloadConfig | None = Field(
+        default=None, description="where `accelgen download` fetches the datasets of `kind: datasets` "
+                          "workloads from (default: the public sources, into data/raw)")
 
     @field_validator("figures_dir")
     @classmethod
@@ -287,7 +355,19 @@ class PipelineConfig(Strict):
         return list(exp.seeds) if exp.seeds is not None else list(self.seeds)
 
     def deployment(self, name: str) -> Deployment:
-        return resolve_deployment_spec(name, self.deployments[name])
+        """The resolved deployment; one with a profile stage reads the stage's table."""
+        spec = self.deployments[name]
+        if spec.profile is not None:
+            spec = spec.model_copy(update={"cost_model": "profile",
+                                           "profile_csv": self.profile_csv(name)})
+        return resolve_deployment_spec(name, spec)
+
+    def profile_csv(self, name: str) -> Path:
+        """Where the profile stage writes a deployment's table (rules/profile.smk)."""
+        return Path("results") / self.name / "profiles" / f"{name}.csv"
+
+    def download_config(self) -> DownloadConfig:
+        return self.download if self.download is not None else DownloadConfig()
 
     def deployment_label(self, name: str) -> str:
         return self.deployments[name].label or name
@@ -338,8 +418,15 @@ def _format_errors(exc: ValidationError, prefix: str = "") -> list[str]:
     return lines
 
 
-def _check_paths(prefix: str, wl: WorkloadConfig, problems: list[str]) -> None:
-    """Input files named by a workload must exist (missing trace files stop the pipeline)."""
+def _check_paths(prefix: str, wl: WorkloadConfig, problems: list[str], raw_dir: Path) -> None:
+    """Input files named by a workload must exist (missing trace files stop the pipeline); the
+    files of `kind: datasets` are the download stage's, in its directory."""
+    if wl.kind == "datasets":
+        got = Path(wl.path) if wl.path is not None else DEFAULT_RAW_DIR
+        if got != raw_dir:
+            problems.append(f"{prefix}.path: kind datasets reads {got}, but the download stage "
+                            f"writes to download.dir {raw_dir}")
+        return
     if wl.path is not None and not Path(wl.path).exists():
         problems.append(f"{prefix}.path: file not found: {wl.path}")
     for src_name, src in wl.sources.items():
@@ -354,7 +441,8 @@ def _semantic_checks(cfg: PipelineConfig) -> list[str]:
     from accelgen.policies.registry import make_policy, policy_names
 
     problems: list[str] = []
-    _check_paths(WORKLOAD_KEY, cfg.workload, problems)
+    raw_dir = cfg.download_config().dir
+    _check_paths(WORKLOAD_KEY, cfg.workload, problems, raw_dir)
     base = cfg.workload.model_dump(mode="json")
     for name, over in cfg.workload_variants.items():
         try:
@@ -362,11 +450,11 @@ def _semantic_checks(cfg: PipelineConfig) -> list[str]:
         except ValidationError as exc:
             problems += _format_errors(exc, f"workload_variants.{name}")
             continue
-        _check_paths(f"workload_variants.{name}", wl, problems)
+        _check_paths(f"workload_variants.{name}", wl, problems, raw_dir)
 
     for name, spec in cfg.deployments.items():
         try:
-            dep = resolve_deployment_spec(name, spec)
+            dep = cfg.deployment(name)
         except ValidationError as exc:
             problems += _format_errors(exc, f"deployments.{name}")
             continue
@@ -384,8 +472,12 @@ def _semantic_checks(cfg: PipelineConfig) -> list[str]:
         if model.num_heads % dep.tp:
             problems.append(f"deployments.{name}.tp: {dep.tp} does not divide the "
                             f"{model.num_heads} heads of {model.name}")
-        if dep.profile_csv is not None and not Path(dep.profile_csv).exists():
+        if spec.profile is None and dep.profile_csv is not None and \
+                not Path(dep.profile_csv).exists():
             problems.append(f"deployments.{name}.profile_csv: file not found: {dep.profile_csv}")
+        if spec.profile is not None and spec.profile.backend == "torch" and dep.num_gpus > 1:
+            problems.append(f"deployments.{name}.profile.backend: torch profiles one GPU; "
+                            f"this deployment has {dep.num_gpus} (use vllm)")
 
     known = set(policy_names())
     for name, sys_spec in cfg.systems.items():
@@ -397,6 +489,9 @@ def _semantic_checks(cfg: PipelineConfig) -> list[str]:
             make_policy(sys_spec.policy, sys_spec.params)
         except ValueError as exc:
             problems.append(f"systems.{name}.params: {exc}")
+        if sys_spec.vllm_scheduler == "stock" and sys_spec.policy != "vllm":
+            problems.append(f"systems.{name}.vllm_scheduler: stock vLLM is simulated by the "
+                            f"policy `vllm`, not {sys_spec.policy!r}")
         if sys_spec.search is not None:
             if sys_spec.policy != "oracle":
                 problems.append(f"systems.{name}.search: only the oracle policy searches "

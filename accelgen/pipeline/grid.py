@@ -428,6 +428,8 @@ class Grid:
         fig = self.figure_by_id(fig_id)
         paths = [f"{r['dir']}/summary.json" for r in fig.runs]
         paths += [t["path"] for t in fig.traces]
+        if fig.key == "extra_pivots":  # the pivots of profiled deployments come from their tables
+            paths += [self.profile_csv(d) for d in self.profiled()]
         return paths
 
     def figure_spec_json(self, fig_id: str) -> str:
@@ -457,12 +459,105 @@ class Grid:
 
         dep = self.cfg.deployment(deployment)
         mml = max(1, effective_max_model_len(dep) - self.cfg.truncate_margin)
-        return ["--model", dep.model, "--hardware", dep.hardware, "--tp", str(dep.tp),
+        args = ["--model", dep.model, "--hardware", dep.hardware, "--tp", str(dep.tp),
                 "--pp", str(dep.pp), "--max-model-len", str(mml)]
+        if deployment in self.profiled():
+            args += ["--profile-csv", self.profile_csv(deployment)]
+        return args
+
+    # ------------------------------------------------------------------ download and profile
+    def raw_inputs(self, variant: str) -> list[str]:
+        """The downloaded files a workload variant reads (``kind: datasets``)."""
+        data = self.variants.get(variant) or self.cfg.workload_dict(variant)
+        if data.get("kind") != "datasets":
+            return []
+        from accelgen.workloads.config import WorkloadConfig
+
+        wl = WorkloadConfig.model_validate(data)
+        return sorted(str(src.path) for src in wl.resolved_sources().values())
+
+    def downloads(self) -> dict[str, str]:
+        """``{file path: dataset name}`` of every file a trace of the grid reads."""
+        from accelgen.workloads.datasets import CATALOGUE
+
+        names = {str(self.cfg.download_config().path(n)): n for n in CATALOGUE}
+        wanted = {p for v, _, _ in self.trace_jobs() for p in self.raw_inputs(v)}
+        unknown = wanted - set(names)
+        if unknown:  # guarded by the config check (workload path == download dir)
+            raise PipelineConfigError(f"files outside the download directory: {sorted(unknown)}")
+        return {p: names[p] for p in sorted(wanted)}
+
+    def download_spec_json(self, name: str) -> str:
+        """The ``download:`` section as one dataset's job sees it: only its own source, so that
+        changing another dataset's URL does not re-run (and re-fetch) this one."""
+        data = self.cfg.download_config().model_dump(mode="json")
+        data["datasets"] = {name: data["datasets"][name]}
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+    def profiled(self) -> list[str]:
+        """Deployments with a profile stage."""
+        return [d for d, spec in self.cfg.deployments.items() if spec.profile is not None]
+
+    def profile_csv(self, deployment: str) -> str:
+        return str(self.cfg.profile_csv(deployment))
+
+    def deployment_inputs(self, deployment: str) -> list[str]:
+        """Files a deployment's cost model reads (its profile stage's table)."""
+        return [self.profile_csv(deployment)] if deployment in self.profiled() else []
+
+    def gpus(self, deployment: str) -> int:
+        """GPUs a real-engine job of the deployment takes (0: the CPU engine)."""
+        spec = self.cfg.deployments[deployment]
+        on_gpu = (spec.engine is not None and spec.engine.model is not None) or (
+            spec.profile is not None and spec.profile.backend == "torch")
+        return self.cfg.deployment(deployment).num_gpus if on_gpu else 0
+
+    def engine_json(self, deployment: str) -> str:
+        """The deployment's engine settings for ``accelgen replay/profile --engine`` ('' none)."""
+        spec = self.cfg.deployments[deployment]
+        if spec.engine is None:
+            return ""
+        dep = self.cfg.deployment(deployment)
+        data = spec.engine.spec(dep.tp, dep.pp)
+        return json.dumps(data, sort_keys=True, separators=(",", ":")) if data else ""
+
+    def profile_args(self, deployment: str) -> list[str]:
+        """``accelgen profile`` options of a deployment's stage (without --out/--plot)."""
+        from accelgen.costmodel.factory import effective_max_model_len
+
+        spec = self.cfg.deployments[deployment]
+        stage = spec.profile
+        assert stage is not None
+        dep = self.cfg.deployment(deployment)
+        mml = effective_max_model_len(dep)
+        args = ["--backend", stage.backend, "--grid", stage.grid, "--repeats", str(stage.repeats),
+                "--warmup", str(stage.warmup), "--block-size", str(dep.block_size),
+                "--tolerance", f"{dep.pivot_tolerance:g}"]
+        if stage.backend == "torch":
+            args += ["--model", dep.model, "--max-tokens", str(min(mml, 8192))]
+        else:
+            engine = spec.engine.model if spec.engine is not None else None
+            budget = stage.max_num_batched_tokens or max(min(mml, 8192), 2048)
+            # As many sequences per step as the replays' engine (EngineSpec's default 256).
+            seqs = (spec.engine.settings.get("max_num_seqs", 256) if spec.engine is not None
+                    else 256)
+            args += ["--model", engine or "tiny", "--tp", str(dep.tp), "--max-model-len",
+                     str(mml), "--max-num-batched-tokens", str(budget), "--max-num-seqs",
+                     str(seqs)]
+            engine_json = self.engine_json(deployment)
+            if engine_json:
+                args += ["--engine", engine_json]
+        if stage.quick:
+            args.append("--quick")
+        if stage.threads is not None:
+            args += ["--threads", str(stage.threads)]
+        return args
 
     def replay_args(self, system: str) -> list[str]:
         """``accelgen replay`` options of a system (the real engine runs no search)."""
         spec = self.systems[system]
+        if spec.vllm_scheduler == "stock":
+            return ["--system", "stock"]
         args = ["--policy", spec.policy]
         for k, v in sorted(spec.params.items()):
             args += ["--param", f"{k}={json.dumps(v, sort_keys=True)}"]

@@ -39,7 +39,7 @@ import numpy as np
 
 from accelgen.costmodel.base import BatchShape
 from accelgen.costmodel.profiles import MODELS
-from accelgen.profiling.grid import Shape, cpu_grid, quick_grid
+from accelgen.profiling.grid import Shape, cpu_grid, gpu_grid, quick_grid
 from accelgen.profiling.measure import Measurement
 
 Progress = Callable[[str], None]
@@ -66,7 +66,11 @@ DECODE_PROBE_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16)
 
 @dataclass(slots=True)
 class VllmOptions:
-    model: str = "tiny"  # "tiny": the replay runner's TinyModelSpec; else a MODELS name
+    # "tiny": the replay runner's TinyModelSpec; a MODELS name: random weights of that shape; any
+    # other string: a Hugging Face model id or local directory, served with its real weights.
+    model: str = "tiny"
+    tp: int = 1  # tensor-parallel GPUs of the engine
+    grid: str = "cpu"  # "cpu": profiling.grid.cpu_grid; "gpu": the paper's range (gpu_grid)
     max_tokens: int = 2048
     repeats: int = 5
     warmup: int = 1
@@ -114,23 +118,37 @@ def engine_spec(opts: VllmOptions) -> Any:
         "max_num_batched_tokens": opts.max_num_batched_tokens,
         "max_num_seqs": opts.max_num_seqs, "num_gpu_blocks": opts.num_blocks,
     }
-    if opts.model != "tiny":
+    if opts.model in MODELS and opts.model != "tiny":
         work = Path(opts.work_dir or ".") / f"model-{opts.model}"
         work.mkdir(parents=True, exist_ok=True)
         (work / "config.json").write_text(json.dumps(hf_config(opts.model), indent=2) + "\n")
         spec["model"] = str(work)
+    elif opts.model != "tiny":  # a real checkpoint: its weights, not random ones
+        spec.update(model=opts.model, load_format="auto")
+    if opts.tp > 1:
+        spec["extra_args"] = {"tensor_parallel_size": opts.tp}
     spec.update(opts.engine)
     return EngineSpec.model_validate(spec)
 
 
-def vllm_shapes(opts: VllmOptions, max_seq_len: int) -> list[Shape]:
-    """The CPU sweep, limited to what one engine step can hold."""
+def vllm_shapes(opts: VllmOptions, max_seq_len: int, kv_tokens: int | None = None,
+                block_size: int = 32) -> list[Shape]:
+    """The sweep (``opts.grid``), limited to what one engine step and its KV cache can hold."""
     top = min(opts.max_tokens, max_seq_len)
     budget = opts.engine.get("max_num_batched_tokens", opts.max_num_batched_tokens)
     seqs = opts.engine.get("max_num_seqs", opts.max_num_seqs)
-    grid = quick_grid(top) if opts.quick else cpu_grid(top, max_num_seqs=seqs)
+    grid = (quick_grid(top) if opts.quick else
+            gpu_grid(top) if opts.grid == "gpu" else cpu_grid(top, max_num_seqs=seqs))
     return [s for s in grid if s.forward_size <= budget and s.max_len() < max_seq_len
-            and s.decode_seqs + s.prefill_seqs <= seqs]
+            and s.decode_seqs + s.prefill_seqs <= seqs
+            and (kv_tokens is None or kv_need(s, block_size) <= kv_tokens)]
+
+
+def kv_need(shape: Shape, block_size: int) -> int:
+    """KV tokens (whole blocks) the sequences of one step hold at its end."""
+    lengths = [c + shape.prefill_ctx for c in shape.chunks()] + \
+        [c + 1 for c in shape.decode_contexts()]
+    return sum(-(-n // block_size) * block_size for n in lengths)
 
 
 class _Driver:
@@ -477,8 +495,9 @@ def _profile_worker(conn: Any, opts: VllmOptions) -> None:
         spec = engine_spec(opts)
         engine = build_engine(ReplayConfig(system="stock", engine=spec), opts.work_dir)
         sched = engine_scheduler(engine)
-        vocab = spec.tiny.vocab_size if spec.model is None else MODELS[opts.model].vocab_size
-        shapes = vllm_shapes(opts, int(sched.max_model_len))
+        vocab = spec.tiny.vocab_size if spec.model is None else _vocab_size(engine, opts.model)
+        kv_tokens = (sched.kv_cache_manager.block_pool.num_gpu_blocks - 1) * sched.block_size
+        shapes = vllm_shapes(opts, int(sched.max_model_len), kv_tokens, sched.block_size)
         driver = _Driver(engine, sched, vocab, opts.settle, opts.burst)
         while (msg := conn.recv()) is not None:
             cmd = msg[0]
@@ -499,7 +518,7 @@ def _profile_worker(conn: Any, opts: VllmOptions) -> None:
 
                     info = {"spec": spec.model_dump(mode="json"), "vllm": vllm.__version__,
                             "torch": torch.__version__, "threads": torch.get_num_threads(),
-                            "env": env}
+                            "env": env, "device": _device_name(torch)}
                     conn.send(("ok", (probe, periods, info)))
                 else:
                     conn.send(("error", f"unknown command {cmd!r}"))
@@ -508,6 +527,20 @@ def _profile_worker(conn: Any, opts: VllmOptions) -> None:
     finally:
         if engine is not None:
             shutdown_engine(engine)
+
+
+def _vocab_size(engine: Any, model: str) -> int:
+    """Token ids the engine's model accepts (a real checkpoint's own vocabulary)."""
+    if model in MODELS:
+        return MODELS[model].vocab_size
+    return int(engine.model_config.get_vocab_size())
+
+
+def _device_name(torch: Any) -> str:
+    if torch.cuda.is_available():
+        n = torch.cuda.device_count()
+        return f"cuda: {n} x {torch.cuda.get_device_name(0)}"
+    return "cpu"
 
 
 def _metadata(opts: VllmOptions, meas: list[Measurement], probe: list[tuple[int, float, float]],
@@ -523,7 +556,8 @@ def _metadata(opts: VllmOptions, meas: list[Measurement], probe: list[tuple[int,
                    "scheduler; accelgen.profiling.vllm_backend)",
         "model": opts.model if spec.get("model") is None else f"{opts.model} ({spec['model']})",
         "engine": json.dumps(spec, sort_keys=True),
-        "device": f"cpu: vllm {info['vllm']}, torch {info['torch']}, {info['threads']} threads",
+        "device": f"{info.get('device', 'cpu')}: vllm {info['vllm']}, torch {info['torch']}, "
+                  f"{info['threads']} threads",
         "engine_env": json.dumps(info.get("env", {}), sort_keys=True),
         "repeats": f"{passes} timed passes after {opts.warmup} warm-up, {opts.burst} steps of "
                    "each shape per pass; latency_s is the median",

@@ -11,6 +11,7 @@ import pandas as pd
 from accelgen import __version__
 from accelgen.workloads.arrivals import make_arrivals
 from accelgen.workloads.config import WorkloadConfig
+from accelgen.workloads.errors import WorkloadError
 from accelgen.workloads.latency import FALLBACK_NAME, fallback_prefill_latency
 from accelgen.workloads.rng import stream
 from accelgen.workloads.slo import PrefillLatency, assign_slos
@@ -50,6 +51,7 @@ def build_trace(cfg: WorkloadConfig, prefill_latency: PrefillLatency | None = No
     prefill) sets TTFT SLOs; default: the documented fallback."""
     if prefill_latency is None:
         prefill_latency, latency_name = fallback_prefill_latency, FALLBACK_NAME
+    checksums = _recorded_checksums(cfg)  # before the (slow) tokenizing of the files
     sources = open_sources(cfg)
     n = _num_requests(cfg, sources)
     shares = {name: spec.share for name, spec in cfg.resolved_sources().items()}
@@ -111,6 +113,7 @@ def build_trace(cfg: WorkloadConfig, prefill_latency: PrefillLatency | None = No
             name: {"origin": src.origin, "tokenizer": src.tokenizer, "requests": counts[name],
                    "predicted_output_len": predicted[name], "skipped": src.skipped,
                    **({"records": src.num_records} if src.num_records is not None else {}),
+                   **({"sha256": checksums[name]} if name in checksums else {}),
                    **src.stats}
             for name, src in sources.items()
         },
@@ -123,3 +126,26 @@ def build_trace(cfg: WorkloadConfig, prefill_latency: PrefillLatency | None = No
         },
     }
     return Trace(df, meta)
+
+
+def _recorded_checksums(cfg: WorkloadConfig) -> dict[str, str]:
+    """``kind: datasets``: the sha256 of each source file (the trace's provenance: which bytes it
+    was drawn from), checked against the one ``accelgen download`` recorded for it."""
+    if cfg.kind != "datasets":
+        return {}
+    from accelgen.workloads.download import SUMS_FILE, file_sha256, read_sums
+
+    out = {}
+    for name, spec in cfg.resolved_sources().items():
+        assert spec.path is not None
+        if not spec.path.exists():
+            continue  # open_sources says which files are missing and how to get them
+        got = file_sha256(spec.path).sha256
+        rec = read_sums(spec.path.parent).get(spec.path.name)
+        if rec is not None and rec.sha256 != got:
+            raise WorkloadError(
+                f"{spec.path}: sha256 {got} is not the {rec.sha256} recorded in "
+                f"{spec.path.parent / SUMS_FILE}: the file changed since it was downloaded. "
+                f"Fetch it again with `accelgen download --force --only {name}`")
+        out[name] = got
+    return out

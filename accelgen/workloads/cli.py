@@ -44,6 +44,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--hardware", default="a100", help="hardware for TTFT SLOs")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree for TTFT SLOs")
     p.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree for TTFT SLOs")
+    p.add_argument("--profile-csv", type=Path, default=None,
+                   help="TTFT SLOs from a measured profile table (`accelgen profile`) of the "
+                        "deployment instead of the analytic model of --model/--hardware")
     p.add_argument("--quiet", action="store_true", help="print only where the file went")
     p.set_defaults(func=run)
     return p
@@ -76,7 +79,8 @@ def resolve_config(args: argparse.Namespace) -> WorkloadConfig:
 def run(args: argparse.Namespace) -> int:
     cfg = resolve_config(args)
     latency, latency_name = resolve_prefill_latency(args.model, args.hardware, args.deployment,
-                                                   tp=args.tp, pp=args.pp)
+                                                   tp=args.tp, pp=args.pp,
+                                                   profile_csv=args.profile_csv)
     trace = build_trace(cfg, latency, latency_name)
     written = write_trace(trace.df, trace.meta, args.out, csv=args.csv)
     if not args.quiet:

@@ -114,7 +114,7 @@ class WorkloadConfig(StrictModel):
     """Everything that determines a trace file (together with the prefill-latency function)."""
 
     kind: Literal["synthetic", "alpaca", "sharegpt", "bookcorpus", "vidur_csv", "azure_csv",
-                  "mix"] = "synthetic"
+                  "mix", "datasets"] = "synthetic"
     # None: every record of the input file, in file order (single-file kinds only).
     num_requests: PositiveInt | None = 500
     seed: NonNegativeInt = 0
@@ -125,7 +125,8 @@ class WorkloadConfig(StrictModel):
     max_tokens: PositiveInt = 2048  # output cap
     tokenizer: str = "opt"  # gpt2 | opt | hf:<name or local path>; used by text formats only
 
-    # single-file kinds (alpaca, sharegpt, bookcorpus, vidur_csv, azure_csv)
+    # single-file kinds (alpaca, sharegpt, bookcorpus, vidur_csv, azure_csv); kind datasets: the
+    # directory `accelgen download` wrote the three files into (default data/raw)
     path: Path | None = None
     hf_dataset: str | None = None
     hf_split: str = "train"
@@ -133,7 +134,8 @@ class WorkloadConfig(StrictModel):
     max_records: PositiveInt | None = None
     source_name: str | None = None  # label in the trace's `source` column (default: the kind)
 
-    # kind synthetic: dataset shares and optional bucket-probability overrides per dataset
+    # kinds synthetic and datasets: dataset shares; synthetic: optional bucket-probability
+    # overrides per dataset
     mix: dict[SyntheticDataset, Fraction] = Field(default_factory=lambda: dict(DEFAULT_MIX))
     prompt_buckets: dict[SyntheticDataset, BucketProbs] = Field(default_factory=dict)
     output_buckets: dict[SyntheticDataset, BucketProbs] = Field(default_factory=dict)
@@ -155,6 +157,12 @@ class WorkloadConfig(StrictModel):
                     raise ValueError(f"{key}.{ds}: probabilities must sum to 1, got {sum(probs):g}")
         if self.kind == "synthetic":
             _check_shares("mix", self.mix)
+        elif self.kind == "datasets":
+            _check_shares("mix", self.mix)
+            if self.hf_dataset is not None or self.sources:
+                raise ValueError("kind 'datasets' reads the downloaded files (path: their "
+                                 "directory, default data/raw); hf_dataset and sources do not "
+                                 "apply")
         elif self.kind == "mix":
             if not self.sources:
                 raise ValueError("sources: kind 'mix' needs at least one source")
@@ -190,7 +198,27 @@ class WorkloadConfig(StrictModel):
                     for name, share in self.mix.items() if share > 0}
         if self.kind == "mix":
             return {name: spec for name, spec in self.sources.items() if spec.share > 0}
+        if self.kind == "datasets":
+            return self._dataset_sources()
         return {self.source_name or self.kind: self._single_spec()}
+
+    def _dataset_sources(self) -> dict[str, SourceSpec]:
+        """The paper's mix drawn from the files `accelgen download` wrote (``kind: datasets``):
+        Alpaca and ShareGPT records with replacement, BookCorpus prompts built from the first
+        ``max_records`` (default 1M) sentences of its shard."""
+        from accelgen.workloads.datasets import BOOKCORPUS_ROWS, CATALOGUE, DEFAULT_RAW_DIR
+
+        root = self.path if self.path is not None else DEFAULT_RAW_DIR
+        out: dict[str, SourceSpec] = {}
+        for name, share in self.mix.items():
+            if share <= 0:
+                continue
+            ds = CATALOGUE[name]
+            fmt: Any = ds.format
+            limit = self.max_records or (BOOKCORPUS_ROWS if name == "bookcorpus" else None)
+            out[name] = SourceSpec(format=fmt, share=share, path=root / ds.file,
+                                   max_records=limit)
+        return out
 
     # ----------------------------------------------------------------------------------------
     @classmethod

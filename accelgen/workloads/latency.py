@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from accelgen.workloads import fitted
 from accelgen.workloads.slo import PrefillLatency
 
@@ -17,12 +19,14 @@ def fallback_prefill_latency(prompt_len: int) -> float:
 
 def resolve_prefill_latency(model: str = "opt-13b", hardware: str = "a100",
                             deployment: str | None = None, *, tp: int = 1,
-                            pp: int = 1) -> tuple[PrefillLatency, str]:
+                            pp: int = 1, profile_csv: Path | None = None
+                            ) -> tuple[PrefillLatency, str]:
     """``(prefill_latency, description)`` from ``accelgen.costmodel`` when it is installed, else
     the fallback (the description says which; it goes into the trace metadata).
 
     ``deployment`` names one of the cost model's deployments (with its TP/PP layout, e.g.
-    ``opt-175b``); otherwise ``model`` on ``tp x pp`` ``hardware`` devices.
+    ``opt-175b``); otherwise ``model`` on ``tp x pp`` ``hardware`` devices. ``profile_csv``: a
+    measured table (``accelgen profile``) of that deployment instead of its analytic model.
     """
     try:
         from accelgen.costmodel.factory import make_cost_model, resolve_deployment
@@ -35,7 +39,10 @@ def resolve_prefill_latency(model: str = "opt-13b", hardware: str = "a100",
     # Unknown names raise ValueError with the known ones listed: the CLI reports it.
     dep = (resolve_deployment(deployment) if deployment is not None
            else Deployment(model=model, hardware=hardware, tp=tp, pp=pp))
+    if profile_csv is not None:
+        dep = dep.model_copy(update={"cost_model": "profile", "profile_csv": Path(profile_csv)})
     cost = make_cost_model(dep)
     name = getattr(cost, "name", type(cost).__name__)
+    table = f", table {profile_csv}" if profile_csv is not None else ""
     return cost.prefill_time, (f"cost model {name} ({dep.model} on {dep.num_gpus} x "
-                               f"{dep.hardware}, tp={dep.tp} pp={dep.pp})")
+                               f"{dep.hardware}, tp={dep.tp} pp={dep.pp}{table})")
