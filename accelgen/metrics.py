@@ -1,7 +1,8 @@
 """Every metric of the artifact, defined once (SPEC section 7).
 
-Inputs are the results tables written by ``accelgen.sim.recorder`` (simulator) or the vLLM replay
-runner: ``requests`` (one row per request, ``token_times`` list column) and ``iterations``.
+Inputs are the results tables of ``accelgen.results`` (written alike by the simulator and the vLLM
+replay runner): ``requests`` (one row per request, ``token_times`` list column) and
+``iterations``.
 """
 
 from __future__ import annotations

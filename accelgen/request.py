@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
+import numpy as np
+
 
 class Status(IntEnum):
     WAITING = 0  # never started, or preempted (recompute)
@@ -78,3 +80,13 @@ class Request:
     @property
     def is_done(self) -> bool:
         return self.status >= Status.FINISHED
+
+
+def served_output_len(prompt_len: np.ndarray, output_len: np.ndarray,
+                      max_model_len: int) -> np.ndarray:
+    """Tokens each request emits: its output, stopped where prompt + output reaches
+    ``max_model_len``, as a real engine's length limit stops a sequence (vLLM:
+    ``num_tokens >= max_model_len``). One rule for the simulator and the replay runner."""
+    prompt = np.asarray(prompt_len, dtype=np.int64)
+    return np.minimum(np.asarray(output_len, dtype=np.int64),
+                      np.maximum(max_model_len - prompt, 0))

@@ -139,7 +139,7 @@ def test_search_keeps_the_best_point() -> None:
 
 def test_cli_writes_best_run_and_search_table(tmp_path, capsys) -> None:
     from accelgen.policies.oracle import main
-    from accelgen.sim.recorder import read_results
+    from accelgen.results import read_results
     from accelgen.workloads.trace import write_trace
 
     trace = tmp_path / "t.parquet"

@@ -11,8 +11,8 @@ import pytest
 from accelgen import metrics
 from accelgen.policies.base import Decision, Policy, SchedulerView
 from accelgen.policies.registry import make_policy
+from accelgen.results import read_results, requests_frame, write_results
 from accelgen.sim.engine import PolicyError
-from accelgen.sim.recorder import read_results, requests_frame, write_results
 from tests.conftest import LinearCost, make_requests, run_sim
 from tests.invariants import check_invariants
 

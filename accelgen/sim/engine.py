@@ -17,8 +17,8 @@ import numpy as np
 from accelgen.costmodel.base import BatchShape, CostModel
 from accelgen.kvcache import BlockManager, never_fits_reason
 from accelgen.policies.base import Pivot, Policy, SchedulerView
-from accelgen.request import Request, Status
-from accelgen.sim.recorder import IterationLog
+from accelgen.request import Request, Status, served_output_len
+from accelgen.results import IterationLog
 
 
 class PolicyError(RuntimeError):
@@ -61,11 +61,10 @@ class Simulator:
         natural = np.asarray(output_len, dtype=np.int64)
         if natural.shape != (n,) or (n and natural.min() < 1):
             raise ValueError("output_len must give a positive length for every request id")
-        # A sequence stops at max_model_len, as a real engine's length limit does.
         prompt = np.zeros(n, dtype=np.int64)
         for r in self.requests:
             prompt[r.req_id] = r.prompt_len
-        self.served_output_len = np.minimum(natural, np.maximum(max_model_len - prompt, 0))
+        self.served_output_len = served_output_len(prompt, natural, max_model_len)
         self._target = self.served_output_len.tolist()
         self.policy = policy
         self.cost = cost

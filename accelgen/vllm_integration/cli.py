@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     trace = load_trace(args.trace)
     out = replay_to_dir(trace, cfg, args.out, progress=not args.no_progress,
                         trace_path=str(args.trace))
-    s, t = out["summary"], out["timing_summary"]
+    s, t = out.summary, out.timing_summary
     print(f"{s['policy']} on vLLM ({s['kv_blocks']} KV blocks): {s['num_finished']}/"
           f"{s['num_requests']} finished, {s['num_rejected']} rejected, {s['num_iterations']} "
           f"iterations, {s['num_preemptions']} preemptions")

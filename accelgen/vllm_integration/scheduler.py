@@ -63,7 +63,7 @@ from accelgen.costmodel.base import BatchShape  # noqa: E402
 from accelgen.kvcache import KVQueries  # noqa: E402
 from accelgen.policies.base import Decision, Pivot, Policy, SchedulerView  # noqa: E402
 from accelgen.request import Request, Status  # noqa: E402
-from accelgen.sim.recorder import IterationLog, requests_frame  # noqa: E402
+from accelgen.results import IterationLog, requests_frame  # noqa: E402
 from accelgen.vllm_integration.config import (  # noqa: E402
     AdapterConfig,
     OnlineLinearCostModel,

@@ -1,7 +1,9 @@
-"""Per-iteration and per-request logs and the results-directory writer.
+"""The results of one run, from either backend: logs, the run-output type, the results files.
 
-The same files are written by the simulator and by the vLLM replay runner, so the metrics module
-and the notebooks read both alike:
+The simulator (``accelgen.sim``) and the vLLM replay runner (``accelgen.vllm_integration``) both
+log into an ``IterationLog``, turn their requests into a ``requests_frame``, return a
+``RunOutput`` and write it with ``write_results``, so the metrics module and the notebooks read
+both alike. This module imports neither backend. The files:
 
 - ``requests.parquet``: one row per request (see ``REQUEST_COLUMNS``), with the list column
   ``token_times`` (seconds, one entry per emitted token).
@@ -21,6 +23,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterable, MutableMapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +156,24 @@ def write_results(out_dir: Path | str, requests: pd.DataFrame, iterations: pd.Da
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+@dataclass(slots=True)
+class RunOutput:
+    """One run of a trace, from the simulator (``accelgen.sim.runner.simulate``) or a real engine
+    (``accelgen.vllm_integration.replay.replay``): the tables and mappings of the results files."""
+
+    requests: pd.DataFrame  # requests.parquet
+    iterations: pd.DataFrame  # iterations.parquet
+    summary: dict[str, Any]  # summary.json
+    timing: pd.DataFrame  # timing.parquet (wall-clock: differs between runs)
+    timing_summary: dict[str, Any]  # timing.json
+    config: dict[str, Any]  # config.json
+
+    def write(self, out_dir: Path | str) -> Path:
+        """Write the results directory (atomically, see ``write_results``)."""
+        return write_results(out_dir, self.requests, self.iterations, self.summary, self.config,
+                             self.timing, self.timing_summary)
 
 
 def read_results(out_dir: Path | str) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
