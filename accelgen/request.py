@@ -23,8 +23,9 @@ class Status(IntEnum):
     WAITING = 0  # never started, or preempted (recompute)
     RUNNING = 1  # admitted, holds KV blocks
     SWAPPED = 2  # KV lives in host memory (FastServe)
-    FINISHED = 3
-    REJECTED = 4
+    FINISHED = 3  # emitted its whole output
+    REJECTED = 4  # never served, or given up on (``reject_reason`` says why)
+    CUT = 5  # served, but its output was cut short (at max_model_len; ``reject_reason`` says so)
 
 
 @dataclass(slots=True, eq=False)
@@ -90,3 +91,9 @@ def served_output_len(prompt_len: np.ndarray, output_len: np.ndarray,
     prompt = np.asarray(prompt_len, dtype=np.int64)
     return np.minimum(np.asarray(output_len, dtype=np.int64),
                       np.maximum(max_model_len - prompt, 0))
+
+
+def length_cap_reason(prompt_len: int, output_len: int, served: int, max_model_len: int) -> str:
+    """The recorded reason of a request whose output stopped at ``max_model_len``."""
+    return (f"length_cap: output cut at {served} of {output_len} tokens (prompt {prompt_len} + "
+            f"output reached max_model_len {max_model_len})")

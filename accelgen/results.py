@@ -90,17 +90,33 @@ class IterationLog:
         return pd.DataFrame({"decision_time": times})
 
 
+# The ``status`` column: ``finished``, ``cut`` or ``rejected`` (the last two with their reason in
+# ``reject_reason``); logs written while requests are in flight show ``waiting``/``running``.
+_STATUS_NAMES = {s: s.name.lower() for s in Status}
+
+
 def requests_frame(requests: Iterable[Request], output_len: np.ndarray) -> pd.DataFrame:
+    """One row per request (``REQUEST_COLUMNS``); ``output_len[req_id]`` is the output length the
+    request was to emit (its served length: the trace's, stopped at max_model_len)."""
     rows = []
     for r in requests:
         rows.append((
             r.req_id, r.arrival, r.source, r.online, r.prompt_len, int(output_len[r.req_id]),
             r.ttft_slo, r.tbt_slo, r.jct_slo,
-            "finished" if r.status == Status.FINISHED else (
-                "rejected" if r.status == Status.REJECTED else r.status.name.lower()),
+            _STATUS_NAMES[r.status],
             r.reject_reason, r.num_output_tokens, r.first_scheduled_time, r.first_token_time,
             r.finish_time, r.num_preemptions, list(r.token_times)))
     return pd.DataFrame.from_records(rows, columns=list(REQUEST_COLUMNS))
+
+
+def outcome_counts(summary: dict[str, Any]) -> str:
+    """How the run's requests ended, for a command's closing line, e.g. ``200 requests: 197
+    finished, 2 cut at max_model_len, 1 rejected``."""
+    text = (f"{summary['num_requests']} requests: {summary['num_finished']} finished, "
+            f"{summary['num_cut']} cut at max_model_len, {summary['num_rejected']} rejected")
+    if summary.get("num_unfinished"):
+        text += f", {summary['num_unfinished']} unfinished"
+    return text
 
 
 def _table(df: pd.DataFrame) -> pa.Table:

@@ -334,6 +334,30 @@ def test_stock_scheduler_records_the_same_files() -> None:
     assert s.timing_frame()["policy_time"].eq(0).all()
 
 
+@pytest.mark.parametrize("cls", [InstrumentedScheduler, AccelGenScheduler])
+def test_an_output_cut_at_max_model_len_is_recorded_as_cut(cls: type) -> None:
+    """vLLM stops a sequence at max_model_len with the same status as at max_tokens; the
+    scheduler tells the two apart and records the first as cut, with the reason."""
+    cfg = {"policy": {"name": "fcfs-test", "params": {}}, "s_pf": 256,
+           "cost": {"base_s": 0.01, "per_token_s": 1e-5}}
+    s = make_scheduler(cls, num_blocks=40, max_model_len=256, max_num_batched_tokens=512,
+                       accelgen=cfg if cls is AccelGenScheduler else None)
+    add(s, 0, 200, 100)  # 200 + 100 > 256: cut after 56 tokens
+    add(s, 1, 100, 20)
+    add(s, 2, 200, 56)  # exactly reaches max_model_len with its last token: not cut
+    for _ in range(500):
+        if not s.has_unfinished_requests():
+            break
+        step(s)
+    reqs = s.requests_frame()
+    assert list(reqs["status"]) == ["cut", "finished", "finished"]
+    assert list(reqs["num_output_tokens"]) == [56, 20, 56]
+    assert list(reqs["output_len"]) == [56, 20, 56]  # the length it was served
+    assert reqs["reject_reason"].iloc[0] == ("length_cap: output cut at 56 of 100 tokens "
+                                             "(prompt 200 + output reached max_model_len 256)")
+    assert list(reqs["reject_reason"].iloc[1:]) == ["", ""]
+
+
 def test_engine_configs_the_plugin_cannot_honour() -> None:
     with pytest.raises(ValueError, match="clairvoyant"):
         plugin("oracle")

@@ -71,6 +71,7 @@ def build_config(args: argparse.Namespace) -> ExperimentConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    from accelgen.results import outcome_counts
     from accelgen.sim.runner import simulate_to_dir
     from accelgen.workloads.trace import load_trace
 
@@ -80,13 +81,12 @@ def run(args: argparse.Namespace) -> int:
                           trace_path=str(args.trace))
     s, t = out.summary, out.timing_summary
     print(f"{cfg.policy.name} on {cfg.deployment.model}/{cfg.deployment.hardware}: "
-          f"{s['num_finished']}/{s['num_requests']} finished, {s['num_rejected']} rejected, "
-          f"{s['num_iterations']} iterations")
+          f"{s['num_iterations']} iterations, {s['num_preemptions']} preemptions")
     print(f"  throughput {s['throughput_output_tps']:.1f} out tok/s, {s['throughput_rps']:.2f} req/s;"
           f" goodput {s['goodput_rps']:.2f} req/s; SLO attainment request "
           f"{s['slo_attainment_request']:.3f}, iteration {s['slo_attainment_iteration']:.3f}")
     print(f"  simulated {s['makespan_s']:.1f} s in {t['sim_wall_time_s']:.2f} s wall "
           f"({t['iterations_per_wall_s']:.0f} it/s); decision p50 "
           f"{t['decision_time_p50'] * 1e6:.0f} us")
-    print(f"  results: {args.out}")
+    print(f"  results: {args.out} ({outcome_counts(s)})")
     return 0

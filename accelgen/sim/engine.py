@@ -17,7 +17,7 @@ import numpy as np
 from accelgen.costmodel.base import BatchShape, CostModel
 from accelgen.kvcache import BlockManager, never_fits_reason
 from accelgen.policies.base import Pivot, Policy, SchedulerView
-from accelgen.request import Request, Status, served_output_len
+from accelgen.request import Request, Status, length_cap_reason, served_output_len
 from accelgen.results import IterationLog
 
 
@@ -28,7 +28,8 @@ class PolicyError(RuntimeError):
 @dataclass(slots=True)
 class SimulationResult:
     requests: list[Request]
-    served_output_len: np.ndarray  # per req_id: tokens the request is to emit
+    requested_output_len: np.ndarray  # per req_id: the trace's output length
+    served_output_len: np.ndarray  # per req_id: tokens it is to emit (stopped at max_model_len)
     iterations: IterationLog
     end_time: float
     wall_time_s: float
@@ -66,6 +67,8 @@ class Simulator:
             prompt[r.req_id] = r.prompt_len
         self.served_output_len = served_output_len(prompt, natural, max_model_len)
         self._target = self.served_output_len.tolist()
+        self.requested_output_len = natural
+        self._requested = natural.tolist()
         self.policy = policy
         self.cost = cost
         self.kv = kv
@@ -86,6 +89,16 @@ class Simulator:
         return never_fits_reason(r.prompt_len, self._target[r.req_id],
                                  max_model_len=self.max_model_len,
                                  num_blocks=self.kv.num_total_blocks, block_size=self.kv.block_size)
+
+    def _complete(self, r: Request, now: float) -> None:
+        """``r`` emitted its last token: finished, or cut where its sequence hit max_model_len."""
+        rid = r.req_id
+        served, requested = self._target[rid], self._requested[rid]
+        if served < requested:
+            self._finish(r, now, Status.CUT,
+                         length_cap_reason(r.prompt_len, requested, served, self.max_model_len))
+        else:
+            self._finish(r, now, Status.FINISHED)
 
     def _finish(self, r: Request, now: float, status: Status, reason: str = "") -> None:
         self.kv.free(r)
@@ -256,7 +269,7 @@ class Simulator:
                     r.last_token_time = end
                     if r.num_output_tokens >= target[r.req_id]:
                         kv_used_tokens -= r.num_computed_tokens
-                        self._finish(r, end, Status.FINISHED)
+                        self._complete(r, end)
                         n_done += 1
                         finished = True
             if finished:
@@ -277,6 +290,7 @@ class Simulator:
             bar.close()
         return SimulationResult(
             requests=sorted(reqs, key=lambda r: r.req_id),
+            requested_output_len=self.requested_output_len,
             served_output_len=self.served_output_len,
             iterations=log,
             end_time=now,

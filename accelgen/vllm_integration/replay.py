@@ -2,7 +2,8 @@
 
 Each trace request is added to the engine when its arrival time comes (wall clock, measured from
 the replay's start), with its SLOs in ``SamplingParams.extra_args`` and its exact output length
-forced (``max_tokens=output_len, ignore_eos=True``). The engine is stepped by hand in this process
+forced (``max_tokens=output_len, ignore_eos=True``; the engine stops a sequence at
+``max_model_len``, and such a request is recorded as ``cut``). The engine is stepped by hand in this process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the scheduler object - ``AccelGenScheduler`` running a
 policy, or ``InstrumentedScheduler`` for stock vLLM - is reachable: it time-stamps every token
 when the engine core returns it and logs every iteration, and those logs become
@@ -230,8 +231,10 @@ def _replay(engine: Any, trace: pd.DataFrame, cfg: ReplayConfig, *,
     served = served_output_len(df["prompt_len"].to_numpy(), requested, max_model_len)
     out_len = np.zeros(int(df["req_id"].max()) + 1 if len(df) else 0, dtype=np.int64)
     pre_rejected: list[Request] = []
-    submit: list[tuple[Request, int]] = []  # (request, max_tokens) in arrival order
-    for r, n_served in zip(requests, served.tolist(), strict=True):
+    # (request, max_tokens) in arrival order: the trace's output length; the engine itself stops
+    # a sequence at max_model_len and the scheduler records that request as cut.
+    submit: list[tuple[Request, int]] = []
+    for r, n_asked, n_served in zip(requests, requested.tolist(), served.tolist(), strict=True):
         out_len[r.req_id] = n_served
         why = admission_reject_reason(r.prompt_len, n_served, max_model_len=max_model_len,
                                       kv_tokens=kv_tokens, block_size=sched.block_size)
@@ -239,7 +242,7 @@ def _replay(engine: Any, trace: pd.DataFrame, cfg: ReplayConfig, *,
             r.status, r.reject_reason, r.finish_time = Status.REJECTED, why, r.arrival
             pre_rejected.append(r)
             continue
-        submit.append((r, n_served))
+        submit.append((r, n_asked))
 
     bar = _progress(len(submit)) if progress else None
     t0 = time.time()

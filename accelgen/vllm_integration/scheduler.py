@@ -62,7 +62,7 @@ from vllm.v1.request import RequestStatus  # noqa: E402
 from accelgen.costmodel.base import BatchShape  # noqa: E402
 from accelgen.kvcache import KVQueries  # noqa: E402
 from accelgen.policies.base import Decision, Pivot, Policy, SchedulerView  # noqa: E402
-from accelgen.request import Request, Status  # noqa: E402
+from accelgen.request import Request, Status, length_cap_reason, served_output_len  # noqa: E402
 from accelgen.results import IterationLog, requests_frame  # noqa: E402
 from accelgen.vllm_integration.config import (  # noqa: E402
     AdapterConfig,
@@ -257,7 +257,15 @@ class InstrumentedScheduler(Scheduler):
         del self._vreqs[v.request_id]
         del self._vid_of[m.req_id]
         if v.status in _NORMAL_FINISH:
-            m.status = Status.FINISHED
+            # vLLM's LENGTH_CAPPED is both "max_tokens reached" and "max_model_len reached";
+            # only the second one cuts the output short.
+            if (v.status == RequestStatus.FINISHED_LENGTH_CAPPED
+                    and v.num_output_tokens < v.max_tokens):
+                m.status = Status.CUT
+                m.reject_reason = length_cap_reason(m.prompt_len, v.max_tokens,
+                                                    v.num_output_tokens, self.max_model_len)
+            else:
+                m.status = Status.FINISHED
         else:
             m.status = Status.REJECTED
             m.reject_reason = (str(v.stop_reason) if isinstance(v.stop_reason, str)
@@ -395,10 +403,12 @@ class InstrumentedScheduler(Scheduler):
     def requests_frame(self) -> pd.DataFrame:
         reqs = self.all_requests()
         size = (max(r.req_id for r in reqs) + 1) if reqs else 0
-        target = np.zeros(size, dtype=np.int64)
+        prompt = np.zeros(size, dtype=np.int64)
+        asked = np.zeros(size, dtype=np.int64)
         for r in reqs:
-            target[r.req_id] = self.max_tokens.get(r.req_id, r.num_output_tokens)
-        return requests_frame(reqs, target)
+            prompt[r.req_id] = r.prompt_len
+            asked[r.req_id] = self.max_tokens.get(r.req_id, r.num_output_tokens)
+        return requests_frame(reqs, served_output_len(prompt, asked, self.max_model_len))
 
     def iterations_frame(self) -> pd.DataFrame:
         return self.log.to_frame()
