@@ -91,9 +91,9 @@ class SystemSpec(Strict):
     params: dict[str, Any] = Field(default_factory=dict)
     label: str | None = None  # legend label; default: the entry name
     search: dict[str, list[Any]] | None = Field(
-        None, description="oracle only: run the Oracle's parameter search "
-                          "(python -m accelgen.policies.oracle) over this grid, {} = its default "
-                          "grid, and keep the schedule with the best goodput")
+        None, description="oracle only: the grid of the Oracle's schedule search (accelgen "
+                          "oracle); {} or unset: its default grid. The search keeps the "
+                          "schedule with the best goodput, AccelGen's own among those tried")
 
 
 # --------------------------------------------------------------------------------------------

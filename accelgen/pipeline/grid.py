@@ -470,12 +470,12 @@ class Grid:
 
     def system_args(self, system: str) -> list[str]:
         """The command of one simulation, without trace, config, seed and output:
-        ``-m accelgen.cli simulate --no-progress --policy P --param k=v ...``, or for a searching
-        Oracle ``-m accelgen.policies.oracle --grid G --param k=v ...`` (run after the Python
-        interpreter)."""
+        ``-m accelgen.cli simulate --no-progress --policy P --param k=v ...``, or for an Oracle
+        with its own grid ``-m accelgen.cli oracle --grid G --param k=v ...`` (run after the
+        Python interpreter; ``simulate --policy oracle`` searches the default grid)."""
         spec = self.systems[system]
         if spec.search is not None:
-            args = ["-m", "accelgen.policies.oracle"]
+            args = ["-m", "accelgen.cli", "oracle"]
             if spec.search:
                 args += ["--grid", json.dumps(spec.search, sort_keys=True)]
         else:

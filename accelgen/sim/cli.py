@@ -1,4 +1,9 @@
-"""``accelgen simulate``: run one policy on one trace in the simulator."""
+"""``accelgen simulate``: run one policy on one trace in the simulator.
+
+``--policy oracle`` runs the CLAIRVOYANT Oracle's schedule search (``accelgen.sim.oracle_search``
+with its default grid; ``--param`` values are the base it overrides), as ``accelgen oracle``
+does: the Oracle's result is its best schedule, never below AccelGen's own.
+"""
 
 from __future__ import annotations
 
@@ -77,6 +82,12 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = build_config(args)
     trace = load_trace(args.trace)
+    if cfg.policy.name == "oracle":
+        from accelgen.sim.oracle_search import closing_lines, search_to_dir
+
+        res = search_to_dir(trace, cfg, args.out, trace_path=str(args.trace))
+        print("\n".join(closing_lines(res, args.out)))
+        return 0
     out = simulate_to_dir(trace, cfg, args.out, progress=not args.no_progress,
                           trace_path=str(args.trace))
     s, t = out.summary, out.timing_summary
