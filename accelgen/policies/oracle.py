@@ -16,8 +16,9 @@ maximize the goodput"; the authors searched schedules with the Vidur simulator):
    - exact JCT estimates: the offline JCT plan uses the true output length as S_g instead of the
      dataset mean.
 2. The search over AccelGen's parameters that keeps the schedule with the best goodput, run on
-   the real trace (so it knows every arrival): ``accelgen.sim.oracle_search`` (``accelgen
-   oracle``, ``accelgen simulate --policy oracle``), next to the simulator it drives.
+   the real trace (so it knows every arrival): the simulator's ``oracle_search`` module (the
+   ``oracle`` command, and ``simulate --policy oracle``), next to the simulator it drives; a
+   policy never imports the simulator.
 """
 
 from __future__ import annotations
