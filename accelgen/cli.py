@@ -18,7 +18,7 @@ COMMANDS: dict[str, str] = {
     "profile": "accelgen.profiling.cli",
     "replay": "accelgen.vllm_integration.cli",
     "fidelity": "accelgen.profiling.fidelity_cli",
-    "oracle": "accelgen.sim.oracle_search",
+    "oracle": "accelgen.sim.oracle_cli",
 }
 
 

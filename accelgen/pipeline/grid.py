@@ -30,6 +30,7 @@ from accelgen.pipeline.config import (
     PipelineConfigError,
     SystemSpec,
     deep_merge,
+    invalid_config_message,
 )
 
 SCENARIO_PREFIX = "scenario-"
@@ -98,6 +99,10 @@ def fmt_num(x: float) -> str:
 
 
 class Grid:
+    """The expanded experiment grid of a validated config (``accelgen.pipeline.config.load``).
+    Building it checks what only the expansion shows (derived workloads: rates, long-prompt
+    shares, datasets) and raises ``PipelineConfigError`` naming the key, as ``load`` does."""
+
     def __init__(self, cfg: PipelineConfig) -> None:
         self.cfg = cfg
         self.name = cfg.name
@@ -112,7 +117,11 @@ class Grid:
         self.systems: dict[str, SystemSpec] = dict(cfg.systems)
         self.system_labels: dict[str, str] = {k: cfg.system_label(k) for k in cfg.systems}
         self.figures: dict[str, Figure] = {}
-        self._build()
+        try:
+            self._build()
+            self.check_workloads()
+        except PipelineConfigError as exc:
+            raise PipelineConfigError(invalid_config_message([str(exc)])) from None
 
     # ------------------------------------------------------------------ paths
     def workload_yaml(self, variant: str) -> str:

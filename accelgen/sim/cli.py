@@ -11,20 +11,14 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from accelgen.config import Deployment, ExperimentConfig, PolicySpec, SimOptions, load_yaml
-
-
-def parse_params(items: list[str] | None) -> dict[str, Any]:
-    """``["gamma=0.5", "era_scope=request"]`` -> ``{"gamma": 0.5, "era_scope": "request"}``."""
-    out: dict[str, Any] = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--param expects KEY=VALUE, got {item!r}")
-        out[key.strip()] = yaml.safe_load(value)
-    return out
+from accelgen.config import (
+    Deployment,
+    ExperimentConfig,
+    PolicySpec,
+    SimOptions,
+    load_yaml,
+    parse_params,
+)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -14,16 +14,15 @@ whatever the grid; the floor is last in the table, so it wins only when it is st
 than every clairvoyant point (then the Oracle adds nothing on this trace, and the results say
 so). ``oracle_search.csv`` lists every schedule tried.
 
-Command line (writes the best run as a normal results directory plus the search table)::
+Command line (``accelgen.sim.oracle_cli``; writes the best run as a normal results directory
+plus the search table)::
 
     accelgen oracle --trace T.parquet --deployment opt-13b --out DIR [--grid JSON] [--param K=V]
 """
 
 from __future__ import annotations
 
-import argparse
 import itertools
-import json
 import math
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -171,52 +170,3 @@ def closing_lines(res: SearchResult, out: Path | str) -> list[str]:
             f"{floor['goodput_rps']:.4g}); SLO attainment request "
             f"{s['slo_attainment_request']:.3f}; preemptions {s['num_preemptions']}",
             f"  results: {out} ({outcome_counts(s)}; every schedule in oracle_search.csv)"]
-
-
-# -- command line ----------------------------------------------------------------------------
-def _configure(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    ap.add_argument("--trace", required=True, type=Path, help="trace file (.parquet or .csv)")
-    ap.add_argument("--out", required=True, type=Path, help="results directory (best run)")
-    ap.add_argument("--config", type=Path, help="experiment YAML (deployment/policy/sim/seed)")
-    ap.add_argument("--deployment", help="a built-in deployment, e.g. opt-13b")
-    ap.add_argument("--seed", type=int)
-    ap.add_argument("--grid", help='JSON object of parameter lists, e.g. \'{"gamma": [0.5, 1]}\'')
-    ap.add_argument("--param", action="append", metavar="KEY=VALUE", help="fixed oracle parameter")
-    ap.add_argument("--metric", default="goodput_rps", help="summary metric to maximise")
-    ap.add_argument("--processes", type=int, default=1, help="schedules simulated in parallel")
-    ap.set_defaults(func=run)
-    return ap
-
-
-_DESCRIPTION = ("CLAIRVOYANT Oracle: simulate AccelGen with true output lengths over a grid of its "
-                "parameters, and AccelGen's own schedule, and keep the best goodput.")
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    """``accelgen oracle ...`` (for ``accelgen.cli.COMMANDS``)."""
-    _configure(sub.add_parser("oracle", help="clairvoyant Oracle search", description=_DESCRIPTION))
-
-
-def run(a: argparse.Namespace) -> int:
-    from accelgen.sim.cli import build_config
-    from accelgen.workloads.trace import load_trace
-
-    ns = argparse.Namespace(config=a.config, deployment=a.deployment, model=None, hardware=None,
-                            tp=None, pp=None, kv_gb=None, profile_csv=None, policy="oracle",
-                            param=a.param, no_progress=True, seed=a.seed)
-    cfg = build_config(ns)
-    grid = json.loads(a.grid) if a.grid else None
-    res = search_to_dir(load_trace(a.trace), cfg, a.out, grid, metric=a.metric,
-                        processes=a.processes, trace_path=str(a.trace))
-    print("\n".join(closing_lines(res, a.out)))
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = _configure(argparse.ArgumentParser(prog="python -m accelgen.sim.oracle_search",
-                                            description=_DESCRIPTION))
-    return run(ap.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from accelgen.config import load_yaml
+from accelgen.config import load_yaml, parse_params
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -40,7 +40,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def build_config(args: argparse.Namespace) -> Any:
-    from accelgen.sim.cli import parse_params
     from accelgen.vllm_integration.replay import ReplayConfig
 
     data: dict[str, Any] = load_yaml(args.config) if args.config else {}
