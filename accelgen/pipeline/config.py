@@ -17,7 +17,7 @@ import copy
 import json
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -31,7 +31,7 @@ from pydantic import (
 )
 
 from accelgen.config import Deployment, SimOptions
-from accelgen.workloads.config import SYNTHETIC_DATASETS, WorkloadConfig
+from accelgen.workloads.config import WorkloadConfig
 
 PosFinite = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
@@ -166,11 +166,14 @@ class SensitivityExp(RunGrid):
     rates: list[PosFinite] = Field(min_length=1)
 
 
+DatasetName = Literal["alpaca", "sharegpt", "bookcorpus"]
+
+
 class DatasetsExp(RunGrid):
     """Figure 12: goodput on each dataset alone."""
 
-    datasets: list[Literal["alpaca", "sharegpt", "bookcorpus"]] = Field(
-        default_factory=lambda: list(SYNTHETIC_DATASETS), min_length=1)
+    datasets: list[DatasetName] = Field(default_factory=lambda: list(get_args(DatasetName)),
+                                        min_length=1)
 
 
 class ChunkingExp(Experiment):
@@ -226,7 +229,8 @@ class FidelitySection(Strict):
                                                "report takes medians over them")
     profile_repeats: PositiveInt = Field(5, description="timed profile passes per round")
     systems: list[Literal["stock", "accelgen"]] = Field(
-        default_factory=lambda: ["stock", "accelgen"], min_length=1)
+        default_factory=lambda: list[Literal["stock", "accelgen"]](("stock", "accelgen")),
+        min_length=1)
     omp_threads: PositiveInt = Field(1, description="OpenMP threads of the engine")
     renice: int | None = Field(None, ge=-20, le=19,
                                description="run the engines at this nice value in their own "
@@ -439,19 +443,19 @@ def _semantic_checks(cfg: PipelineConfig) -> list[str]:
     if sslo is not None:
         need("experiments.system_slo.system", sslo.system, cfg.systems, "system")
     if sslo is not None and sslo.system in cfg.systems:
-        spec = cfg.systems[sslo.system]
+        sslo_spec = cfg.systems[sslo.system]
         try:
-            make_policy(spec.policy, {**spec.params, sslo.param: sslo.slos[0]})
+            make_policy(sslo_spec.policy, {**sslo_spec.params, sslo.param: sslo.slos[0]})
         except ValueError as exc:
             problems.append(f"experiments.system_slo.param: {exc}")
     # Long-prompt shares must be reachable by reshaping the BookCorpus prompt buckets.
     sens = exps.sensitivity
     if sens is not None and sens.workload in variants:
-        wl = cfg.workload_dict(sens.workload) if sens.workload == BASE_VARIANT or \
+        sens_wl = cfg.workload_dict(sens.workload) if sens.workload == BASE_VARIANT or \
             sens.workload in cfg.workload_variants else {}
-        bc = float(wl.get("mix", {}).get("bookcorpus", 0.0))
+        bc = float(sens_wl.get("mix", {}).get("bookcorpus", 0.0))
         for i, frac in enumerate(sens.long_fractions):
-            if wl.get("kind") == "synthetic" and frac > bc + 1e-9:
+            if sens_wl.get("kind") == "synthetic" and frac > bc + 1e-9:
                 problems.append(f"experiments.sensitivity.long_fractions[{i}]: {frac} is above "
                                 f"the BookCorpus share {bc} of the workload mix (only BookCorpus "
                                 f"prompts are >= 4K tokens)")

@@ -177,7 +177,8 @@ class Grid:
             if dataset not in sources:
                 raise PipelineConfigError(f"experiments.datasets.datasets: the workload has no "
                                           f"source named {dataset!r}")
-            over = {"sources": {k: {"share": 1.0 if k == dataset else 0.0} for k in sources}}
+            over: dict[str, dict[str, Any]] = {
+                "sources": {k: {"share": 1.0 if k == dataset else 0.0} for k in sources}}
         else:
             over = {"mix": {k: (1.0 if k == dataset else 0.0) for k in data.get("mix", {})}}
             over["mix"][dataset] = 1.0

@@ -116,6 +116,8 @@ def _rotate(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], heads: int
 class RandomDecoder(nn.Module):
     """Decoder-only transformer of ``model``'s shape with random weights."""
 
+    inv_freq: torch.Tensor  # a buffer (register_buffer), which nn.Module's typing cannot see
+
     def __init__(self, model: ModelProfile, num_layers: int | None = None) -> None:
         super().__init__()
         self.profile = model
