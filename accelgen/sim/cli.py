@@ -79,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
     if cfg.policy.name == "oracle":
         from accelgen.sim.oracle_search import closing_lines, search_to_dir
 
-        res = search_to_dir(trace, cfg, args.out, trace_path=str(args.trace))
+        res = search_to_dir(trace, cfg, args.out, trace_path=str(args.trace),
+                            progress=not args.no_progress and cfg.sim.progress)
         print("\n".join(closing_lines(res, args.out)))
         return 0
     out = simulate_to_dir(trace, cfg, args.out, progress=not args.no_progress,

@@ -19,6 +19,7 @@ def _configure(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
     ap.add_argument("--param", action="append", metavar="KEY=VALUE", help="fixed oracle parameter")
     ap.add_argument("--metric", default="goodput_rps", help="summary metric to maximise")
     ap.add_argument("--processes", type=int, default=1, help="schedules simulated in parallel")
+    ap.add_argument("--no-progress", action="store_true")
     ap.set_defaults(func=run)
     return ap
 
@@ -43,7 +44,8 @@ def run(a: argparse.Namespace) -> int:
     cfg = build_config(ns)
     grid = json.loads(a.grid) if a.grid else None
     res = search_to_dir(load_trace(a.trace), cfg, a.out, grid, metric=a.metric,
-                        processes=a.processes, trace_path=str(a.trace))
+                        processes=a.processes, trace_path=str(a.trace),
+                        progress=not a.no_progress)
     print("\n".join(closing_lines(res, a.out)))
     return 0
 

@@ -22,6 +22,7 @@ plus the search table)::
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 from collections.abc import Mapping, Sequence
@@ -98,23 +99,28 @@ def _run(args: tuple[pd.DataFrame, ExperimentConfig, str, dict[str, Any]]) -> Ru
 
 def search(trace: pd.DataFrame, cfg: ExperimentConfig,
            grid: Mapping[str, Sequence[Any]] | None = None, *, metric: str = "goodput_rps",
-           processes: int = 1) -> SearchResult:
+           processes: int = 1, progress: bool = False) -> SearchResult:
     """CLAIRVOYANT: simulate the Oracle at every grid point on ``trace`` (so the choice knows every
     arrival), and AccelGen's own schedule (the floor), and keep the best ``metric`` (ties: higher
     request-level SLO attainment, then the earlier schedule, the floor last). ``cfg`` gives the
     deployment and simulator options; policy params in ``cfg`` (if it names the oracle) are the
-    base the grid overrides."""
+    base the grid overrides. ``progress``: a bar over the schedules."""
     import pandas as pd
 
     points = grid_points(DEFAULT_GRID if grid is None else grid)
     base, floor = base_params(cfg), floor_params(cfg)
     jobs = [(trace, cfg, "oracle", {**base, **pt}) for pt in points]
     jobs.append((trace, cfg, FLOOR_POLICY, floor))
-    if processes > 1:
-        with ProcessPoolExecutor(min(processes, len(jobs))) as ex:
-            runs = list(ex.map(_run, jobs))
-    else:
-        runs = [_run(j) for j in jobs]
+    bar = _progress(len(jobs)) if progress else None
+    runs: list[RunOutput] = []
+    with (ProcessPoolExecutor(min(processes, len(jobs))) if processes > 1
+          else contextlib.nullcontext()) as ex:
+        for run in (ex.map(_run, jobs) if ex is not None else map(_run, jobs)):
+            runs.append(run)
+            if bar is not None:
+                bar.update()
+    if bar is not None:
+        bar.close()
     # The floor's row shows AccelGen's own value of each grid parameter it has.
     accel = AccelGenParams(**floor)
     floor_row = {k: getattr(accel, k) for k in points[0] if k in AccelGenParams.model_fields}
@@ -141,10 +147,10 @@ def search(trace: pd.DataFrame, cfg: ExperimentConfig,
 def search_to_dir(trace: pd.DataFrame, cfg: ExperimentConfig, out: Path | str,
                   grid: Mapping[str, Sequence[Any]] | None = None, *,
                   metric: str = "goodput_rps", processes: int = 1,
-                  trace_path: str | None = None) -> SearchResult:
+                  trace_path: str | None = None, progress: bool = False) -> SearchResult:
     """Run ``search`` and write the best run like ``accelgen simulate`` does, plus
     ``oracle_search.csv`` (every schedule tried) in the same directory."""
-    res = search(trace, cfg, grid, metric=metric, processes=processes)
+    res = search(trace, cfg, grid, metric=metric, processes=processes, progress=progress)
     run = res.best
     run.summary["policy"] = "oracle"
     run.summary["clairvoyant"] = True
@@ -170,3 +176,9 @@ def closing_lines(res: SearchResult, out: Path | str) -> list[str]:
             f"{floor['goodput_rps']:.4g}); SLO attainment request "
             f"{s['slo_attainment_request']:.3f}; preemptions {s['num_preemptions']}",
             f"  results: {out} ({outcome_counts(s)}; every schedule in oracle_search.csv)"]
+
+
+def _progress(total: int) -> Any:  # pragma: no cover - cosmetic
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="schedule", desc="oracle search", mininterval=1.0)
