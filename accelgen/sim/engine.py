@@ -13,6 +13,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -39,6 +40,23 @@ class SimulationResult:
 
 
 class Simulator:
+    # The serving loop's state, (re)set by ``_start``.
+    _waiting: list[Request]
+    _running: list[Request]
+    _swapped: list[Request]
+    _view: SchedulerView
+    _now: float  # simulated time (s)
+    _n_total: int
+    _n_done: int  # requests that ended (finished, cut or rejected)
+    _next_idx: int  # the next request (in arrival order) still to arrive
+    _next_arrival: float  # its arrival time (inf: none left)
+    _kv_used_tokens: int  # computed tokens resident in device KV
+    _iteration: int
+    _idle_decisions: int  # decisions in a row that scheduled nothing
+    _decide_s: float  # wall time of the last decision
+    _swap_cost_per_block: float
+    _bar: Any
+
     def __init__(
         self,
         requests: Sequence[Request],
@@ -113,18 +131,26 @@ class Simulator:
         """Serve every request; one pass of the loop is one iteration (or one idle decision)."""
         wall0 = time.perf_counter()
         self._start()
-        while self._n_done < self._n_total:
-            self._admit_arrivals()
-            if not (self._waiting or self._running or self._swapped):
-                if self._next_idx < self._n_total:  # idle until the next arrival
-                    self._now = self.requests[self._next_idx].arrival
+        # The queues are mutated in place by every step: the same three lists throughout.
+        waiting, running, swapped = self._waiting, self._running, self._swapped
+        n_total = self._n_total
+        max_iterations = math.inf if self.max_iterations is None else self.max_iterations
+        while self._n_done < n_total:
+            if self._now >= self._next_arrival:
+                self._admit_arrivals()
+            if not (waiting or running or swapped):
+                if self._next_arrival < math.inf:  # idle until the next arrival
+                    self._now = self._next_arrival
                     continue
                 break
-            if self.max_iterations is not None and self._iteration >= self.max_iterations:
+            if self._iteration >= max_iterations:
                 self._stop(f"simulation stopped at max_iterations={self.max_iterations}")
                 break
             decision = self._decide()
-            swap_s = self._apply(decision)
+            # Most decisions only schedule: skip the step that would find nothing to apply.
+            swap_s = (self._apply(decision) if (decision.rejected or decision.preempted
+                                                or decision.swap_out or decision.swap_in
+                                                or decision.reserve) else 0.0)
             if not decision.scheduled:
                 if not self._idle(decision, swap_s):
                     break
@@ -138,9 +164,9 @@ class Simulator:
     def _start(self) -> None:
         """Fresh queues, clock and counters, and the view the policy reads every decision."""
         reqs = self.requests
-        self._waiting: list[Request] = []
-        self._running: list[Request] = []
-        self._swapped: list[Request] = []
+        self._waiting = []
+        self._running = []
+        self._swapped = []
         grant = self.policy.clairvoyant
         target = self._target
         self._view = SchedulerView(
@@ -151,12 +177,13 @@ class Simulator:
         )
         self._n_total = len(reqs)
         self._n_done = 0
-        self._next_idx = 0  # the next request (in arrival order) still to arrive
+        self._next_idx = 0
+        self._next_arrival = reqs[0].arrival if reqs else math.inf
         self._now = reqs[0].arrival if reqs else 0.0
-        self._kv_used_tokens = 0  # computed tokens resident in device KV
+        self._kv_used_tokens = 0
         self._iteration = 0
         self._idle_decisions = 0
-        self._decide_s = 0.0  # wall time of the last decision
+        self._decide_s = 0.0
         self._swap_cost_per_block = (
             self.kv.block_size * self.kv_bytes_per_token / self.host_link_bandwidth
             if self.host_link_bandwidth < math.inf else 0.0)
@@ -178,6 +205,7 @@ class Simulator:
             self._waiting.append(r)
             self.policy.on_arrival(r, now)
         self._next_idx = i
+        self._next_arrival = reqs[i].arrival if i < n_total else math.inf
 
     def _decide(self) -> Decision:
         """The policy's decision at ``now``; its wall time (s) goes to ``_decide_s``."""
@@ -250,8 +278,7 @@ class Simulator:
         if decision.preempted or decision.rejected or decision.swap_out or decision.swap_in:
             return True  # the state changed: ask again at the same time
         wake = decision.wake_at if decision.wake_at is not None else math.inf
-        nxt = self._next_idx
-        t_next = min(wake, self.requests[nxt].arrival if nxt < self._n_total else math.inf)
+        t_next = min(wake, self._next_arrival)
         if t_next == math.inf:
             self._stop(f"stalled: {name} scheduled nothing and no arrivals remain")
             return False
