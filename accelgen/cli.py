@@ -19,7 +19,7 @@ COMMANDS: dict[str, str] = {
     "profile": "accelgen.profiling.cli",
     "replay": "accelgen.vllm_integration.cli",
     "fidelity": "accelgen.profiling.fidelity_cli",
-    "oracle": "accelgen.policies.oracle",
+    "oracle": "accelgen.sim.oracle_cli",
 }
 
 

@@ -16,11 +16,11 @@ from accelgen.pipeline.grid import SCENARIO_PREFIX, Grid
 #    policy`); 2) the JSON schema generated from them (config/schema.json).
 try:
     PIPE = pipeline_config.load(config)
+    GRID = Grid(PIPE)  # also checks the workloads the grid derives
 except pipeline_config.PipelineConfigError as exc:
     raise WorkflowError(f"{exc}") from None
 validate(config, "../config/schema.json", set_default=False)
 
-GRID = Grid(PIPE)
 # The interpreter running Snakemake (the project's venv): jobs use it, not whatever is on PATH.
 PY = shlex.quote(sys.executable)
 ACCELGEN = f"{PY} -m accelgen.cli"

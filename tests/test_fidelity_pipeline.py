@@ -242,7 +242,7 @@ def test_decode_step_costs_read_the_engine_timing(fake_runs: Path, tmp_path: Pat
     import shutil
 
     from accelgen.profiling.fidelity import decode_step_costs
-    from accelgen.sim.recorder import read_results
+    from accelgen.results import read_results
 
     assert decode_step_costs(fake_runs / "round-0").empty  # simulated stand-ins: no exec_time
     rdir = tmp_path / "round"

@@ -41,7 +41,7 @@ class RunData:
 
 
 def load_run(ref: dict[str, Any]) -> RunData:
-    from accelgen.sim.recorder import read_results
+    from accelgen.results import read_results
 
     reqs, its, summary = read_results(ref["dir"])
     timing_path = Path(ref["dir"]) / "timing.json"
@@ -125,8 +125,7 @@ def _reqs(col: str) -> Callable[[RunData], np.ndarray]:
 
 
 def _tbt(rd: RunData) -> np.ndarray:
-    fin = rd.requests[rd.requests["status"] == "finished"]
-    return metrics.tbt_samples(fin)
+    return metrics.tbt_samples(rd.requests[metrics.served(rd.requests)])
 
 
 # basis "seeds": one scalar per run; the others: arrays pooled over the runs' seeds.
@@ -385,7 +384,7 @@ def fig_chunking(spec: dict[str, Any]) -> pd.DataFrame:
         last = int(np.searchsorted(start, done, side="right"))
         lo, hi = max(0, first - 3), min(len(its), last + 8)
         others = req[req.index != lr.name]
-        tbt = metrics.tbt_samples(others[others["status"] == "finished"])
+        tbt = metrics.tbt_samples(others[metrics.served(others)])
         for i in range(lo, hi):
             row = its.iloc[i]
             out.append({**labels(r), "iteration": i - first, "start": float(row["start"]),

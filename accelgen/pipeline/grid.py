@@ -30,6 +30,7 @@ from accelgen.pipeline.config import (
     PipelineConfigError,
     SystemSpec,
     deep_merge,
+    invalid_config_message,
 )
 
 SCENARIO_PREFIX = "scenario-"
@@ -98,6 +99,10 @@ def fmt_num(x: float) -> str:
 
 
 class Grid:
+    """The expanded experiment grid of a validated config (``accelgen.pipeline.config.load``).
+    Building it checks what only the expansion shows (derived workloads: rates, long-prompt
+    shares, datasets) and raises ``PipelineConfigError`` naming the key, as ``load`` does."""
+
     def __init__(self, cfg: PipelineConfig) -> None:
         self.cfg = cfg
         self.name = cfg.name
@@ -112,7 +117,11 @@ class Grid:
         self.systems: dict[str, SystemSpec] = dict(cfg.systems)
         self.system_labels: dict[str, str] = {k: cfg.system_label(k) for k in cfg.systems}
         self.figures: dict[str, Figure] = {}
-        self._build()
+        try:
+            self._build()
+            self.check_workloads()
+        except PipelineConfigError as exc:
+            raise PipelineConfigError(invalid_config_message([str(exc)])) from None
 
     # ------------------------------------------------------------------ paths
     def workload_yaml(self, variant: str) -> str:
@@ -168,7 +177,8 @@ class Grid:
             if dataset not in sources:
                 raise PipelineConfigError(f"experiments.datasets.datasets: the workload has no "
                                           f"source named {dataset!r}")
-            over = {"sources": {k: {"share": 1.0 if k == dataset else 0.0} for k in sources}}
+            over: dict[str, dict[str, Any]] = {
+                "sources": {k: {"share": 1.0 if k == dataset else 0.0} for k in sources}}
         else:
             over = {"mix": {k: (1.0 if k == dataset else 0.0) for k in data.get("mix", {})}}
             over["mix"][dataset] = 1.0
@@ -565,12 +575,12 @@ class Grid:
 
     def system_args(self, system: str) -> list[str]:
         """The command of one simulation, without trace, config, seed and output:
-        ``-m accelgen.cli simulate --no-progress --policy P --param k=v ...``, or for a searching
-        Oracle ``-m accelgen.policies.oracle --grid G --param k=v ...`` (run after the Python
-        interpreter)."""
+        ``-m accelgen.cli simulate --no-progress --policy P --param k=v ...``, or for an Oracle
+        with its own grid ``-m accelgen.cli oracle --grid G --param k=v ...`` (run after the
+        Python interpreter; ``simulate --policy oracle`` searches the default grid)."""
         spec = self.systems[system]
         if spec.search is not None:
-            args = ["-m", "accelgen.policies.oracle"]
+            args = ["-m", "accelgen.cli", "oracle"]
             if spec.search:
                 args += ["--grid", json.dumps(spec.search, sort_keys=True)]
         else:

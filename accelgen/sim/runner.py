@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
@@ -21,19 +19,9 @@ from accelgen.costmodel.factory import (
 )
 from accelgen.kvcache import BlockManager
 from accelgen.policies.registry import make_policy
+from accelgen.results import RunOutput, requests_frame
 from accelgen.sim.engine import Simulator
-from accelgen.sim.recorder import requests_frame, write_results
 from accelgen.workloads.trace import to_requests
-
-
-@dataclass(slots=True)
-class RunOutput:
-    requests: pd.DataFrame
-    iterations: pd.DataFrame
-    summary: dict[str, Any]
-    timing: pd.DataFrame
-    timing_summary: dict[str, Any]
-    config: dict[str, Any]
 
 
 def simulate(trace: pd.DataFrame, cfg: ExperimentConfig, *, progress: bool = False,
@@ -90,6 +78,5 @@ def simulate_to_dir(trace: pd.DataFrame, cfg: ExperimentConfig, out: Path | str,
     run = simulate(trace, cfg, progress=progress, cost=cost)
     if trace_path is not None:
         run.config["trace"] = trace_path
-    write_results(out, run.requests, run.iterations, run.summary, run.config, run.timing,
-                  run.timing_summary)
+    run.write(out)
     return run

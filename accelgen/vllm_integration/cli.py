@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from accelgen.config import load_yaml
+from accelgen.config import load_yaml, parse_params
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -46,7 +46,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def build_config(args: argparse.Namespace) -> Any:
-    from accelgen.sim.cli import parse_params
     from accelgen.vllm_integration.replay import ReplayConfig
 
     data: dict[str, Any] = load_yaml(args.config) if args.config else {}
@@ -127,15 +126,15 @@ def run(args: argparse.Namespace) -> int:
         check_vllm_version()
     except UnsupportedVLLMVersion as exc:  # the CLI reports ValueErrors as one-line errors
         raise ValueError(str(exc)) from None
+    from accelgen.results import outcome_counts
     from accelgen.vllm_integration.replay import replay_to_dir
 
     cfg = build_config(args)
     trace = load_trace(args.trace)
     out = replay_to_dir(trace, cfg, args.out, progress=not args.no_progress,
                         trace_path=str(args.trace))
-    s, t = out["summary"], out["timing_summary"]
-    print(f"{s['policy']} on vLLM ({s['kv_blocks']} KV blocks): {s['num_finished']}/"
-          f"{s['num_requests']} finished, {s['num_rejected']} rejected, {s['num_iterations']} "
+    s, t = out.summary, out.timing_summary
+    print(f"{s['policy']} on vLLM ({s['kv_blocks']} KV blocks): {s['num_iterations']} "
           f"iterations, {s['num_preemptions']} preemptions")
     print(f"  throughput {s['throughput_output_tps']:.1f} out tok/s, {s['throughput_rps']:.2f} "
           f"req/s; SLO attainment request {s['slo_attainment_request']:.3f}, iteration "
@@ -143,5 +142,5 @@ def run(args: argparse.Namespace) -> int:
     print(f"  scheduler time per step: p50 {t['decision_time_p50'] * 1e6:.0f} us (vLLM's own "
           f"schedule() {t['vllm_schedule_time_p50'] * 1e6:.0f} us, policy "
           f"{t['policy_time_p50'] * 1e6:.0f} us)")
-    print(f"  results: {args.out}")
+    print(f"  results: {args.out} ({outcome_counts(s)})")
     return 0

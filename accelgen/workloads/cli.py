@@ -31,7 +31,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="arrival process (replay: the input file's timestamps)")
     p.add_argument("--rate", type=float, default=None, help="arrival rate lambda (req/s)")
     p.add_argument("--cv", type=float, default=None, help="gamma arrivals: CV of the gaps")
-    p.add_argument("--max-model-len", type=int, default=None, help="prompt truncation length")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="prompt + output fit in this many tokens (prompts are truncated); default: "
+                        "the config's workload.max_model_len, else --deployment's, else 8192")
     p.add_argument("--tokenizer", default=None, help="gpt2 | opt | hf:<name> (text formats)")
     p.add_argument("--input", type=Path, default=None, help="a real-format file to sample from")
     p.add_argument("--format", choices=FORMATS[1:], default=None, help="format of --input")
@@ -68,12 +70,23 @@ def resolve_config(args: argparse.Namespace) -> WorkloadConfig:
         value = getattr(args, key)
         if value is not None:
             changes[key] = value
+    if (args.max_model_len is None and args.deployment is not None
+            and "max_model_len" not in cfg.model_fields_set):
+        # The trace is for this deployment: its prompts must fit the deployment's context.
+        changes["max_model_len"] = deployment_max_model_len(args.deployment)
     arrival = {key: getattr(args, name) for key, name in
                (("kind", "arrival"), ("rate", "rate"), ("cv", "cv"))
                if getattr(args, name) is not None}
     if arrival:
         changes["arrival"] = {**cfg.arrival.model_dump(), **arrival}
     return cfg.updated(**changes) if changes else cfg
+
+
+def deployment_max_model_len(name: str) -> int:
+    """A named deployment's max_model_len (its own, else its model's)."""
+    from accelgen.costmodel.factory import effective_max_model_len, resolve_deployment
+
+    return effective_max_model_len(resolve_deployment(name))
 
 
 def run(args: argparse.Namespace) -> int:
