@@ -14,6 +14,7 @@ import sys
 COMMANDS: dict[str, str] = {
     "trace": "accelgen.workloads.cli",
     "pivot": "accelgen.costmodel.cli",
+    "calibrate": "accelgen.costmodel.calibrate_cli",
     "simulate": "accelgen.sim.cli",
     "profile": "accelgen.profiling.cli",
     "replay": "accelgen.vllm_integration.cli",

@@ -30,7 +30,7 @@ from pydantic import (
     model_validator,
 )
 
-from accelgen.config import Deployment, SimOptions
+from accelgen.config import CalibratedTerms, Deployment, SimOptions
 from accelgen.workloads.config import SYNTHETIC_DATASETS, WorkloadConfig
 
 PosFinite = Annotated[float, Field(gt=0, allow_inf_nan=False)]
@@ -63,7 +63,8 @@ class DeploymentSpec(Strict):
     Built-ins: ``accelgen.costmodel.profiles.DEPLOYMENTS`` (opt-13b, opt-175b, llama-13b,
     llama-3-70b) and ``ALTERNATIVE_DEPLOYMENTS``. Overrides are fields of
     :class:`accelgen.config.Deployment` (e.g. ``max_model_len: 16384`` for the ERA figure,
-    ``cost_model: profile`` with ``profile_csv`` for a measured cost model).
+    ``cost_model: profile`` with ``profile_csv`` for a measured cost model, ``calibration_file``
+    for the calibrated model ``accelgen calibrate`` wrote).
     """
 
     base: str | None = None
@@ -75,13 +76,23 @@ class DeploymentSpec(Strict):
     kv_cache_gb: PosFinite | None = None
     block_size: PositiveInt | None = None
     max_model_len: PositiveInt | None = None
-    cost_model: Literal["analytic", "profile"] | None = None
+    cost_model: Literal["analytic", "profile", "calibrated"] | None = None
     profile_csv: Path | None = None
+    calibration: CalibratedTerms | None = None
+    calibration_file: Path | None = Field(
+        None, description="a deployment file `accelgen calibrate` wrote: its calibrated terms "
+                          "become this deployment's cost model (cost_model: calibrated)")
     pivot_tolerance: PosFinite | None = None
 
     def overrides(self) -> dict[str, Any]:
-        skip = {"base", "label"}
-        return {k: v for k, v in self.model_dump(exclude_none=True).items() if k not in skip}
+        skip = {"base", "label", "calibration_file"}
+        out = {k: v for k, v in self.model_dump(exclude_none=True).items() if k not in skip}
+        if self.calibration_file is not None:
+            from accelgen.costmodel.calibrate_cli import read_calibration
+
+            out.update(cost_model="calibrated",
+                       calibration=read_calibration(self.calibration_file).model_dump())
+        return out
 
 
 class SystemSpec(Strict):
@@ -364,11 +375,16 @@ def _semantic_checks(cfg: PipelineConfig) -> list[str]:
             continue
         _check_paths(f"workload_variants.{name}", wl, problems)
 
+    from accelgen.costmodel.calibrate_cli import CalibrationFileError
+
     for name, spec in cfg.deployments.items():
         try:
             dep = resolve_deployment_spec(name, spec)
         except ValidationError as exc:
             problems += _format_errors(exc, f"deployments.{name}")
+            continue
+        except (FileNotFoundError, CalibrationFileError) as exc:
+            problems.append(f"deployments.{name}.calibration_file: {exc}")
             continue
         except ValueError as exc:
             problems.append(f"deployments.{name}.base: {exc}")
