@@ -18,7 +18,7 @@ COMMANDS: dict[str, str] = {
     "simulate": "accelgen.sim.cli",
     "profile": "accelgen.profiling.cli",
     "replay": "accelgen.vllm_integration.cli",
-    "fidelity": "accelgen.profiling.fidelity_cli",
+    "fidelity": "accelgen.fidelity.cli",
     "oracle": "accelgen.policies.oracle",
 }
 

@@ -279,7 +279,7 @@ def _row(ps: PointSet, i: int, role: str, pred: float, held: float) -> dict[str,
 
 def _stat(group: str, kind: str, err: np.ndarray, y: np.ndarray,
           pred: np.ndarray) -> dict[str, object]:
-    return {"set": group, "kind": kind, "n": int(len(err)), "mape": float(np.mean(np.abs(err))),
+    return {"set": group, "kind": kind, "n": len(err), "mape": float(np.mean(np.abs(err))),
             "median_error": float(np.median(err)), "worst": float(err[np.argmax(np.abs(err))]),
             "measured_mean_s": float(np.mean(y)), "predicted_mean_s": float(np.mean(pred))}
 

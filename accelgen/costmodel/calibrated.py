@@ -88,10 +88,7 @@ class Features:
         overhead, weights, c_pf, c_dec, c_causal, c_ctx_pair, c_ctx, c_comm = coef
         w = weights * self.inv_tp
         c = (c_pf * self.prefill_tokens + c_dec * self.decode_seqs) * self.inv_tp
-        if weights > 0:
-            lin = w * (1.0 + (c / w) ** p) ** (1.0 / p)
-        else:
-            lin = c
+        lin = w * (1.0 + (c / w) ** p) ** (1.0 / p) if weights > 0 else c
         attn = (max(c_causal, c_ctx_pair) * self.causal_pairs + c_ctx_pair * self.context_pairs
                 + c_ctx * self.decode_ctx) * self.inv_tp
         return overhead + lin + attn + c_comm * self.comm

