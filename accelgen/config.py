@@ -81,7 +81,8 @@ class CalibratedTerms(StrictModel):
 
     overhead_s: Seconds = 0.0  # per iteration (engine CPU work, launches, sampling)
     weights_s: Seconds = 0.0  # weight streaming: the floor of the linear layers
-    transition_p: float = Field(2.0, ge=1.0, le=16.0, allow_inf_nan=False)  # how sharply that floor turns to compute
+    # How sharply that floor turns into compute (the roofline's exponent; no floor: unused).
+    transition_p: float = Field(default=2.0, ge=1.0, le=16.0, allow_inf_nan=False)
     prefill_token_s: Seconds = 0.0  # per prefill token (linear layers)
     decode_token_s: Seconds = 0.0  # per decode sequence (linear layers, its sampling)
     causal_pair_s: Seconds = 0.0  # per query-key pair inside the new prefill chunks

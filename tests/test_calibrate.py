@@ -19,7 +19,7 @@ from accelgen.costmodel.calibrate import calibrate, fit_terms, predict, split_ha
 from accelgen.costmodel.calibrate_cli import BUILTIN_POINTS, read_calibration
 from accelgen.costmodel.calibrated import TERMS, CalibratedCostModel, Features, comm_volume
 from accelgen.costmodel.factory import make_cost_model
-from accelgen.costmodel.points import PointSet, PointsError, read_points, read_step_log
+from accelgen.costmodel.points import PointsError, PointSet, read_points, read_step_log
 from accelgen.vllm_integration.sample_trace import mixed_slo_trace
 
 # A GPU-like model (weights floor, quadratic attention, TP traffic) and a CPU engine's (linear).
@@ -257,7 +257,7 @@ def test_step_log_of_a_simulation_recovers_the_simulated_terms(tmp_path: Path) -
 
 
 def test_step_log_without_results_files_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="no iterations.parquet"):
+    with pytest.raises(FileNotFoundError, match=r"no iterations\.parquet"):
         read_step_log(tmp_path)
 
 

@@ -227,7 +227,7 @@ class Calibration:
     held_pred: np.ndarray
     checks: dict[str, tuple[PointSet, np.ndarray]] = field(default_factory=dict)
 
-    def rows(self) -> list[dict[str, object]]:
+    def rows(self) -> list[PointError]:
         """One row per point (``errors.csv``): the calibration points, then every check set."""
         out = [_row(self.points, i, "fit" if self.in_fit[i] else "held-out", self.pred[i],
                     self.held_pred[i]) for i in range(len(self.points))]
@@ -247,7 +247,7 @@ class Calibration:
         out += [(f"check:{name}", ps, pred) for name, (ps, pred) in self.checks.items()]
         return out
 
-    def summary(self) -> list[dict[str, object]]:
+    def summary(self) -> list[KindStat]:
         """MAPE, median and worst error by set and kind (``all``: every kind)."""
         out = []
         for name, ps, pred in self.groups():
@@ -261,27 +261,63 @@ class Calibration:
 
     def mape(self, group: str, kind: str) -> float:
         for r in self.summary():
-            if r["set"] == group and r["kind"] == kind:
-                return float(r["mape"])  # type: ignore[arg-type]
+            if r.set == group and r.kind == kind:
+                return r.mape
         return math.nan
 
 
-def _row(ps: PointSet, i: int, role: str, pred: float, held: float) -> dict[str, object]:
+@dataclass(frozen=True, slots=True)
+class PointError:
+    """One point's error (a row of ``errors.csv``)."""
+
+    where: str
+    set: str  # fit, held-out or check:<name>
+    kind: str
+    prefill_tokens: int
+    prefill_seqs: int
+    prefill_attn: float
+    decode_seqs: int
+    decode_ctx: int
+    tp: int
+    pp: int
+    measured_s: float
+    predicted_s: float
+    error: float  # predicted / measured - 1, by the written model
+    held_out_error: float  # by a model fitted without the point (NaN: none)
+
+    @property
+    def prefill_ctx(self) -> int:
+        """The chunks' prior context (equal chunks, as the points format has them)."""
+        n, k = self.prefill_tokens, self.prefill_seqs
+        return round(self.prefill_attn / n - (n / k + 1) / 2) if n else 0
+
+
+@dataclass(frozen=True, slots=True)
+class KindStat:
+    """Errors of one set of points of one kind."""
+
+    set: str
+    kind: str
+    n: int
+    mape: float
+    median_error: float
+    worst: float  # the error of largest magnitude
+    measured_mean_s: float
+    predicted_mean_s: float
+
+
+def _row(ps: PointSet, i: int, role: str, pred: float, held: float) -> PointError:
     s = ps.shapes[i]
     y = float(ps.latency_s[i])
-    return {"where": ps.where[i], "set": role, "kind": kind_of(s), "prefill_tokens": s.prefill_tokens,
-            "prefill_seqs": s.prefill_seqs, "prefill_attn": s.prefill_attn,
-            "decode_seqs": s.decode_seqs, "decode_ctx": s.decode_ctx, "tp": int(ps.tp[i]),
-            "pp": int(ps.pp[i]), "measured_s": y, "predicted_s": float(pred),
-            "error": float(pred) / y - 1,
-            "held_out_error": float(held) / y - 1 if math.isfinite(held) else math.nan}
+    return PointError(ps.where[i], role, kind_of(s), s.prefill_tokens, s.prefill_seqs,
+                      s.prefill_attn, s.decode_seqs, s.decode_ctx, int(ps.tp[i]), int(ps.pp[i]),
+                      y, float(pred), float(pred) / y - 1,
+                      float(held) / y - 1 if math.isfinite(held) else math.nan)
 
 
-def _stat(group: str, kind: str, err: np.ndarray, y: np.ndarray,
-          pred: np.ndarray) -> dict[str, object]:
-    return {"set": group, "kind": kind, "n": len(err), "mape": float(np.mean(np.abs(err))),
-            "median_error": float(np.median(err)), "worst": float(err[np.argmax(np.abs(err))]),
-            "measured_mean_s": float(np.mean(y)), "predicted_mean_s": float(np.mean(pred))}
+def _stat(group: str, kind: str, err: np.ndarray, y: np.ndarray, pred: np.ndarray) -> KindStat:
+    return KindStat(group, kind, len(err), float(np.mean(np.abs(err))), float(np.median(err)),
+                    float(err[np.argmax(np.abs(err))]), float(np.mean(y)), float(np.mean(pred)))
 
 
 def calibrate(points: PointSet, num_layers: int = 1, prior: CalibratedTerms | None = None,

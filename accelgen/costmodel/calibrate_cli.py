@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 import os
 import shlex
 import sys
@@ -37,7 +38,14 @@ from typing import Any
 import yaml
 
 from accelgen.config import CalibratedTerms, Deployment, load_yaml
-from accelgen.costmodel.calibrate import HOLDOUTS, LOO_MAX_POINTS, Calibration, calibrate
+from accelgen.costmodel.calibrate import (
+    HOLDOUTS,
+    LOO_MAX_POINTS,
+    Calibration,
+    Holdout,
+    PointError,
+    calibrate,
+)
 from accelgen.costmodel.calibrated import TERMS
 from accelgen.costmodel.points import PointSet, read_points
 
@@ -129,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     layers = resolve_model(dep.model).num_layers
     points = PointSet.concat([load_points(s, dep) for s in args.points])
     checks = {Path(c).name or c: read_points(c, tp=dep.tp, pp=dep.pp) for c in args.check}
-    holdout = args.holdout or ("loo" if len(points) <= LOO_MAX_POINTS else "half")
+    holdout: Holdout = args.holdout or ("loo" if len(points) <= LOO_MAX_POINTS else "half")
     prior = prior_for(dep, args.prior)
     cal = calibrate(points, layers, prior, holdout, checks)
     print(report_text(cal, prior, args.show))
@@ -181,11 +189,10 @@ def report_text(cal: Calibration, prior: CalibratedTerms, show: int = 60) -> str
         lines.append(_term_line(name, getattr(t, name), note))
     bend = "fitted" if t.weights_s > 0 and "weights_s" in cal.fit.fitted else "no weights floor"
     lines.append(_term_line("transition_p", t.transition_p, bend))
-    rows = cal.rows()
-    own = [r for r in rows if not str(r["set"]).startswith("check:")]
+    own = [r for r in cal.rows() if not r.set.startswith("check:")]
     shown = own if len(own) <= show else sorted(
-        own, key=lambda r: -abs(float(r["held_out_error"]) if r["held_out_error"] ==
-                                r["held_out_error"] else float(r["error"])))[:show]
+        own, key=lambda r: -abs(r.held_out_error if math.isfinite(r.held_out_error)
+                                else r.error))[:show]
     title = "every point" if len(own) <= show else f"the {len(shown)} worst of {len(own)} points"
     lines.append(f"{title} (ms; error = predicted / measured - 1; held-out: by a model fitted "
                  "without the point):")
@@ -193,25 +200,17 @@ def report_text(cal: Calibration, prior: CalibratedTerms, show: int = 60) -> str
                  f"{'decodes':>7} {'dec ctx':>8} {'tp':>2} {'pp':>2} {'measured':>9} "
                  f"{'predicted':>9} {'error':>7} {'held-out':>8}")
     for r in shown:
-        pairs = float(r["prefill_attn"])  # type: ignore[arg-type]
-        n, k = int(r["prefill_tokens"]), int(r["prefill_seqs"])  # type: ignore[call-overload]
-        pf_ctx = round(pairs / n - (n / k + 1) / 2) if n else 0
-        held = float(r["held_out_error"])  # type: ignore[arg-type]
-        lines.append(f"  {r['set']:<8} {r['kind']:<7} {n:>7} {k:>6} {pf_ctx:>7} "
-                     f"{r['decode_seqs']:>7} {r['decode_ctx']:>8} {r['tp']:>2} {r['pp']:>2} "
-                     f"{float(r['measured_s']) * 1e3:>9.4g} "  # type: ignore[arg-type]
-                     f"{float(r['predicted_s']) * 1e3:>9.4g} "  # type: ignore[arg-type]
-                     f"{float(r['error']):>+7.1%} "  # type: ignore[arg-type]
-                     + (f"{held:>+8.1%}" if held == held else f"{'':>8}"))
+        held = f"{r.held_out_error:>+8.1%}" if math.isfinite(r.held_out_error) else ""
+        lines.append(f"  {r.set:<8} {r.kind:<7} {r.prefill_tokens:>7} {r.prefill_seqs:>6} "
+                     f"{r.prefill_ctx:>7} {r.decode_seqs:>7} {r.decode_ctx:>8} {r.tp:>2} "
+                     f"{r.pp:>2} {r.measured_s * 1e3:>9.4g} {r.predicted_s * 1e3:>9.4g} "
+                     f"{r.error:>+7.1%} {held:>8}")
     lines.append("MAPE by kind (mean |error|; median and worst error; mean latency measured / "
                  "predicted):")
-    for r in cal.summary():
-        lines.append(f"  {r['set']:<24} {r['kind']:<7} n {r['n']:>5}  MAPE "
-                     f"{float(r['mape']):>6.1%}  median "  # type: ignore[arg-type]
-                     f"{float(r['median_error']):>+6.1%}  worst "  # type: ignore[arg-type]
-                     f"{float(r['worst']):>+7.1%}  "  # type: ignore[arg-type]
-                     f"{float(r['measured_mean_s']) * 1e3:.4g} / "  # type: ignore[arg-type]
-                     f"{float(r['predicted_mean_s']) * 1e3:.4g} ms")  # type: ignore[arg-type]
+    for k in cal.summary():
+        lines.append(f"  {k.set:<24} {k.kind:<7} n {k.n:>5}  MAPE {k.mape:>6.1%}  median "
+                     f"{k.median_error:>+6.1%}  worst {k.worst:>+7.1%}  "
+                     f"{k.measured_mean_s * 1e3:.4g} / {k.predicted_mean_s * 1e3:.4g} ms")
     return "\n".join(lines)
 
 
@@ -238,9 +237,8 @@ def deployment_text(data: dict[str, Any], cal: Calibration, command: str) -> str
         head.append(ps.note)
     head.append(f"terms fitted: {', '.join(cal.fit.fitted)}")
     head += [f"not fitted: {k} ({v})" for k, v in cal.fit.fixed.items()]
-    for r in cal.summary():
-        head.append(f"{r['set']} {r['kind']}: n {r['n']}, MAPE {float(r['mape']):.1%}, "  # type: ignore[arg-type]
-                    f"worst {float(r['worst']):+.1%}")  # type: ignore[arg-type]
+    head += [f"{k.set} {k.kind}: n {k.n}, MAPE {k.mape:.1%}, worst {k.worst:+.1%}"
+             for k in cal.summary()]
     head.append("Use: accelgen simulate --config <this file> --trace ... (or a pipeline "
                 "deployment's calibration_file)")
     body = yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
@@ -279,12 +277,15 @@ def read_calibration(path: Path | str) -> CalibratedTerms:
 
 
 def write_errors(path: Path, cal: Calibration) -> None:
-    rows = cal.rows()
+    """Every point's error (``PointError``'s fields) as CSV."""
+    from dataclasses import fields
     from io import StringIO
 
+    names = [f.name for f in fields(PointError)]
     buf = StringIO()
-    w = csv.DictWriter(buf, fieldnames=list(rows[0]))
-    w.writeheader()
-    for r in rows:
-        w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
+    w = csv.writer(buf)
+    w.writerow(names)
+    for r in cal.rows():
+        w.writerow([f"{v:.6g}" if isinstance(v, float) else v
+                    for v in (getattr(r, n) for n in names)])
     _atomic_write(path, buf.getvalue())

@@ -21,6 +21,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -198,7 +199,8 @@ def calibrate_on(run_dir: Path, cfg: FidelityConfig, kv_blocks: int, out: Path,
     write_deployment(out / DEPLOYMENT_NAME, {"deployment": dep.model_dump(
         mode="json", exclude_none=True)}, cal, f"accelgen.fidelity.run.calibrate_on({run_dir})")
     write_errors(out / "errors.csv", cal)
-    (out / "summary.json").write_text(json.dumps(cal.summary(), indent=2) + "\n")
+    (out / "summary.json").write_text(json.dumps([asdict(k) for k in cal.summary()],
+                                                 indent=2) + "\n")
     (out / "report.txt").write_text(report_text(cal, prior, show=20) + "\n")
     return dep
 
