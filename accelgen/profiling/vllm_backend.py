@@ -122,16 +122,15 @@ class _Driver:
         self.settle, self.burst = settle, burst
         self.budget = int(sched.max_num_scheduled_tokens)
         self.n = 0
-        self.sizes_seen: set[int] = set()  # forward sizes (token counts) this engine has run
 
-    def _add(self, prompt_len: int, max_tokens: int, extra: dict[str, Any] | None = None) -> str:
+    def _add(self, prompt_len: int, max_tokens: int) -> str:
         from vllm import SamplingParams
 
         self.n += 1
         rid = f"p{self.n}"
         ids = [3 + (self.n * 7919 + i) % (self.vocab - 3) for i in range(prompt_len)]
         sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0,
-                            detokenize=False, extra_args=extra)
+                            detokenize=False)
         # The engine may extend the id to keep it unique; the scheduler knows the returned one.
         return str(self.engine.add_request(rid, {"prompt_token_ids": ids}, sp))
 
@@ -145,9 +144,7 @@ class _Driver:
             self.sched.max_num_scheduled_tokens = self.budget
         if len(self.sched.log) != before + 1:
             raise RuntimeError("an engine step scheduled nothing")
-        row = self.sched.log.rows[-1]
-        self.sizes_seen.add(int(row[2]))
-        return row
+        return self.sched.log.rows[-1]
 
     def _drain(self, ids: list[str]) -> None:
         live = [i for i in ids if i in self.sched.requests]
@@ -156,19 +153,15 @@ class _Driver:
         for _ in range(1000):
             if not self.engine.has_unfinished_requests():
                 return
-            before = len(self.sched.log)
             self.engine.step()
-            if len(self.sched.log) > before:
-                self.sizes_seen.add(int(self.sched.log.rows[-1][2]))
         raise RuntimeError("engine did not drain after the scenario")
 
-    def _decoding(self, shape: Shape, ids: list[str], max_tokens: int | None = None,
-                  extra: dict[str, Any] | None = None) -> None:
+    def _decoding(self, shape: Shape, ids: list[str]) -> None:
         """Add the decode batch and step until every prompt is prefilled, then settle."""
         c = shape.decode_ctx // shape.decode_seqs
         steps = shape.decode_seqs * c // self.budget + 8
-        max_tokens = max_tokens or steps + self.settle + self.burst + 4
-        ids += [self._add(c, max_tokens, extra) for _ in range(shape.decode_seqs)]
+        max_tokens = steps + self.settle + self.burst + 4
+        ids += [self._add(c, max_tokens) for _ in range(shape.decode_seqs)]
         for _ in range(steps):
             reqs = [self.sched.requests.get(i) for i in ids]
             if all(r is not None and r.num_computed_tokens >= r.num_prompt_tokens for r in reqs):
