@@ -84,6 +84,7 @@ class CalibratedTerms(StrictModel):
     # How sharply that floor turns into compute (the roofline's exponent; no floor: unused).
     transition_p: float = Field(default=2.0, ge=1.0, le=16.0, allow_inf_nan=False)
     prefill_token_s: Seconds = 0.0  # per prefill token (linear layers)
+    prefill_seq_s: Seconds = 0.0  # per prefill chunk (the engine's work per new sequence)
     decode_token_s: Seconds = 0.0  # per decode sequence (linear layers, its sampling)
     causal_pair_s: Seconds = 0.0  # per query-key pair inside the new prefill chunks
     context_pair_s: Seconds = 0.0  # per query-key pair against a chunk's prior context

@@ -19,14 +19,21 @@ from accelgen.costmodel.calibrate import calibrate, fit_terms, predict, split_ha
 from accelgen.costmodel.calibrate_cli import BUILTIN_POINTS, read_calibration
 from accelgen.costmodel.calibrated import TERMS, CalibratedCostModel, Features, comm_volume
 from accelgen.costmodel.factory import make_cost_model
-from accelgen.costmodel.points import PointsError, PointSet, read_points, read_step_log
+from accelgen.costmodel.points import (
+    PointsError,
+    PointSet,
+    load_step_log,
+    read_points,
+    read_step_log,
+)
 from accelgen.vllm_integration.sample_trace import mixed_slo_trace
 
 # A GPU-like model (weights floor, quadratic attention, TP traffic) and a CPU engine's (linear).
 GPU = CalibratedTerms(overhead_s=2e-3, weights_s=17e-3, transition_p=1.7, prefill_token_s=1.2e-4,
-                      decode_token_s=1.5e-4, causal_pair_s=1.6e-8, context_pair_s=7e-9,
+                      prefill_seq_s=1e-4, decode_token_s=1.5e-4, causal_pair_s=1.6e-8, context_pair_s=7e-9,
                       context_token_s=4e-7, comm_token_s=5e-8)
-CPU = CalibratedTerms(overhead_s=1.6e-3, prefill_token_s=5.5e-6, decode_token_s=3e-5,
+CPU = CalibratedTerms(overhead_s=1.2e-3, prefill_token_s=4e-6, prefill_seq_s=4e-4,
+                      decode_token_s=3e-5,
                       causal_pair_s=2e-9, context_pair_s=1e-9, context_token_s=8e-8)
 LAYERS = 40
 
@@ -83,10 +90,8 @@ def test_scalar_and_vector_paths_agree() -> None:
 def test_layout_scales_work_by_tp_and_adds_transfers() -> None:
     s = BatchShape()
     s.add_prefill(4096, 0)
-    one = CalibratedCostModel(GPU.model_copy(update={"overhead_s": 0.0, "comm_token_s": 0.0}),
-                              LAYERS)
-    eight = CalibratedCostModel(GPU.model_copy(update={"overhead_s": 0.0, "comm_token_s": 0.0}),
-                                LAYERS, tp=8)
+    work = GPU.model_copy(update={"overhead_s": 0.0, "prefill_seq_s": 0.0, "comm_token_s": 0.0})
+    one, eight = CalibratedCostModel(work, LAYERS), CalibratedCostModel(work, LAYERS, tp=8)
     assert eight.iteration_time(s) == pytest.approx(one.iteration_time(s) / 8)
     comm = CalibratedCostModel(CalibratedTerms(comm_token_s=1e-8), LAYERS, tp=8, pp=2)
     assert comm.iteration_time(s) == pytest.approx(1e-8 * 4096 * (4 * 40 * 7 / 8 + 1))
@@ -236,23 +241,26 @@ def test_bad_points_name_file_line_and_column(tmp_path: Path, text: str, match: 
 
 
 def test_step_log_of_a_simulation_recovers_the_simulated_terms(tmp_path: Path) -> None:
-    """A simulation charges the calibrated model for each iteration and starts the next one
-    at its end while work remains: its step log's busy periods are the model's latencies."""
+    """A simulation charges the calibrated model for each iteration and starts it at the
+    previous one's end while work remains, or at the arrival that wakes an idle engine: its step
+    log's spans are the model's latencies, idle or not."""
     from accelgen.sim.runner import simulate_to_dir
 
     dep = Deployment(model="tiny", hardware="cpu", kv_cache_gb=0.01, block_size=16,
                      max_model_len=2048, cost_model="calibrated", calibration=CPU)
-    trace = mixed_slo_trace(120, 200.0, 4)
+    trace = mixed_slo_trace(120, 60.0, 4)
     run = simulate_to_dir(trace, ExperimentConfig(deployment=dep, policy=PolicySpec(name="vllm"),
                                                   sim=SimOptions(progress=False)), tmp_path / "r")
     ps = read_step_log(tmp_path / "r")
-    assert 0 < len(ps) < run.summary["num_iterations"]  # idle gaps exist, and are left out
-    assert "steps followed by an idle engine" in ps.note
+    assert len(ps) == run.summary["num_iterations"]
+    log = load_step_log(tmp_path / "r")
+    assert 5 < log.after_idle.sum() < len(ps) / 2  # the engine went idle and woke up again
     model = make_cost_model(dep)
     pred = np.array([model.iteration_time(s) for s in ps.shapes])
     np.testing.assert_allclose(ps.latency_s, pred, rtol=1e-9)
     fit = fit_terms(ps, 2)
-    for name in ("overhead_s", "prefill_token_s", "decode_token_s", "context_token_s"):
+    for name in ("overhead_s", "prefill_token_s", "prefill_seq_s", "decode_token_s",
+                 "context_token_s"):
         assert getattr(fit.terms, name) == pytest.approx(getattr(CPU, name), rel=0.02), name
 
 

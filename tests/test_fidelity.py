@@ -141,7 +141,7 @@ def test_step_residuals_show_how_a_replay_differs_from_the_model(runs: Path) -> 
     assert slow["ratio"].median() == pytest.approx(1.3, abs=0.02)
     assert set(own["kind"]) <= {"prefill", "decode", "mixed"} and own["first_use"].any()
     s = residual_summary(slow)
-    assert s["period_share"].sum() == pytest.approx(1.0)
+    assert s["span_share"].sum() == pytest.approx(1.0)
     assert (s["steps"] > 0).all()
 
 

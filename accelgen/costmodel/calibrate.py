@@ -48,6 +48,7 @@ def prior_terms(model: ModelProfile, hardware: HardwareProfile) -> CalibratedTer
         weights_s=a._lin_w + a._lm_w,
         transition_p=c.linear_transition_p,
         prefill_token_s=a._lin_tok,
+        prefill_seq_s=0.0,
         decode_token_s=a._lin_tok + a._dec_seq,
         causal_pair_s=a._causal,
         context_pair_s=a._ctx,
@@ -86,7 +87,7 @@ def predict(terms: CalibratedTerms, points: PointSet, num_layers: int) -> np.nda
 def _columns(f: Features) -> np.ndarray:
     """The linear model's columns (``TERMS`` order; the weights floor enters as a constant)."""
     ones = np.ones(len(f))
-    return np.column_stack([ones, ones * f.inv_tp, f.prefill_tokens * f.inv_tp,
+    return np.column_stack([ones, ones * f.inv_tp, f.prefill_tokens * f.inv_tp, f.prefill_seqs,
                             f.decode_seqs * f.inv_tp, f.causal_pairs * f.inv_tp,
                             f.context_pairs * f.inv_tp, f.decode_ctx * f.inv_tp, f.comm])
 
@@ -95,10 +96,12 @@ def free_terms(points: PointSet, num_layers: int) -> tuple[list[str], dict[str, 
     """Terms the points constrain, and why each other term is not fitted."""
     f = features(points, num_layers)
     fixed: dict[str, str] = {}
-    used = {"prefill_token_s": f.prefill_tokens, "decode_token_s": f.decode_seqs,
+    used = {"prefill_token_s": f.prefill_tokens, "prefill_seq_s": f.prefill_seqs,
+            "decode_token_s": f.decode_seqs,
             "causal_pair_s": f.causal_pairs, "context_pair_s": f.context_pairs,
             "context_token_s": f.decode_ctx}
     why = {"prefill_token_s": "no point has prefill tokens",
+           "prefill_seq_s": "no point has prefill tokens",
            "decode_token_s": "no point has decodes",
            "causal_pair_s": "no point has prefill tokens",
            "context_pair_s": "no prefill chunk over prior context",

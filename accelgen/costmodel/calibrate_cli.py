@@ -53,7 +53,8 @@ DATA = Path(__file__).parent / "data"
 # Point sets the package carries (name -> file; each file's header names its source).
 BUILTIN_POINTS = {"a100-13b": DATA / "a100_13b_class.csv"}
 TERM_UNITS = {"overhead_s": ("ms", 1e3), "weights_s": ("ms", 1e3),
-              "prefill_token_s": ("us/token", 1e6), "decode_token_s": ("us/seq", 1e6),
+              "prefill_token_s": ("us/token", 1e6), "prefill_seq_s": ("us/chunk", 1e6),
+              "decode_token_s": ("us/seq", 1e6),
               "causal_pair_s": ("ns/pair", 1e9), "context_pair_s": ("ns/pair", 1e9),
               "context_token_s": ("ns/token", 1e9), "comm_token_s": ("ns/token", 1e9)}
 

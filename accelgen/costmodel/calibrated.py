@@ -4,7 +4,7 @@ iteration latencies (``accelgen calibrate``; the terms are ``accelgen.config.Cal
 For an iteration of P prefill tokens and D decode sequences (forward size N = P + D) on a
 deployment of ``tp`` x ``pp`` GPUs and L layers:
 
-    T = overhead_s
+    T = overhead_s + prefill_seq_s x prefill chunks
         + roofline(weights_s / tp, (prefill_token_s x P + decode_token_s x D) / tp)
         + (causal_pair_s x causal pairs + context_pair_s x context pairs
            + context_token_s x decode context) / tp
@@ -24,7 +24,8 @@ deployment of ``tp`` x ``pp`` GPUs and L layers:
   model on one GPU, so one set of terms predicts every layout of the same model and GPU: TP
   divides the work terms, PP runs all layers in one pass (no micro-batch overlap, as
   ``analytic.py``). Fixed per-iteration costs (launches, all-reduce latency) are all in
-  ``overhead_s``, which no layout scales.
+  ``overhead_s``, and the engine's work per new sequence (admitting a request, its first
+  sampling) in ``prefill_seq_s``; no layout scales those two.
 
 The model is stateless and costs a handful of float operations per call (the simulator's hot
 path).
@@ -41,8 +42,8 @@ from accelgen.costmodel.base import BatchShape, CostModel
 
 # The fitted terms in the order of ``features`` (``transition_p`` is a shape parameter, not a
 # linear coefficient).
-TERMS = ("overhead_s", "weights_s", "prefill_token_s", "decode_token_s", "causal_pair_s",
-         "context_pair_s", "context_token_s", "comm_token_s")
+TERMS = ("overhead_s", "weights_s", "prefill_token_s", "prefill_seq_s", "decode_token_s",
+         "causal_pair_s", "context_pair_s", "context_token_s", "comm_token_s")
 
 
 def comm_volume(num_layers: int, tp: int, pp: int) -> float:
@@ -56,6 +57,7 @@ class Features:
     """Per-iteration aggregates the model needs, as arrays (one entry per iteration)."""
 
     prefill_tokens: np.ndarray
+    prefill_seqs: np.ndarray
     decode_seqs: np.ndarray
     causal_pairs: np.ndarray
     context_pairs: np.ndarray
@@ -72,7 +74,8 @@ class Features:
         d = np.array([s.decode_seqs for s in shapes], dtype=np.float64)
         tp_a, pp_a = np.asarray(tp, dtype=np.float64), np.asarray(pp, dtype=np.float64)
         vol = 4.0 * num_layers * (tp_a - 1) / tp_a + (pp_a - 1)
-        return cls(p, d, causal, attn - causal,
+        seqs = np.array([s.prefill_seqs for s in shapes], dtype=np.float64)
+        return cls(p, seqs, d, causal, attn - causal,
                    np.array([s.decode_ctx for s in shapes], dtype=np.float64), 1.0 / tp_a,
                    (p + d) * vol)
 
@@ -85,13 +88,13 @@ class Features:
     def predict(self, coef: np.ndarray, p: float) -> np.ndarray:
         """Latencies for ``coef`` (``TERMS`` order) and transition ``p``; the same arithmetic as
         ``CalibratedCostModel.iteration_time``."""
-        overhead, weights, c_pf, c_dec, c_causal, c_ctx_pair, c_ctx, c_comm = coef
+        overhead, weights, c_pf, c_seq, c_dec, c_causal, c_ctx_pair, c_ctx, c_comm = coef
         w = weights * self.inv_tp
         c = (c_pf * self.prefill_tokens + c_dec * self.decode_seqs) * self.inv_tp
         lin = w * (1.0 + (c / w) ** p) ** (1.0 / p) if weights > 0 else c
         attn = (max(c_causal, c_ctx_pair) * self.causal_pairs + c_ctx_pair * self.context_pairs
                 + c_ctx * self.decode_ctx) * self.inv_tp
-        return overhead + lin + attn + c_comm * self.comm
+        return overhead + c_seq * self.prefill_seqs + lin + attn + c_comm * self.comm
 
 
 class CalibratedCostModel(CostModel):
@@ -100,7 +103,8 @@ class CalibratedCostModel(CostModel):
 
     name = "calibrated"
 
-    __slots__ = ("_c_causal", "_c_ctx", "_c_ctx_pair", "_c_dec", "_c_pf", "_comm", "_inv_p",
+    __slots__ = ("_c_causal", "_c_ctx", "_c_ctx_pair", "_c_dec", "_c_pf", "_c_seq", "_comm",
+                 "_inv_p",
                  "_linear", "_overhead", "_p", "_per_token", "_w", "num_layers", "pp", "terms",
                  "tp")
 
@@ -114,6 +118,7 @@ class CalibratedCostModel(CostModel):
         self._w = t.weights_s / tp
         self._p, self._inv_p = t.transition_p, 1.0 / t.transition_p
         self._c_pf, self._c_dec = t.prefill_token_s / tp, t.decode_token_s / tp
+        self._c_seq = t.prefill_seq_s
         self._c_causal = max(t.causal_pair_s, t.context_pair_s) / tp
         self._c_ctx_pair = t.context_pair_s / tp
         self._c_ctx = t.context_token_s / tp
@@ -122,7 +127,7 @@ class CalibratedCostModel(CostModel):
         # weights floor, one per-token cost, no prefill attention): then it is computed in that
         # form, which compiled policy code can reproduce (``linear_coefficients``).
         self._linear = (self._w == 0 and self._c_pf == self._c_dec and self._c_causal == 0
-                        and self._c_ctx_pair == 0)
+                        and self._c_ctx_pair == 0 and self._c_seq == 0)
         self._per_token = self._c_pf + self._comm
 
     def iteration_time(self, shape: BatchShape) -> float:
@@ -141,7 +146,8 @@ class CalibratedCostModel(CostModel):
             causal = p_tok * (p_tok + 1) * 0.5
             if causal > attn:
                 causal = attn
-            t += self._c_causal * causal + self._c_ctx_pair * (attn - causal)
+            t += (self._c_seq * shape.prefill_seqs + self._c_causal * causal
+                  + self._c_ctx_pair * (attn - causal))
         return t + self._c_ctx * shape.decode_ctx + self._comm * n
 
     def linear_coefficients(self) -> tuple[float, float, float] | None:

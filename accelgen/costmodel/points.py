@@ -11,10 +11,11 @@ Two sources, one result (a ``PointSet``: each point a batch composition, its lay
   ignored; ``#`` lines are comments.
 - **A run's per-step log**: a results directory (``iterations.parquet`` and
   ``requests.parquet``) of a replay on a real engine (``accelgen replay``, the fidelity stage) or
-  of a simulation. A step's latency is its period, from its start to the next step's start:
-  what the simulator charges for an iteration, engine work between the steps included. Steps
-  after which the engine had nothing left to do (it then waits for the next arrival) have no
-  such period and are left out, and the set says how many.
+  of a simulation. A step's latency is its **span**: from the moment the engine had work for it
+  to its end, i.e. from the previous step's end while requests remained, or from the arrival
+  that woke an idle engine. That is what the simulator charges for an iteration (it starts the
+  next one at the previous one's end, or at the arrival), and it holds everything a real engine
+  does between two steps: output processing, adding the arriving requests, waking up.
 
 Bad input raises ``PointsError`` naming the file, the line (or row) and the column.
 """
@@ -192,6 +193,9 @@ def read_points_csv(path: Path | str, tp: int = 1, pp: int = 1) -> PointSet:
                     np.array(pps, dtype=np.int64), where, str(path))
 
 
+_EPS = 1e-5  # s: how far a replay's two clocks (arrivals, step ends) may disagree
+
+
 def busy_steps(its: pd.DataFrame, reqs: pd.DataFrame) -> np.ndarray:
     """For each step of a run's log, whether the engine still had work when it ended (a
     request that had arrived and not finished), i.e. whether the next step followed at once."""
@@ -199,11 +203,11 @@ def busy_steps(its: pd.DataFrame, reqs: pd.DataFrame) -> np.ndarray:
     arrivals = np.sort(ran["arrival"].to_numpy(np.float64))
     finishes = np.sort(ran["finish_time"].to_numpy(np.float64))
     end = its["start"].to_numpy(np.float64) + its["latency"].to_numpy(np.float64)
-    # Finish times are the end of the step that emitted the last token (the same clock): a
-    # request finishing in this step counts as gone; one arriving during it as present.
-    eps = 1e-9
-    live = (np.searchsorted(arrivals, end + eps, side="right")
-            - np.searchsorted(finishes, end + eps, side="right"))
+    # A finish time is the end of the step that emitted the last token (a replay stamps it a
+    # few microseconds before the step's measured end): a request finishing in this step counts
+    # as gone, one arriving during it as present (_EPS: the clocks' disagreement).
+    live = (np.searchsorted(arrivals, end + _EPS, side="right")
+            - np.searchsorted(finishes, end + _EPS, side="right"))
     return live > 0
 
 
@@ -213,17 +217,36 @@ STEP_COLUMNS = ("start", "latency", "prefill_tokens", "decode_tokens", "num_pref
 
 @dataclass(frozen=True, slots=True)
 class StepLog:
-    """A run's steps with a period (``rows`` of ``iterations``), their shapes and periods."""
+    """A run's steps (``iterations``), their shapes and spans (the module docstring), and
+    ``after_idle``: the steps that started an idle engine again."""
 
     iterations: pd.DataFrame
-    rows: np.ndarray
     shapes: list[BatchShape]
-    period: np.ndarray
+    span: np.ndarray
+    after_idle: np.ndarray
     path: Path
 
 
+def step_spans(its: pd.DataFrame, reqs: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Each step's span (end minus the moment the engine had work for it) and whether it
+    followed an idle engine (then the span starts at the first arrival after the last step)."""
+    ran = reqs[np.isfinite(reqs["first_scheduled_time"].to_numpy(np.float64))]
+    arrivals = np.sort(ran["arrival"].to_numpy(np.float64))
+    start = its["start"].to_numpy(np.float64)
+    end = start + its["latency"].to_numpy(np.float64)
+    busy = busy_steps(its, reqs)
+    prev_end = np.concatenate([[-np.inf], end[:-1]])
+    after_idle = np.concatenate([[True], ~busy[:-1]])
+    # The first arrival after the previous step's end (the one that woke the engine); a replay's
+    # clocks may put it a few microseconds after the step's start.
+    k = np.searchsorted(arrivals, prev_end + _EPS, side="right")
+    woke = arrivals[np.minimum(k, len(arrivals) - 1)] if len(arrivals) else start
+    avail = np.where(after_idle, np.minimum(np.maximum(woke, prev_end), start), prev_end)
+    return end - avail, after_idle
+
+
 def load_step_log(run_dir: Path | str) -> StepLog:
-    """The busy steps of a results directory, each with its period (start to next start)."""
+    """The steps of a results directory with their spans."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -242,33 +265,33 @@ def load_step_log(run_dir: Path | str) -> StepLog:
     missing = [c for c in STEP_COLUMNS if c not in its.columns]
     if missing:
         raise PointsError(f"{its_path}: missing column(s) {', '.join(missing)}")
-    if len(its) < 2:
-        raise PointsError(f"{its_path}: {len(its)} steps; need two or more")
+    if not len(its):
+        raise PointsError(f"{its_path}: no steps")
     start = its["start"].to_numpy(np.float64)
-    period = np.diff(start)
-    if (period <= 0).any():
-        k = int(np.argmax(period <= 0))
+    if (np.diff(start) <= 0).any():
+        k = int(np.argmax(np.diff(start) <= 0))
         raise PointsError(f"{its_path} row {k + 1}: column 'start' does not increase "
                           f"({start[k]} then {start[k + 1]})")
-    rows = np.flatnonzero(busy_steps(its, reqs)[:-1])  # the last step has no next one
     cols = {c: its[c].to_numpy() for c in STEP_COLUMNS}
     shapes = []
-    for i in rows:
+    for i in range(len(its)):
         s = BatchShape(int(cols["prefill_tokens"][i]), int(cols["num_prefill_seqs"][i]),
                        float(cols["prefill_attn"][i]), int(cols["decode_tokens"][i]),
                        int(cols["decode_ctx"][i]))
         if s.forward_size <= 0:
             raise PointsError(f"{its_path} row {i}: an empty step (no prefill, no decode)")
         shapes.append(s)
-    return StepLog(its, rows, shapes, period[rows], its_path)
+    span, after_idle = step_spans(its, reqs)
+    return StepLog(its, shapes, span, after_idle, its_path)
 
 
 def read_step_log(run_dir: Path | str, tp: int = 1, pp: int = 1) -> PointSet:
-    """The busy steps of a results directory as points, each with its period."""
+    """The steps of a results directory as points, each with its span."""
     log = load_step_log(run_dir)
-    n, total = len(log.rows), len(log.iterations)
-    note = (f"{n} of {total} steps of {run_dir}: step periods (start to the next start); "
-            f"{total - 1 - n} steps followed by an idle engine and the last step left out")
-    return PointSet(log.shapes, log.period, np.full(n, tp, dtype=np.int64),
-                    np.full(n, pp, dtype=np.int64), [f"{log.path} row {i}" for i in log.rows],
+    n = len(log.shapes)
+    note = (f"{n} steps of {run_dir}: step spans (from the previous step's end, or from the "
+            f"arrival that woke the idle engine: {int(log.after_idle.sum())} steps, to the "
+            "step's end)")
+    return PointSet(log.shapes, log.span, np.full(n, tp, dtype=np.int64),
+                    np.full(n, pp, dtype=np.int64), [f"{log.path} row {i}" for i in range(n)],
                     str(run_dir), note)

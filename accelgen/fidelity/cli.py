@@ -100,10 +100,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from accelgen.fidelity.report import write_report
 
-    if args.resimulate:
-        from accelgen.fidelity.run import resimulate
+    if args.recalibrate:
+        from accelgen.fidelity.run import recalibrate
 
-        resimulate(args.runs)
+        recalibrate(args.runs)
     rep = write_report(args.runs, args.csv, args.figure)
     print(rep.text())
     for f in rep.files:
@@ -130,8 +130,9 @@ def _add_commands(p: argparse.ArgumentParser) -> None:
     r.add_argument("--runs", type=Path, required=True)
     r.add_argument("--csv", type=Path)
     r.add_argument("--figure", type=Path, help="PNG path (a PDF is written beside it)")
-    r.add_argument("--resimulate", action="store_true",
-                   help="redo the simulations first (after a simulator or cost-model change)")
+    r.add_argument("--recalibrate", action="store_true",
+                   help="redo the calibration and the simulations first (after a simulator or "
+                        "cost-model change; the replays stay)")
     r.set_defaults(func=cmd_report)
 
 

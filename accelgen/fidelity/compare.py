@@ -153,36 +153,34 @@ def distributions(out_dir: Path | str, system: str) -> dict[str, dict[str, np.nd
 
 
 def step_residuals(run_dir: Path | str, cost: CostModel) -> pd.DataFrame:
-    """Every busy step of a replay (``accelgen.costmodel.points.read_step_log``: its period, from
-    its start to the next step's start) beside ``cost``'s prediction for its composition:
-    ``period``, ``predicted``, ``ratio`` (period / predicted), ``kind`` (prefill / decode /
-    mixed), ``batch_size`` and ``first_use`` (its token count is new in this replay)."""
+    """Every step of a replay beside ``cost``'s prediction for its composition: ``span`` (from
+    the moment the engine had work for it to its end: ``accelgen.costmodel.points``),
+    ``predicted``, ``ratio`` (span / predicted), ``kind`` (prefill / decode / mixed),
+    ``batch_size``, ``after_idle`` (it woke an idle engine) and ``first_use`` (its token count
+    is new in this replay)."""
     log = load_step_log(run_dir)
-    its, rows = log.iterations, log.rows
-    new_size = ~its["forward_size"].duplicated().to_numpy()
+    its = log.iterations
     pred = np.array([cost.iteration_time(s) for s in log.shapes])
     return pd.DataFrame({
-        "row": rows, "start": its["start"].to_numpy()[rows], "period": log.period,
-        "predicted": pred, "ratio": log.period / pred,
-        "kind": [kind_of(s) for s in log.shapes],
-        "batch_size": its["batch_size"].to_numpy()[rows],
-        "forward_size": its["forward_size"].to_numpy()[rows],
-        "first_use": new_size[rows]})
+        "start": its["start"].to_numpy(), "span": log.span, "predicted": pred,
+        "ratio": log.span / pred, "kind": [kind_of(s) for s in log.shapes],
+        "batch_size": its["batch_size"].to_numpy(), "forward_size": its["forward_size"].to_numpy(),
+        "after_idle": log.after_idle, "first_use": ~its["forward_size"].duplicated().to_numpy()})
 
 
 def residual_summary(residuals: pd.DataFrame) -> pd.DataFrame:
-    """Per (kind, first use): steps, median period and prediction (ms), median ratio, p10/p90
-    ratio, and each group's share of the replay's total period and prediction."""
-    g = residuals.groupby(["kind", "first_use"])
-    total = residuals["period"].sum()
+    """Per (kind, after idle, first use): steps, median span and prediction (ms), median ratio,
+    p10/p90 ratio, and each group's share of the replay's total span and of the prediction."""
+    g = residuals.groupby(["kind", "after_idle", "first_use"])
+    total = residuals["span"].sum()
     return pd.DataFrame({
         "steps": g.size(),
-        "period_ms": g["period"].median() * 1e3,
+        "span_ms": g["span"].median() * 1e3,
         "predicted_ms": g["predicted"].median() * 1e3,
         "ratio_p50": g["ratio"].median(),
         "ratio_p10": g["ratio"].quantile(0.1),
         "ratio_p90": g["ratio"].quantile(0.9),
-        "period_share": g["period"].sum() / total,
+        "span_share": g["span"].sum() / total,
         "predicted_share": g["predicted"].sum() / total,
     })
 

@@ -54,8 +54,9 @@ class Report:
                "real (median over the out-of-sample rounds) vs simulated:",
                format_table(self.table), "", "relative error per round (* = the fit round):",
                format_rounds(self.per_round), "",
-               "every replay's steps vs the calibrated model (period / predicted - 1; "
-               "period: start to next start):", format_steps(self.steps), ""]
+               "every replay's steps vs the calibrated model (ratio: span / predicted; span: "
+               "from the moment the engine had work for the step to its end):",
+               format_steps(self.steps), ""]
         missed = self.missed
         if len(missed):
             out.append(f"{len(missed)} target(s) missed: "
@@ -105,13 +106,14 @@ def format_rounds(per: pd.DataFrame) -> str:
 
 
 def format_steps(steps: pd.DataFrame) -> str:
-    lines = [f"{'replay':<22} {'kind':<8} {'first use':>9} {'steps':>6} {'period ms':>9} "
-             f"{'pred ms':>8} {'ratio p10':>9} {'p50':>6} {'p90':>6} {'share of time':>13}"]
+    lines = [f"{'replay':<24} {'kind':<8} {'after idle':>10} {'first use':>9} {'steps':>6} "
+             f"{'span ms':>8} {'pred ms':>8} {'ratio p10':>9} {'p50':>6} {'p90':>6} "
+             f"{'share of time, real/pred':>24}"]
     for r in steps.itertuples(index=False):
-        lines.append(f"{r.replay:<22} {r.kind:<8} {'yes' if r.first_use else 'no':>9} "
-                     f"{r.steps:>6} {r.period_ms:>9.3f} {r.predicted_ms:>8.3f} "
-                     f"{r.ratio_p10:>9.2f} {r.ratio_p50:>6.2f} {r.ratio_p90:>6.2f} "
-                     f"{r.period_share:>6.1%}/{r.predicted_share:<6.1%}")
+        lines.append(f"{r.replay:<24} {r.kind:<8} {'yes' if r.after_idle else 'no':>10} "
+                     f"{'yes' if r.first_use else 'no':>9} {r.steps:>6} {r.span_ms:>8.3f} "
+                     f"{r.predicted_ms:>8.3f} {r.ratio_p10:>9.2f} {r.ratio_p50:>6.2f} "
+                     f"{r.ratio_p90:>6.2f} {r.span_share:>12.1%}/{r.predicted_share:<11.1%}")
     return "\n".join(lines)
 
 

@@ -249,17 +249,24 @@ def run_fidelity(cfg: FidelityConfig, out_dir: Path,
                                    out_dir / CALIBRATION_DIR)
                 say(f"calibrated on round {k}'s stock replay: {dep.calibration!r}")
         (rdir / ROUND_NAME).write_text(json.dumps({"replays": replays}, indent=2) + "\n")
-    assert dep is not None
-    # The calibration's check on every replay but the one it was fitted on (its step periods).
+    calibrate_and_simulate(out_dir, cfg, trace, trace_path, say)
+    return out_dir
+
+
+def calibrate_and_simulate(out_dir: Path, cfg: FidelityConfig,
+                           trace: pd.DataFrame | None = None, trace_path: str | None = None,
+                           say: Callable[[str], None] | None = None) -> Deployment:
+    """The calibration on round 0's stock replay, checked step by step on every other replay
+    (``calibration/``), and the simulations with it (``sim-<system>``); returns the calibrated
+    deployment. Needs only the replays' results directories."""
     checks = {f"round-{k}/real-{s}": rdir / f"real-{s}" for k, rdir in
               enumerate(round_dirs(out_dir)) for s in cfg.systems
               if not (k == FIT_ROUND and s == "stock")}
-    kv_blocks = json.loads((out_dir / f"round-{FIT_ROUND}" / "real-stock" / "summary.json")
-                           .read_text())["kv_blocks"]
-    dep = calibrate_on(out_dir / f"round-{FIT_ROUND}" / "real-stock", cfg, int(kv_blocks),
-                       out_dir / CALIBRATION_DIR, checks)
+    fit_dir = out_dir / f"round-{FIT_ROUND}" / "real-stock"
+    kv_blocks = json.loads((fit_dir / "summary.json").read_text())["kv_blocks"]
+    dep = calibrate_on(fit_dir, cfg, int(kv_blocks), out_dir / CALIBRATION_DIR, checks)
     simulate_all(out_dir, cfg, dep, trace, trace_path, say)
-    return out_dir
+    return dep
 
 
 def simulate_all(out_dir: Path, cfg: FidelityConfig, dep: Deployment,
@@ -279,10 +286,12 @@ def simulate_all(out_dir: Path, cfg: FidelityConfig, dep: Deployment,
                 "iterations")
 
 
-def resimulate(out_dir: Path) -> None:
-    """Redo the simulations of a finished runs directory (no vLLM needed)."""
+def recalibrate(out_dir: Path) -> Deployment:
+    """Redo the calibration and the simulations of a finished runs directory, e.g. after a
+    change of the cost model or the simulator (no vLLM needed). The AccelGen replays keep the
+    model they planned with."""
     cfg = FidelityConfig.model_validate_json((out_dir / "fidelity.json").read_text())
-    simulate_all(out_dir, cfg, read_deployment(out_dir))
+    return calibrate_and_simulate(out_dir, cfg)
 
 
 # The code whose behaviour the fidelity numbers describe (hashed into sources.json of a run).
