@@ -324,7 +324,7 @@ def test_check_sets_are_predicted_out_of_sample(tmp_path: Path,
                      "--prior", "zero", "--holdout", "none", "--out",
                      str(tmp_path / "c.yaml")]) == 0
     text = capsys.readouterr().out
-    line = next(ln for ln in text.splitlines() if ln.strip().startswith("check:b.csv")
+    line = next(ln for ln in text.splitlines() if ln.strip().startswith(f"check:{b}")
                 and " all " in ln)
     assert "MAPE   0.0%" in line
 

@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     dep = Deployment.model_validate(data["deployment"])
     layers = resolve_model(dep.model).num_layers
     points = PointSet.concat([load_points(s, dep) for s in args.points])
-    checks = {Path(c).name or c: read_points(c, tp=dep.tp, pp=dep.pp) for c in args.check}
+    checks = {c: read_points(c, tp=dep.tp, pp=dep.pp) for c in args.check}
     holdout: Holdout = args.holdout or ("loo" if len(points) <= LOO_MAX_POINTS else "half")
     prior = prior_for(dep, args.prior)
     cal = calibrate(points, layers, prior, holdout, checks)
