@@ -15,10 +15,11 @@ COMMANDS: dict[str, str] = {
     "download": "accelgen.workloads.download_cli",
     "trace": "accelgen.workloads.cli",
     "pivot": "accelgen.costmodel.cli",
+    "calibrate": "accelgen.costmodel.calibrate_cli",
     "simulate": "accelgen.sim.cli",
     "profile": "accelgen.profiling.cli",
     "replay": "accelgen.vllm_integration.cli",
-    "fidelity": "accelgen.profiling.fidelity_cli",
+    "fidelity": "accelgen.fidelity.cli",
     "oracle": "accelgen.sim.oracle_cli",
 }
 

@@ -8,10 +8,17 @@ the top-level experiment settings of one simulated run.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    model_validator,
+)
 
 
 class StrictModel(BaseModel):
@@ -63,6 +70,29 @@ class HardwareProfile(StrictModel):
     interconnect_bandwidth: PositiveFloat  # bytes/s between GPUs (NVLink) for TP/PP traffic
 
 
+Seconds = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+
+
+class CalibratedTerms(StrictModel):
+    """The free terms of the calibrated cost model (``accelgen.costmodel.calibrated``), in
+    seconds, for the whole model on one GPU; ``accelgen calibrate`` fits them to measured
+    iteration latencies. A deployment's TP degree divides the work terms, and its layout scales
+    the communication term (see the model's docstring)."""
+
+    overhead_s: Seconds = 0.0  # per iteration (engine CPU work, launches, sampling)
+    weights_s: Seconds = 0.0  # weight streaming: the floor of the linear layers
+    # How sharply that floor turns into compute (the roofline's exponent; no floor: unused).
+    transition_p: float = Field(default=2.0, ge=1.0, le=16.0, allow_inf_nan=False)
+    prefill_token_s: Seconds = 0.0  # per prefill token (linear layers)
+    prefill_seq_s: Seconds = 0.0  # per prefill chunk (the engine's work per new sequence)
+    decode_token_s: Seconds = 0.0  # per decode sequence (linear layers, its sampling)
+    causal_pair_s: Seconds = 0.0  # per query-key pair inside the new prefill chunks
+    context_pair_s: Seconds = 0.0  # per query-key pair against a chunk's prior context
+    context_token_s: Seconds = 0.0  # per context token a decode reads (KV)
+    comm_token_s: Seconds = 0.0  # per token per activation transfer (TP/PP)
+    source: str = ""  # what the terms were fitted on
+
+
 class Deployment(StrictModel):
     """A model served on a number of GPUs with a KV-cache budget."""
 
@@ -73,8 +103,9 @@ class Deployment(StrictModel):
     kv_cache_gb: PositiveFloat = 12.0  # GiB of KV cache per GPU (paper: 12 GB on OPT-13B)
     block_size: PositiveInt = 32
     max_model_len: PositiveInt | None = None  # default: the model profile's
-    cost_model: Literal["analytic", "profile"] = "analytic"
+    cost_model: Literal["analytic", "profile", "calibrated"] = "analytic"
     profile_csv: Path | None = None  # for cost_model == "profile"
+    calibration: CalibratedTerms | None = None  # for cost_model == "calibrated"
     pivot_tolerance: PositiveFloat = 0.03
 
     @property
@@ -85,6 +116,9 @@ class Deployment(StrictModel):
     def _profile_needs_csv(self) -> Deployment:
         if self.cost_model == "profile" and self.profile_csv is None:
             raise ValueError("cost_model 'profile' needs profile_csv")
+        if self.cost_model == "calibrated" and self.calibration is None:
+            raise ValueError("cost_model 'calibrated' needs calibration (the terms `accelgen "
+                             "calibrate` writes)")
         return self
 
 

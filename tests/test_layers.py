@@ -21,8 +21,6 @@ PACKAGE = Path(__file__).resolve().parent.parent / "accelgen"
 KNOWN_CIRCLES: dict[frozenset[str], str] = {
     frozenset({"accelgen.policies.accelgen", "accelgen.policies.accelgen_kernel"}):
         "issue 16, the one AccelGen decision",
-    frozenset({"accelgen.profiling.engine_model", "accelgen.profiling.vllm_backend"}):
-        "issue 19, profiling cleanup",
 }
 
 # package -> packages it must never import. sim and vllm_integration are the two backends (they

@@ -127,7 +127,7 @@ def test_notebooks_outside_the_pipeline_are_known():
 
 
 def test_fidelity_notebook_runs_under_papermill(tmp_path):
-    from tests.test_fidelity_pipeline import fake_fidelity_runs
+    from tests.fidelity_fakes import fake_fidelity_runs
 
     runs = fake_fidelity_runs(tmp_path / "runs")
     figs = tmp_path / "figs"

