@@ -72,7 +72,9 @@ class DeploymentSpec(Strict):
     hardware: str | None = None
     tp: PositiveInt | None = None
     pp: PositiveInt | None = None
-    kv_cache_gb: PosFinite | None = None
+    kv_cache_gb: PosFinite | Literal["auto"] | None = Field(
+        None, description="GiB of KV per GPU, or auto: vLLM's gpu_memory_utilization 0.9 after "
+                          "weights and an activation reserve (docs/costmodel.md)")
     block_size: PositiveInt | None = None
     max_model_len: PositiveInt | None = None
     cost_model: Literal["analytic", "profile"] | None = None
@@ -384,6 +386,13 @@ def _semantic_checks(cfg: PipelineConfig) -> list[str]:
         if model.num_heads % dep.tp:
             problems.append(f"deployments.{name}.tp: {dep.tp} does not divide the "
                             f"{model.num_heads} heads of {model.name}")
+        if dep.kv_cache_gb == "auto":
+            from accelgen.costmodel.profiles import auto_kv
+
+            try:
+                auto_kv(dep, model)
+            except ValueError as exc:
+                problems.append(f"deployments.{name}.kv_cache_gb: {exc}")
         if dep.profile_csv is not None and not Path(dep.profile_csv).exists():
             problems.append(f"deployments.{name}.profile_csv: file not found: {dep.profile_csv}")
 

@@ -8,7 +8,14 @@ from typing import Any
 
 import yaml
 
-from accelgen.config import Deployment, ExperimentConfig, PolicySpec, SimOptions, load_yaml
+from accelgen.config import (
+    Deployment,
+    ExperimentConfig,
+    PolicySpec,
+    SimOptions,
+    kv_cache_gb_arg,
+    load_yaml,
+)
 
 
 def parse_params(items: list[str] | None) -> dict[str, Any]:
@@ -34,7 +41,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hardware")
     p.add_argument("--tp", type=int)
     p.add_argument("--pp", type=int)
-    p.add_argument("--kv-gb", type=float, help="KV cache GiB per GPU")
+    p.add_argument("--kv-gb", type=kv_cache_gb_arg, metavar="GIB|auto",
+                   help="KV cache GiB per GPU, or auto (docs/costmodel.md)")
     p.add_argument("--profile-csv", type=Path, help="use a measured profile table as cost model")
     p.add_argument("--seed", type=int)
     p.add_argument("--out", required=True, type=Path, help="results directory")

@@ -8,7 +8,7 @@ from typing import Any
 
 from accelgen.workloads.build import build_trace
 from accelgen.workloads.config import WorkloadConfig
-from accelgen.workloads.latency import resolve_prefill_latency
+from accelgen.workloads.latency import resolve_latency_reference
 from accelgen.workloads.summary import summarize
 from accelgen.workloads.trace import write_trace
 
@@ -75,9 +75,9 @@ def resolve_config(args: argparse.Namespace) -> WorkloadConfig:
 
 def run(args: argparse.Namespace) -> int:
     cfg = resolve_config(args)
-    latency, latency_name = resolve_prefill_latency(args.model, args.hardware, args.deployment,
-                                                   tp=args.tp, pp=args.pp)
-    trace = build_trace(cfg, latency, latency_name)
+    reference = resolve_latency_reference(args.model, args.hardware, args.deployment,
+                                          tp=args.tp, pp=args.pp)
+    trace = build_trace(cfg, reference=reference)
     written = write_trace(trace.df, trace.meta, args.out, csv=args.csv)
     if not args.quiet:
         print(summarize(trace.df, trace.meta))
