@@ -19,6 +19,7 @@ COMMANDS: dict[str, str] = {
     "replay": "accelgen.vllm_integration.cli",
     "fidelity": "accelgen.profiling.fidelity_cli",
     "oracle": "accelgen.policies.oracle",
+    "capacity": "accelgen.costmodel.capacity_cli",
 }
 
 

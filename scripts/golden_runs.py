@@ -10,6 +10,8 @@ trace``, ``accelgen simulate``, ``accelgen oracle``), the interface that stays p
 package's insides move, each in a fresh process. ``compare`` checks ``requests.parquet``,
 ``iterations.parquet`` and ``summary.json`` of every run byte for byte (``cmp`` semantics) and
 prints one line per run; it exits non-zero if any file differs or is missing.
+``--ignore-summary-keys k1,k2`` compares ``summary.json`` without the named keys (fields a build
+adds; every other key and both parquet files must still be identical).
 
 The set: the quick workload (OPT-13B, overloaded at 8 req/s and moderate at 0.2 req/s), the
 Llama-3-70B deployment (large KV), a BookCorpus-heavy mix with a 16K context, and the ERA scenario
@@ -180,7 +182,22 @@ def record(out: Path, only: str | None, jobs: int) -> int:
     return 0
 
 
-def compare(a: Path, b: Path, only: str | None) -> int:
+def _same_summary(fa: Path, fb: Path, ignore: frozenset[str]) -> bool:
+    """summary.json equal once the named keys are dropped from both (the rest parsed and
+    compared exactly, as written: same keys, same values)."""
+    da, db = json.loads(fa.read_text()), json.loads(fb.read_text())
+    return ({k: v for k, v in da.items() if k not in ignore}
+            == {k: v for k, v in db.items() if k not in ignore})
+
+
+def _same(name: str, fa: Path, fb: Path, ignore: frozenset[str]) -> bool:
+    if filecmp.cmp(fa, fb, shallow=False):
+        return True
+    return name == "summary.json" and bool(ignore) and _same_summary(fa, fb, ignore)
+
+
+def compare(a: Path, b: Path, only: str | None, ignore_summary_keys: frozenset[str] = frozenset()
+            ) -> int:
     same = differ = missing = 0
     for r in runs():
         if only is not None and only not in r.name:
@@ -190,7 +207,7 @@ def compare(a: Path, b: Path, only: str | None) -> int:
             fa, fb = a / r.name / f, b / r.name / f
             if not (fa.exists() and fb.exists()):
                 bad.append(f"{f} missing in {'a' if not fa.exists() else 'b'}")
-            elif not filecmp.cmp(fa, fb, shallow=False):
+            elif not _same(f, fa, fb, ignore_summary_keys):
                 bad.append(f"{f} differs")
         if not bad:
             same += 1
@@ -216,13 +233,17 @@ def main(argv: list[str] | None = None) -> int:
     cmp_.add_argument("a", type=Path)
     cmp_.add_argument("b", type=Path)
     cmp_.add_argument("--only", help="runs whose name contains this")
+    cmp_.add_argument("--ignore-summary-keys", default="", metavar="K1,K2",
+                      help="summary.json keys to leave out of the comparison (new fields); the "
+                           "other keys must be equal and the parquet files byte-identical")
     sub.add_parser("list", help="print the runs")
     args = ap.parse_args(argv)
     if args.cmd == "record":
         os.environ.setdefault("PYTHONHASHSEED", "0")
         return record(args.out, args.only, args.jobs)
     if args.cmd == "compare":
-        return compare(args.a, args.b, args.only)
+        ignore = frozenset(k.strip() for k in args.ignore_summary_keys.split(",") if k.strip())
+        return compare(args.a, args.b, args.only, ignore)
     for r in runs():
         print(r.name)
     return 0
