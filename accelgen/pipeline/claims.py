@@ -241,7 +241,7 @@ def versus(fig: str, metric: str, how: str, others: str = "baselines",
     return get
 
 
-def swept(metric: str, reduce: str) -> Callable[[str, str], Callable[..., Measure]]:
+def swept(metric: str, reduce: str) -> Callable[..., Callable[..., Measure]]:
     """Like :func:`versus` on figure 13's rate sweep: each system's ``metric`` reduced over the
     swept rates (``max``, or ``at1``: at load factor 1, the capacity estimate)."""
     def make(how: str, others: str = "baselines") -> Callable[..., Measure]:
