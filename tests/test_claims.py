@@ -126,6 +126,7 @@ def test_markdown_is_generated_from_the_csv(tmp_path: Path, capsys: pytest.Captu
     assert pipeline_main(["claims-md", str(csv)]) == 0
     out = capsys.readouterr().out
     assert "| Goodput, AccelGen / each baseline | 1.43-13.71x | 2.5 to 5x (2/2 hold) |" in out
+    assert "| evaluation | Goodput" in out and "paper: fig09 ratio per model and baseline" in out
     assert f"Floors: {C.FLOOR_TEXT}." in out
     assert len([ln for ln in out.splitlines() if ln.startswith("| ")]) == len(C.claims()) + 1
     doc = tmp_path / "ARTIFACT.md"
