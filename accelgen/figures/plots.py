@@ -181,6 +181,6 @@ def capacity_text(row: Any, rates: Sequence[float]) -> str:
         return f">= {max(rates):.2g}"
     text = f"{float(row['mean']):.2g}"
     lo, hi = float(row.get("min", np.nan)), float(row.get("max", np.nan))
-    if np.isfinite(lo) and np.isfinite(hi) and hi > lo:
+    if np.isfinite(lo) and np.isfinite(hi) and f"{lo:.2g}" != f"{hi:.2g}":
         text += f" [{lo:.2g}-{hi:.2g}]"
     return text
