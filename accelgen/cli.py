@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "replay": "accelgen.vllm_integration.cli",
     "fidelity": "accelgen.fidelity.cli",
     "oracle": "accelgen.sim.oracle_cli",
+    "capacity": "accelgen.costmodel.capacity_cli",
 }
 
 

@@ -38,6 +38,9 @@ class ModelProfile(StrictModel):
     vocab_size: PositiveInt = 50272
     dtype_bytes: PositiveInt = 2
     max_model_len: PositiveInt = 2048
+    # The LM head shares the input embedding's weights (OPT: yes; Llama-2/3: no). Only the
+    # weight bytes of `kv_cache_gb: auto` depend on it.
+    tie_word_embeddings: bool = True
 
     @property
     def head_dim(self) -> int:
@@ -100,7 +103,10 @@ class Deployment(StrictModel):
     hardware: str = "a100"
     tp: PositiveInt = 1
     pp: PositiveInt = 1
-    kv_cache_gb: PositiveFloat = 12.0  # GiB of KV cache per GPU (paper: 12 GB on OPT-13B)
+    # GiB of KV cache per GPU (paper: 12 GB on OPT-13B), or "auto": what vLLM's
+    # gpu_memory_utilization 0.9 leaves after weights and an activation reserve
+    # (accelgen.costmodel.profiles.auto_kv; docs/costmodel.md).
+    kv_cache_gb: PositiveFloat | Literal["auto"] = 12.0
     block_size: PositiveInt = 32
     max_model_len: PositiveInt | None = None  # default: the model profile's
     cost_model: Literal["analytic", "profile", "calibrated"] = "analytic"
@@ -144,6 +150,22 @@ class ExperimentConfig(StrictModel):
     policy: PolicySpec = Field(default_factory=PolicySpec)
     sim: SimOptions = Field(default_factory=SimOptions)
     seed: int = 0
+
+
+def kv_cache_gb_arg(text: str) -> float | str:
+    """argparse type of ``--kv-cache-gb``: a number of GiB or ``auto``."""
+    import argparse
+
+    if text == "auto":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not (value > 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a positive number of GiB or 'auto', "
+                                         f"got {text!r}")
+    return value
 
 
 def load_yaml(path: Path | str) -> dict[str, Any]:

@@ -44,7 +44,9 @@ def per_request(requests: pd.DataFrame) -> pd.DataFrame:
 
     Adds: ttft, jct, tpot, norm_latency, tokens_met (tokens that met their deadline: first token
     vs TTFT SLO, later tokens vs TBT SLO after the previous token), tbt_max, slo_met (online: every
-    token met; offline: JCT met), jct_met (against ``jct_slo``).
+    token met; offline: JCT met), jct_met (against ``jct_slo``), ttft_met (first token within the
+    TTFT SLO), tbt_met (every later token within the TBT SLO), distserve_met (DistServe's
+    looser request-level rule: TTFT and mean TPOT within their SLOs).
     Rejected requests miss every SLO; cut ones are judged on the tokens they were served.
     """
     df = requests.copy()
@@ -78,6 +80,11 @@ def per_request(requests: pd.DataFrame) -> pd.DataFrame:
     online = df["online"].to_numpy(dtype=bool)
     all_tokens = done & (tokens_met == n_out)
     df["slo_met"] = np.where(online, all_tokens, df["jct_met"].to_numpy())
+    ttft_met = ttft <= ttft_slo  # NaN (never started) compares False
+    df["ttft_met"] = ttft_met
+    df["tbt_met"] = done & (tokens_met - ttft_met.astype(np.int64) == np.maximum(n_out - 1, 0))
+    tpot = df["tpot"].to_numpy(dtype=np.float64)
+    df["distserve_met"] = done & ttft_met & ((n_out <= 1) | (tpot <= tbt_slo))
     return df
 
 
@@ -156,6 +163,10 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, *, s_pf: int,
     out["jct_attainment"] = float(pr["jct_met"].mean()) if n else math.nan
     out["ttft_attainment"] = (float((online["ttft"] <= online["ttft_slo"]).mean())
                               if len(online) else math.nan)
+    # SPEC 11: TBT-only attainment and DistServe's request-level variant (online requests).
+    out["tbt_attainment"] = float(online["tbt_met"].mean()) if len(online) else math.nan
+    out["slo_attainment_distserve"] = (float(online["distserve_met"].mean()) if len(online)
+                                       else math.nan)
     gp = goodput_series(pr, goodput_window) if n else np.zeros(1)
     out["goodput_rps"] = float(gp.mean())
     out.update(_stats(pr["ttft"], "ttft"))
@@ -195,3 +206,31 @@ def capacity(rates: np.ndarray, attainment: np.ndarray, target: float = 0.9) -> 
         if a[i] < target:
             return float(r[i - 1] + (a[i - 1] - target) / (a[i - 1] - a[i]) * (r[i] - r[i - 1]))
     return float(r[-1])
+
+
+def sweep_capacity(rates: np.ndarray, attainment: np.ndarray,
+                   target: float = 0.9) -> tuple[float, str]:
+    """Capacity from one rate sweep (SPEC 11): the highest rate with attainment >= ``target``,
+    interpolated linearly towards the next swept rate (where attainment fell below it).
+
+    Returns ``(rate, where)``: ``where`` is ``"interpolated"``; ``"above_sweep"`` when even the
+    highest swept rate meets the target (the rate is then that rate: a lower bound);
+    ``"below_sweep"`` when even the lowest does not (rate 0: below the sweep). NaN attainments
+    (no requests) are ignored.
+    """
+    r = np.asarray(rates, dtype=np.float64)
+    a = np.asarray(attainment, dtype=np.float64)
+    keep = np.isfinite(r) & np.isfinite(a)
+    r, a = r[keep], a[keep]
+    if r.size == 0:
+        return math.nan, "no_data"
+    order = np.argsort(r, kind="stable")
+    r, a = r[order], a[order]
+    ok = np.flatnonzero(a >= target)
+    if ok.size == 0:
+        return 0.0, "below_sweep"
+    i = int(ok[-1])
+    if i == r.size - 1:
+        return float(r[i]), "above_sweep"
+    frac = (a[i] - target) / (a[i] - a[i + 1])
+    return float(r[i] + frac * (r[i + 1] - r[i])), "interpolated"

@@ -153,7 +153,7 @@ def test_dry_run_plans_the_grid(path):
     grid = Grid(pc.load_file(path))
     assert counts.get("simulate") == len(grid.runs())
     assert counts.get("trace") == len(grid.traces())
-    assert counts.get("aggregate") == len(grid.figures) + 1  # + headline.csv
+    assert counts.get("aggregate") == len(grid.figures) + 1  # + claims.csv
     fidelity = int(grid.cfg.fidelity_on)  # notebook_fidelity (rules/fidelity.smk)
     assert sum(v for k, v in counts.items() if k.startswith("notebook_")) == \
         len(grid.groups()) + fidelity

@@ -119,7 +119,9 @@ class DeploymentSpec(Strict):
     hardware: str | None = None
     tp: PositiveInt | None = None
     pp: PositiveInt | None = None
-    kv_cache_gb: PosFinite | None = None
+    kv_cache_gb: PosFinite | Literal["auto"] | None = Field(
+        None, description="GiB of KV per GPU, or auto: vLLM's gpu_memory_utilization 0.9 after "
+                          "weights and an activation reserve (docs/costmodel.md)")
     block_size: PositiveInt | None = None
     max_model_len: PositiveInt | None = None
     cost_model: Literal["analytic", "profile", "calibrated"] | None = None
@@ -269,6 +271,36 @@ class ChunkingExp(Experiment):
     long_arrival: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.5  # s; others at 0
 
 
+class SLOScaleSweep(Strict):
+    """Figure 14: attainment vs the TTFT scale s (every request's TTFT SLO = s x its
+    reference) at one rate per deployment (``load_factor`` x its capacity estimate)."""
+
+    systems: list[str] = Field(min_length=1)
+    load_factor: PosFinite = 1.0
+    ttft_scales: list[PosFinite] = Field(min_length=1)
+
+
+class CapacityExp(RunGrid):
+    """Figures 13-15 (SPEC section 11, regime ``capacity``): every system on a rate sweep around
+    each deployment's capacity estimate (``accelgen capacity``: the smaller of the KV/Little and
+    compute bounds on the workload's seed-0 trace), capacity = the highest rate with
+    request-level attainment >= ``target`` per system and seed."""
+
+    workload: str = "capacity"
+    load_factors: list[PosFinite] = Field(
+        min_length=2, description="swept rates as multiples of each deployment's capacity "
+                                  "estimate (the same multiples on every deployment)")
+    target: Annotated[float, Field(gt=0, le=1)] = 0.9
+    slo_scale: SLOScaleSweep | None = None
+
+    @field_validator("load_factors")
+    @classmethod
+    def _distinct(cls, v: list[float]) -> list[float]:
+        if len(set(v)) != len(v):
+            raise ValueError("listed twice")
+        return v
+
+
 class Experiments(Strict):
     """One block per figure group; a block left out (or ``enabled: false``) drops its figures."""
 
@@ -282,6 +314,7 @@ class Experiments(Strict):
     sensitivity: SensitivityExp | None = None  # figure 11, capacity curves
     datasets: DatasetsExp | None = None  # figure 12
     chunking: ChunkingExp | None = None  # paper figure 2 (extra)
+    capacity: CapacityExp | None = None  # figures 13-15, regime `capacity` (SPEC 11)
 
     def active(self, name: str) -> Experiment | None:
         exp = getattr(self, name)
@@ -498,6 +531,13 @@ def _semantic_checks(cfg: PipelineConfig) -> list[str]:
         if model.num_heads % dep.tp:
             problems.append(f"deployments.{name}.tp: {dep.tp} does not divide the "
                             f"{model.num_heads} heads of {model.name}")
+        if dep.kv_cache_gb == "auto":
+            from accelgen.costmodel.profiles import auto_kv
+
+            try:
+                auto_kv(dep, model)
+            except ValueError as exc:
+                problems.append(f"deployments.{name}.kv_cache_gb: {exc}")
         if spec.profile is None and dep.profile_csv is not None and \
                 not Path(dep.profile_csv).exists():
             problems.append(f"deployments.{name}.profile_csv: file not found: {dep.profile_csv}")
@@ -556,6 +596,10 @@ def _semantic_checks(cfg: PipelineConfig) -> list[str]:
             dups = sorted({v for v in values if values.count(v) > 1})
             if dups:
                 problems.append(f"{key}.{field}: listed twice: {', '.join(dups)}")
+    cap = exps.capacity
+    if cap is not None and cap.slo_scale is not None:
+        for i, s in enumerate(cap.slo_scale.systems):
+            need(f"experiments.capacity.slo_scale.systems[{i}]", s, cfg.systems, "system")
     sslo = exps.system_slo
     if sslo is not None:
         need("experiments.system_slo.system", sslo.system, cfg.systems, "system")

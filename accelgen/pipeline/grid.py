@@ -20,6 +20,7 @@ are path-safe (``accelgen-no-order``).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,7 @@ from accelgen.pipeline.config import (
 )
 
 SCENARIO_PREFIX = "scenario-"
+CLAIMS = "claims"  # <figures_dir>/claims.csv: the paper's claims beside ours (SPEC 11)
 LONG_PROMPT = 4096  # the paper's long-prompt threshold (>= 4K tokens)
 
 
@@ -88,9 +90,24 @@ FIGURES: tuple[tuple[str, str, str, str, str], ...] = (
     ("extra_capacity", "extra_capacity", "sensitivity",
      "Capacity: SLO attainment vs arrival rate", "sensitivity"),
     ("extra_pivots", "extra_pivots", "workload", "Pivot forward sizes", "pivots"),
+    ("extra_bounds", "extra_capacity_bounds", "evaluation",
+     "Capacity bounds beside the offered rate", "evaluation"),
+    ("fig13", "fig13_capacity", "capacity", "Capacity: SLO attainment vs arrival rate",
+     "capacity"),
+    ("fig14", "fig14_slo_scale", "capacity", "SLO attainment vs TTFT SLO scale", "capacity"),
+    ("fig15", "fig15_latency", "capacity", "TTFT and TBT percentiles vs arrival rate",
+     "capacity"),
 )
 GROUPS: tuple[str, ...] = ("measurement", "scenarios", "workload", "evaluation", "ablation",
-                           "sensitivity")
+                           "sensitivity", "capacity")
+# SPEC section 11: the regime of each figure (`-`: no load setting: a scenario, a trace, the
+# cost model). Both regimes are in the quick and the paper configs.
+REGIMES: dict[str, str] = {
+    **{f"fig{i:02d}": "paper" for i in (1, 2, 3, 4, 5, 7, 9, 10, 11, 12)},
+    "fig06": "-", "fig08": "-", "extra_chunking": "-", "extra_pivots": "-",
+    "extra_capacity": "paper", "extra_bounds": "paper",
+    "fig13": "capacity", "fig14": "capacity", "fig15": "capacity",
+}
 
 
 def fmt_num(x: float) -> str:
@@ -349,6 +366,21 @@ class Grid:
                                                       cfg.seeds_of(ch)[:1]), [],
                                       {"long_prompt": ch.long_prompt})
 
+        if ev is not None and ev.enabled:
+            v = self._base_variant(ev.workload)
+            seed = cfg.seeds_of(ev)[0]
+            rate = float(self.variants[v].get("arrival", {}).get("rate", math.nan))
+            traces = [{"path": self.trace_path(v, d, seed), "variant": v, "deployment": d,
+                       "deployment_label": cfg.deployment_label(d), "seed": seed,
+                       "offered_rps": rate,
+                       "spec": cfg.deployment(d).model_dump(mode="json")}
+                      for d in ev.deployments]
+            figs["extra_bounds"] = ([], traces, {"regime": "paper"})
+
+        cap = ex.capacity
+        if cap is not None and cap.enabled:
+            self._capacity_figures(cap, figs)
+
         dep_rows = []
         for dname in cfg.deployments:
             dep = cfg.deployment(dname)
@@ -361,6 +393,56 @@ class Grid:
                 runs, traces, opts = figs[key]
                 self.figures[key] = Figure(key, fid, group, title, exp, tuple(runs),
                                            tuple(traces), opts)
+
+    def capacity_bound(self, variant: str, deployment: str, seed: int) -> Any:
+        """The capacity estimate of a deployment on a workload variant's trace
+        (:mod:`accelgen.pipeline.capacity`)."""
+        from accelgen.costmodel.factory import effective_max_model_len
+        from accelgen.pipeline.capacity import workload_bound
+
+        dep = self.cfg.deployment(deployment)
+        mml = max(1, effective_max_model_len(dep) - self.cfg.truncate_margin)
+        return workload_bound(self.cfg.workload_dict(variant), dep, seed, mml)
+
+    def _ttft_scale_variant(self, variant: str, scale: float) -> str:
+        data = self.variants[variant]
+        return self._variant(f"{variant}-ttft{fmt_num(scale)}",
+                             deep_merge(data, {"slo": {"ttft_scale": [scale, scale]}}))
+
+    def _capacity_figures(self, cap: Any, figs: dict[str, Any]) -> None:
+        """Figures 13-15: a rate sweep of ``load_factors`` x each deployment's estimate."""
+        from accelgen.pipeline.capacity import sweep_rate
+
+        cfg = self.cfg
+        seeds = cfg.seeds_of(cap)
+        self._base_variant(cap.workload)
+        refs: list[dict[str, Any]] = []
+        scale_refs: list[dict[str, Any]] = []
+        bounds = []
+        for d in cap.deployments:
+            bound = self.capacity_bound(cap.workload, d, seeds[0])
+            est = bound.estimate_rps
+            bounds.append({"deployment": d, "deployment_label": cfg.deployment_label(d),
+                           **bound.as_dict()})
+            for factor in cap.load_factors:
+                rate = sweep_rate(factor, est)
+                v = self._rate_variant(cap.workload, rate)
+                refs += self._grid_refs(v, [d], cap.systems, seeds, sweep="rate", x=rate,
+                                        load_factor=factor)
+            ss = cap.slo_scale
+            if ss is not None:
+                rate = sweep_rate(ss.load_factor, est)
+                v_rate = self._rate_variant(cap.workload, rate)
+                for scale in ss.ttft_scales:
+                    v = self._ttft_scale_variant(v_rate, scale)
+                    scale_refs += self._grid_refs(v, [d], ss.systems, seeds, sweep="ttft_scale",
+                                                  x=scale, rate=rate,
+                                                  load_factor=ss.load_factor)
+        opts = {"target": cap.target, "bounds": bounds, "regime": "capacity"}
+        figs["fig13"] = (refs, [], opts)
+        if scale_refs:
+            figs["fig14"] = (scale_refs, [], opts)
+        figs["fig15"] = (refs, [], opts)
 
     # ------------------------------------------------------------------ queries
     def check_workloads(self) -> None:
@@ -417,13 +499,13 @@ class Grid:
         out = []
         for fig in self.figures.values():
             out += [self.figure_file(fig.id, "csv"), *self.figure_outputs(fig)]
-        out.append(self.figure_file("headline", "csv"))
+        out.append(self.figure_file(CLAIMS, "csv"))
         return out
 
     def csv_figure_ids(self) -> list[str]:
         """Every ``<figures_dir>/<id>.csv`` the ``aggregate`` rule writes: the grid's figures and
-        the headline table (other stages' CSVs in that directory, e.g. fidelity.csv, are not)."""
-        return sorted({fig.id for fig in self.figures.values()} | {"headline"})
+        the claims table (other stages' CSVs in that directory, e.g. fidelity.csv, are not)."""
+        return sorted({fig.id for fig in self.figures.values()} | {CLAIMS})
 
     def figure_by_id(self, fig_id: str) -> Figure:
         for fig in self.figures.values():
@@ -431,10 +513,16 @@ class Grid:
                 return fig
         raise KeyError(fig_id)
 
+    def claims_inputs(self) -> dict[str, str]:
+        """Figure id -> CSV of the figures the claims table reads (those the grid has)."""
+        from accelgen.pipeline.claims import CLAIM_FIGURES
+
+        ids = {fig.id for fig in self.figures.values()}
+        return {f: self.figure_file(f, "csv") for f in CLAIM_FIGURES if f in ids}
+
     def figure_inputs(self, fig_id: str) -> list[str]:
-        if fig_id == "headline":
-            return [self.figure_file(self.figures["fig09"].id, "csv")] \
-                if "fig09" in self.figures else []
+        if fig_id == CLAIMS:
+            return list(self.claims_inputs().values())
         fig = self.figure_by_id(fig_id)
         paths = [f"{r['dir']}/summary.json" for r in fig.runs]
         paths += [t["path"] for t in fig.traces]
@@ -443,9 +531,8 @@ class Grid:
         return paths
 
     def figure_spec_json(self, fig_id: str) -> str:
-        if fig_id == "headline":
-            spec = {"figure": "headline", "inputs": self.figure_inputs("headline"),
-                    "accelgen": "accelgen", "oracle": "oracle"}
+        if fig_id == CLAIMS:
+            spec = {"figure": CLAIMS, "inputs": self.claims_inputs(), "accelgen": "accelgen"}
             return json.dumps(spec, sort_keys=True, separators=(",", ":"))
         return self.figure_by_id(fig_id).spec_json()
 

@@ -16,6 +16,7 @@ from accelgen.config import (
     ExperimentConfig,
     PolicySpec,
     SimOptions,
+    kv_cache_gb_arg,
     load_yaml,
     parse_params,
 )
@@ -33,7 +34,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hardware")
     p.add_argument("--tp", type=int)
     p.add_argument("--pp", type=int)
-    p.add_argument("--kv-gb", type=float, help="KV cache GiB per GPU")
+    p.add_argument("--kv-gb", type=kv_cache_gb_arg, metavar="GIB|auto",
+                   help="KV cache GiB per GPU, or auto (docs/costmodel.md)")
     p.add_argument("--profile-csv", type=Path, help="use a measured profile table as cost model")
     p.add_argument("--seed", type=int)
     p.add_argument("--out", required=True, type=Path, help="results directory")

@@ -8,7 +8,7 @@ from typing import Any
 
 from accelgen.workloads.build import build_trace
 from accelgen.workloads.config import WorkloadConfig
-from accelgen.workloads.latency import resolve_prefill_latency
+from accelgen.workloads.latency import resolve_latency_reference
 from accelgen.workloads.summary import summarize
 from accelgen.workloads.trace import write_trace
 
@@ -91,10 +91,9 @@ def deployment_max_model_len(name: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     cfg = resolve_config(args)
-    latency, latency_name = resolve_prefill_latency(args.model, args.hardware, args.deployment,
-                                                   tp=args.tp, pp=args.pp,
-                                                   profile_csv=args.profile_csv)
-    trace = build_trace(cfg, latency, latency_name)
+    reference = resolve_latency_reference(args.model, args.hardware, args.deployment,
+                                          tp=args.tp, pp=args.pp, profile_csv=args.profile_csv)
+    trace = build_trace(cfg, reference=reference)
     written = write_trace(trace.df, trace.meta, args.out, csv=args.csv)
     if not args.quiet:
         print(summarize(trace.df, trace.meta))

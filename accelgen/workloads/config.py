@@ -86,14 +86,24 @@ class ArrivalConfig(StrictModel):
     speedup: PosFinite = 1.0  # replay: divide replayed gaps by this
 
 
-class SLOConfig(StrictModel):
-    """SLO assignment (SPEC section 6; rules in docs/workloads.md)."""
+# `ttft_reference: isolated` (SPEC section 11): defaults of the keys a config leaves unset.
+ISOLATED_TTFT_SCALE: tuple[float, float] = (1.0, 3.0)
+ISOLATED_TBT_SCALE_KIND: Literal["set", "range"] = "set"
 
-    length_group: PositiveInt = 512  # TTFT: prompts grouped by this many tokens
-    ttft_scale: Scale = (0.5, 1.5)  # U[low, high] x mean isolated prefill of the group
+
+class SLOConfig(StrictModel):
+    """SLO assignment (SPEC sections 6 and 11; rules in docs/workloads.md)."""
+
+    # group_mean: the paper's rule (TTFT reference = mean isolated prefill of the length group);
+    # isolated: the request's own isolated prefill chunked at S_pf plus one T_pf (SPEC 11),
+    # with TBT SLOs below an isolated decode iteration raised to tbt_floor_factor x it.
+    ttft_reference: Literal["group_mean", "isolated"] = "group_mean"
+    length_group: PositiveInt = 512  # TTFT (group_mean): prompts grouped by this many tokens
+    # U[low, high] x the TTFT reference; default [0.5, 1.5], or [1, 3] with `isolated`
+    ttft_scale: Scale = (0.5, 1.5)
     tbt_base: PosFinite = 0.1875  # reading speed, s/token
     # "set": scale uniform over tbt_scale_set (paper section 3); "range": U[tbt_scale_range]
-    # (paper section 5, the evaluation).
+    # (paper section 5, the evaluation). Default "range", or "set" with `isolated`.
     tbt_scale_kind: Literal["set", "range"] = "range"
     tbt_scale_set: list[PosFinite] = Field(default_factory=lambda: [0.25, 0.5, 1.0, 2.0],
                                            min_length=1)
@@ -101,9 +111,18 @@ class SLOConfig(StrictModel):
     offline_fraction: Fraction = 0.0  # share of requests that are offline (JCT SLO only)
     # offline JCT SLO = U[offline_jct_scale] x (group mean isolated prefill + tbt_base x (n_out-1))
     offline_jct_scale: Scale = (1.0, 2.0)
+    # isolated: a TBT SLO below one isolated decode iteration is raised to this multiple of it
+    tbt_floor_factor: Annotated[float, Field(ge=1, allow_inf_nan=False)] = 1.2
 
     @model_validator(mode="after")
     def _scales(self) -> SLOConfig:
+        if self.ttft_reference == "isolated":
+            # The mode's own defaults for keys the config does not set (assigned here, so a
+            # dumped config states the values used).
+            if "ttft_scale" not in self.model_fields_set:
+                self.ttft_scale = ISOLATED_TTFT_SCALE
+            if "tbt_scale_kind" not in self.model_fields_set:
+                self.tbt_scale_kind = ISOLATED_TBT_SCALE_KIND
         _check_scale("ttft_scale", self.ttft_scale)
         _check_scale("tbt_scale_range", self.tbt_scale_range)
         _check_scale("offline_jct_scale", self.offline_jct_scale)
