@@ -1,82 +1,128 @@
-"""FastServe: skip-join multi-level feedback queue (MLFQ) with KV swapping.
+"""FastServe (Wu et al., "Fast Distributed Inference Serving for Large Language Models", 2023):
+skip-join multi-level feedback queue (MLFQ) with proactive KV swapping.
 
-- ``num_queues`` priority levels; level p has quantum ``base_quantum x 2^p`` (10 ms x 2^p).
-- Skip-join: a new request enters the first level whose quantum covers its isolated prefill time
-  (``view.cost.prefill_time``), so long prompts skip the top levels.
-- Demotion: the iteration latencies a request is scheduled in accumulate at its level; once the
-  sum exceeds the level's quantum it moves one level down (with a fresh account).
-- Starvation: a request not served for ``starve_after`` seconds (3 s) is promoted to the top.
-- Each iteration takes candidates (running, swapped and waiting alike) in strict priority order
-  (level, then FCFS by the time it entered its level) until the batch holds ``max_batch_size`` (16)
-  requests; new prompts (and recomputes) run whole, no chunking, at most ``max_prompt_tokens``
-  (2048) prompt tokens per batch (a lone longer prompt may still run by itself, else it could never
-  run).
-- KV: paged blocks. A swapped-out request is swapped back in when it is selected; when the selected
-  requests need more blocks than are free, the lowest-priority running requests outside the batch
-  are swapped out to host memory (the engine charges blocks x block bytes / host-link bandwidth as
-  time). If the host swap space is full, the victim is preempted for recompute instead.
+The paper gives the algorithm (skip-join MLFQ, iteration-level preemption, starvation prevention,
+proactive KV cache management); its public artifact (LLMServe/FastServe, ``fastserve/scheduler.py``
+class ``MLFQ``, run with ``--sched-policy sj-mlfq --proactive-offloading --use-skip-join``) fixes
+what the paper leaves open. docs/baselines.md maps every rule below to its source.
 
-Simplifications (also in docs/baselines.md): swaps happen at iteration boundaries exactly when
-the next batch needs the blocks (FastServe's proactive swapping overlaps transfers with compute,
-which the engine's serial charge does not model); within a level the order is FCFS, not by
-remaining quantum.
+- Levels: ``num_queues`` queues, level p has quantum ``base_quantum x quantum_ratio^p``
+  (10 ms x 2^p).
+- Skip-join: a new request joins the first level whose quantum covers its first iteration, the
+  isolated prefill of its prompt (``view.cost.prefill_time``); a longer one joins the last level.
+- Order: strict priority by level. Within a level, requests that have run stay at the head (each
+  iteration's unfinished batch members go back to the head of their level, keeping their order),
+  new arrivals queue at the tail. So the running batch is not rotated at every quantum.
+- Demotion: the latencies of the iterations a request runs in accumulate at its level; once the
+  sum exceeds the level's quantum the request moves one level down, to the head, with a fresh
+  account.
+- Starvation: every ``starve_check_every`` decisions (1,000), every queued request not served for
+  ``starve_after`` seconds (3 s; waiting counts from arrival) moves to the head of the top level.
+- Batch: the highest-priority requests, in order, until ``max_batch_size`` (16) requests or a
+  prompt that would take the batch's prompt tokens beyond ``max_prompt_tokens`` (2048): the batch
+  stops there (head-of-line, as the artifact). No chunking: a prompt (or a recompute) runs whole;
+  a prompt longer than the limit runs when no other prompt is in the batch. While less than
+  ``pause_prefill_below`` (10 %) of the host swap space is free, requests that still need their
+  prompt pass are passed over.
+- KV (proactive swapping): the batch needs its blocks plus a reserve of ``free_block_reserve``
+  free blocks (default one per batch slot). Missing blocks come from swapping out the
+  lowest-priority requests that hold device KV outside the batch; if that is not enough, batch
+  members are dropped from the lowest priority up (swapped out if they hold KV) until the batch
+  itself fits (the reserve is kept only as far as requests outside the batch can provide it).
+  Swapped batch members are swapped in. When nothing had to be swapped out, the highest-priority
+  swapped requests among the next ``max_batch_size`` queued ones are swapped in ahead of their
+  turn while the reserve stays free. A victim that does not fit in the host swap space is
+  preempted for recompute instead.
+- Swap transfers overlap compute in FastServe (separate copy streams); the simulator charges an
+  iteration max(compute, transfer) by default (``sim.swap_overlap``).
+
+Cost per decision: the queues are kept incrementally (sorted keys per KV residency), so a
+decision touches the batch, its victims and a few queue heads, not the whole queue; only the
+periodic starvation check scans every queued request.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
+from collections.abc import Iterator
 from dataclasses import dataclass
+from heapq import merge
 
-from pydantic import Field, PositiveFloat, PositiveInt
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt
 
-from accelgen.costmodel.base import BatchShape
-from accelgen.policies.base import Decision, Policy, PolicyParams, SchedulerView
+from accelgen.policies.base import Decision, KVView, Policy, PolicyParams, SchedulerView
 from accelgen.request import Request, Status
+
+# A request's place in the MLFQ is one integer: its level in the high bits, then a sequence
+# number: head insertions count down from the middle, tail insertions count up from it.
+_SEQ_BITS = 42
+_SEQ_MID = 1 << (_SEQ_BITS - 1)
 
 
 class FastServeParams(PolicyParams):
     num_queues: PositiveInt = 5
-    base_quantum: PositiveFloat = 0.010  # seconds; level p has base_quantum * 2**p
+    base_quantum: PositiveFloat = 0.010  # seconds: the top level's quantum
+    quantum_ratio: float = Field(2.0, gt=1.0)  # quantum of level p+1 / quantum of level p
     starve_after: PositiveFloat = 3.0  # seconds without service before promotion to the top
+    starve_check_every: PositiveInt = 1000  # decisions between starvation checks
     max_batch_size: PositiveInt = 16
     max_prompt_tokens: PositiveInt = 2048
     swap: bool = Field(True, description="swap victims to host; False: recompute them")
+    proactive: bool = Field(True, description="keep free_block_reserve blocks free and swap in "
+                                              "high-priority requests ahead of their turn")
+    free_block_reserve: NonNegativeInt | None = None  # default: max_batch_size blocks
+    pause_prefill_below: float = Field(0.1, ge=0.0, le=1.0)  # free share of host swap space
 
 
 @dataclass(slots=True)
 class MLFQState:
     level: int
-    attained: float = 0.0  # execution time charged at the current level
-    entered: float = 0.0  # when it entered the current level (FCFS key within a level)
-    last_service: float = 0.0  # end of its last iteration (or its arrival)
-    join_level: int = 0  # the level skip-join chose, for diagnostics and tests
+    attained: float = 0.0  # iteration time charged at the current level
+    last_service: float = 0.0  # end of its last iteration (its arrival until it runs)
+    join_level: int = 0  # the level skip-join chose
+    key: int = -1  # its place in the queues; -1: not queued
+    filed_as: Status = Status.WAITING  # the residency index holding it
 
 
-def _shape(scheduled: list[tuple[Request, int]]) -> BatchShape:
-    """The batch composition the engine will charge (same decode/prefill rule as the engine)."""
-    shape = BatchShape()
-    for r, n in scheduled:
-        ctx = r.num_computed_tokens
-        if n == 1 and r.num_output_tokens > 0 and ctx == r.num_tokens - 1:
-            shape.add_decode(ctx)
-        else:
-            shape.add_prefill(n, ctx)
-    return shape
+class _Residency:
+    """Queued requests of one KV residency (waiting, device or host), in MLFQ order."""
+
+    __slots__ = ("keys",)
+
+    def __init__(self) -> None:
+        self.keys: list[int] = []
+
+    def add(self, key: int) -> None:
+        insort(self.keys, key)
+
+    def remove(self, key: int) -> None:
+        del self.keys[bisect_left(self.keys, key)]
 
 
-def _priority(r: Request) -> tuple[int, float, int]:
-    """Strict MLFQ order: level, then FCFS by the time it entered that level."""
-    st: MLFQState = r.policy_state
-    return st.level, st.entered, r.req_id
+def _needs_prompt_pass(r: Request) -> bool:
+    return r.num_output_tokens == 0 or r.num_new_tokens > 1
 
 
 class FastServePolicy(Policy):
     name = "fastserve"
     Params = FastServeParams
     params: FastServeParams
-    _compute_time: float = 0.0  # predicted compute latency of the last decided batch
 
+    def __init__(self, params: PolicyParams | None = None, **overrides: object) -> None:
+        super().__init__(params, **overrides)
+        self._by_key: dict[int, Request] = {}
+        self._index = {s: _Residency() for s in (Status.WAITING, Status.RUNNING, Status.SWAPPED)}
+        self._head_seq = _SEQ_MID
+        self._tail_seq = _SEQ_MID
+        self._arrivals: list[Request] = []
+        self._touched: list[Request] = []  # victims and early swap-ins of the last decision
+        self._paused = False  # whether the last decision passed over requests awaiting a prompt pass
+        self._decisions = 0
+        self._swap_capacity: int | None = None  # host swap blocks, read at the first decision
+
+    # -- levels -----------------------------------------------------------------------------------
     def quantum(self, level: int) -> float:
-        return self.params.base_quantum * (1 << level)
+        return self.params.base_quantum * self.params.quantum_ratio ** level
 
     def join_level(self, prefill_time: float) -> int:
         for p in range(self.params.num_queues):
@@ -84,106 +130,208 @@ class FastServePolicy(Policy):
                 return p
         return self.params.num_queues - 1
 
-    def state(self, r: Request, view: SchedulerView) -> MLFQState:
-        st = r.policy_state
-        if st is None:
-            lvl = self.join_level(view.cost.prefill_time(r.prompt_len))
-            st = r.policy_state = MLFQState(lvl, 0.0, r.arrival, r.arrival, lvl)
-        return st
+    # -- the queues -------------------------------------------------------------------------------
+    def _file(self, r: Request, level: int, *, head: bool) -> None:
+        st: MLFQState = r.policy_state
+        if head:
+            self._head_seq -= 1
+            seq = self._head_seq
+        else:
+            self._tail_seq += 1
+            seq = self._tail_seq
+        st.level, st.key, st.filed_as = level, (level << _SEQ_BITS) | seq, r.status
+        self._by_key[st.key] = r
+        self._index[r.status].add(st.key)
 
+    def _unfile(self, r: Request) -> None:
+        st: MLFQState = r.policy_state
+        self._index[st.filed_as].remove(st.key)
+        del self._by_key[st.key]
+        st.key = -1
+
+    def _move(self, r: Request) -> None:
+        """File ``r`` under its present KV residency, keeping its place."""
+        st: MLFQState = r.policy_state
+        if st.key >= 0 and st.filed_as != r.status:
+            self._index[st.filed_as].remove(st.key)
+            self._index[r.status].add(st.key)
+            st.filed_as = r.status
+
+    def _admit(self, r: Request, view: SchedulerView) -> None:
+        lvl = self.join_level(view.cost.prefill_time(r.prompt_len))
+        r.policy_state = MLFQState(lvl, 0.0, r.arrival, lvl)
+        self._file(r, lvl, head=False)
+
+    def _sync(self, view: SchedulerView) -> None:
+        """File new arrivals; move the requests the last decision changed to the index of their
+        present KV residency."""
+        for r in self._arrivals:
+            if not r.is_done:
+                self._admit(r, view)
+        self._arrivals.clear()
+        for r in self._touched:
+            self._move(r)
+        self._touched.clear()
+        if len(self._by_key) != len(view.waiting) + len(view.running) + len(view.swapped):
+            # Requests that reached the queues without ``on_arrival`` (a caller driving
+            # ``schedule`` directly): adopt them in queue order.
+            for r in (*view.running, *view.swapped, *view.waiting):
+                if r.policy_state is None:
+                    self._admit(r, view)
+
+    def _promote_starving(self, now: float) -> int:
+        limit = self.params.starve_after
+        starving = [r for k in sorted(self._by_key)
+                    if now - (r := self._by_key[k]).policy_state.last_service >= limit]
+        for r in reversed(starving):  # to the head of the top level, in their present order
+            self._unfile(r)
+            self._file(r, 0, head=True)
+        return len(starving)
+
+    # -- the decision -----------------------------------------------------------------------------
     def schedule(self, view: SchedulerView) -> Decision:
         p = self.params
-        now = view.now
+        self._sync(view)
+        self._decisions += 1
+        promoted = (self._promote_starving(view.now)
+                    if self._decisions % p.starve_check_every == 0 else 0)
         kv = view.kv
+        by_key, index = self._by_key, self._index
         d = Decision()
-        cands = [*view.running, *view.swapped, *view.waiting]
-        promoted = 0
-        for r in cands:
-            st = self.state(r, view)
-            if st.level > 0 and now - st.last_service >= p.starve_after:
-                st.level, st.attained, st.entered, st.last_service = 0, 0.0, now, now
-                promoted += 1
-        cands.sort(key=_priority)
 
+        if self._swap_capacity is None:
+            self._swap_capacity = kv.num_free_swap_blocks + sum(r.num_swapped_blocks
+                                                                for r in view.swapped)
+        paused = self._paused = (
+            p.swap and self._swap_capacity > 0
+            and kv.num_free_swap_blocks < p.pause_prefill_below * self._swap_capacity)
+        streams = [index[Status.RUNNING].keys, index[Status.SWAPPED].keys]
+        if not paused:
+            streams.append(index[Status.WAITING].keys)
+        batch: list[Request] = []
+        need: list[int] = []
+        prompt_tokens = 0
+        for key in _in_order(streams):
+            if len(batch) >= p.max_batch_size:
+                break
+            r = by_key[key]
+            n = r.num_new_tokens
+            if _needs_prompt_pass(r):
+                if prompt_tokens > 0 and prompt_tokens + n > p.max_prompt_tokens:
+                    break
+                prompt_tokens += n
+            batch.append(r)
+            need.append(_blocks_for_step(kv, r, n))
+
+        # KV: the batch's blocks plus the reserve, from free blocks and lower-priority victims.
         free = kv.num_free_blocks
         free_swap = kv.num_free_swap_blocks
-        chosen: set[int] = set()
-        evicted: set[int] = set()
-        prompt_tokens = 0
-        # Eviction victims: running requests, lowest priority first (the end of ``cands``).
-        victims = [r for r in reversed(cands) if r.status == Status.RUNNING]
-        for r in cands:
-            if len(d.scheduled) >= p.max_batch_size:
-                break
-            if r.req_id in evicted:
-                continue
-            n = r.num_new_tokens
+        reserve = (p.max_batch_size if p.free_block_reserve is None else p.free_block_reserve) \
+            if p.proactive else 0
+        total_need = sum(need)
+        swap_out_needed = total_need + reserve > free
+        if swap_out_needed:
+            in_batch = {r.req_id for r in batch}
+            for key in reversed(index[Status.RUNNING].keys):
+                if total_need + reserve <= free:
+                    break
+                v = by_key[key]
+                if v.req_id in in_batch or v.num_blocks == 0:
+                    continue
+                free += v.num_blocks
+                free_swap = self._evict(d, v, free_swap)
+        while batch and total_need > free:
+            r = batch.pop()
+            total_need -= need.pop()
+            if _needs_prompt_pass(r):
+                prompt_tokens -= r.num_new_tokens
+            if r.status == Status.RUNNING and r.num_blocks > 0:
+                free += r.num_blocks
+                free_swap = self._evict(d, r, free_swap)
+        free -= total_need
+        for r in batch:
             if r.status == Status.SWAPPED:
-                # Blocks restored by the swap-in plus any block the next token needs.
-                need = r.num_swapped_blocks + max(
-                    0, -(-(r.num_computed_tokens + n) // kv.block_size) - r.num_swapped_blocks)
-            else:
-                need = kv.blocks_needed(r, n)
-            is_prompt = n > 1 or r.status == Status.WAITING
-            if is_prompt and prompt_tokens > 0 and prompt_tokens + n > p.max_prompt_tokens:
-                continue
-            if need > free:
-                # Victims are committed only if together they make enough room.
-                victims_r = self._victims_for(victims, r, chosen, evicted, need - free)
-                if victims_r is None:
-                    continue  # even evicting every lower-priority request does not make room
-                for v in victims_r:
-                    evicted.add(v.req_id)
-                    if p.swap and v.num_blocks <= free_swap:
-                        d.swap_out.append(v)
-                        free_swap -= v.num_blocks
-                    else:
-                        d.preempted.append(v)
-                    free += v.num_blocks
-            if r.status == Status.SWAPPED:
-                # Host space it frees is not reused in this decision: the engine applies every
-                # swap-out before any swap-in.
                 d.swap_in.append(r)
-            free -= need
-            chosen.add(r.req_id)
-            if is_prompt:
-                prompt_tokens += n
-            d.scheduled.append((r, n))
-        self._compute_time = view.cost.iteration_time(_shape(d.scheduled)) if d.scheduled else 0.0
+            d.scheduled.append((r, r.num_new_tokens))
+
+        if p.proactive and p.swap and not swap_out_needed and index[Status.SWAPPED].keys:
+            # Swap in ahead of their turn the swapped requests among the next queued ones.
+            in_batch = {r.req_id for r in batch}
+            quota = p.max_batch_size
+            for key in _in_order([ix.keys for ix in index.values()]):
+                if quota <= 0:
+                    break
+                r = by_key[key]
+                if r.req_id in in_batch:
+                    continue
+                quota -= 1
+                if r.status == Status.SWAPPED and free - r.num_swapped_blocks >= reserve:
+                    free -= r.num_swapped_blocks
+                    d.swap_in.append(r)
+
+        self._touched.extend(d.swap_out)
+        self._touched.extend(d.preempted)
+        self._touched.extend(d.swap_in)
         d.info["prompt_tokens"] = float(prompt_tokens)
         d.info["promoted"] = float(promoted)
         d.info["swap_out"] = float(len(d.swap_out))
         d.info["swap_in"] = float(len(d.swap_in))
         return d
 
-    @staticmethod
-    def _victims_for(victims: list[Request], r: Request, chosen: set[int], evicted: set[int],
-                     blocks: int) -> list[Request] | None:
-        """The lowest-priority running requests outside the batch, all of lower priority than
-        ``r`` (``victims`` is ordered lowest priority first), that together hold at least
-        ``blocks`` blocks; None if they cannot."""
-        key = _priority(r)
-        out: list[Request] = []
-        got = 0
-        for v in victims:
-            if got >= blocks or _priority(v) <= key:
-                break
-            if v.req_id not in chosen and v.req_id not in evicted and v.num_blocks > 0:
-                out.append(v)
-                got += v.num_blocks
-        return out if got >= blocks else None
+    def _evict(self, d: Decision, v: Request, free_swap: int) -> int:
+        """Swap ``v`` out to host memory, or preempt it for recompute if the host has no room;
+        returns the host blocks left."""
+        if self.params.swap and v.num_blocks <= free_swap:
+            d.swap_out.append(v)
+            return free_swap - v.num_blocks
+        d.preempted.append(v)
+        return free_swap
+
+    # -- hooks ------------------------------------------------------------------------------------
+    def on_arrival(self, req: Request, now: float) -> None:
+        self._arrivals.append(req)  # filed at the next decision, which has the cost model
+
+    def on_finish(self, req: Request, now: float) -> None:
+        st = req.policy_state
+        if isinstance(st, MLFQState) and st.key >= 0:
+            self._unfile(req)
 
     def on_step_end(self, view: SchedulerView, decision: Decision, latency: float) -> None:
         end = view.now + latency
         last = self.params.num_queues - 1
-        # A request's quantum is spent by execution, not by the host transfers of the iteration
-        # (the engine adds swap time to the latency).
-        spent = min(latency, self._compute_time)
-        for r, _ in decision.scheduled:
+        # Unfinished members go back to the head of their level, in batch order. The batch is
+        # the head of the queues (a prefix of their order), so members already stand there
+        # unless they were demoted or requests awaiting a prompt pass were passed over; only
+        # those are filed anew (last member first, so each lands ahead of the ones after it).
+        refile_all = self._paused
+        for r, _ in reversed(decision.scheduled):
             st: MLFQState = r.policy_state
-            st.attained += spent
             st.last_service = end
-            if st.attained > self.quantum(st.level) and st.level < last:
-                st.level += 1
+            if st.key < 0:
+                continue  # finished in this iteration
+            st.attained += latency
+            level = st.level
+            demoted = st.attained > self.quantum(level) and level < last
+            if demoted:
+                level += 1
                 st.attained = 0.0
-                st.entered = end
+            if demoted or refile_all:
+                self._unfile(r)
+                self._file(r, level, head=True)
+            else:
+                self._move(r)  # admitted or swapped in: now on the device
+
+
+def _in_order(streams: list[list[int]]) -> Iterator[int]:
+    """The keys of several sorted lists in one ascending order."""
+    live = [s for s in streams if s]
+    if len(live) == 1:
+        return iter(live[0])
+    return merge(*live)
+
+
+def _blocks_for_step(kv: KVView, r: Request, n: int) -> int:
+    """Device blocks ``r`` needs to run ``n`` more tokens, including any it must swap back in."""
+    if r.status == Status.SWAPPED:
+        return max(r.num_swapped_blocks, -(-(r.num_computed_tokens + n) // kv.block_size))
+    return kv.blocks_needed(r, n)
