@@ -363,18 +363,28 @@ class CheckedFastServe(FastServePolicy):
                 self.promotions += 1
             if check:
                 assert s.level == 0 or view.now - s.last_service < p.starve_after
-        # Strict priority: the batch is the head of the queues it may draw from.
-        eligible = sorted(r.policy_state.key for r in queued
+        # Strict priority: the batch is taken in queue order; a request ranked above its last
+        # member is left out only if it was evicted for one ahead of it or needs blocks.
+        eligible = sorted((r.policy_state.key, r) for r in queued
                           if r.status != Status.WAITING or not self._paused)
-        batch = sorted(r.policy_state.key for r, _ in d.scheduled)
-        assert batch == eligible[:len(batch)]
+        keys = [r.policy_state.key for r, _ in d.scheduled]
+        assert keys == sorted(keys)
+        assert bool(keys) == bool(eligible), "something could run but nothing was scheduled"
+        victims = {v.req_id for v in (*d.swap_out, *d.preempted)}
+        sched = {r.req_id for r, _ in d.scheduled}
+        for key, r in eligible:
+            if keys and key < keys[-1] and r.req_id not in sched and r.req_id not in victims:
+                assert r.status != Status.RUNNING or view.kv.blocks_needed(r, 1) > 0
         assert len(d.scheduled) <= p.max_batch_size
         prompts = [n for r, n in d.scheduled if n > 1 or r.num_output_tokens == 0]
         assert sum(prompts) <= p.max_prompt_tokens or len(prompts) == 1
-        # Swaps: victims hold device KV and run in no batch; swap-ins come from the host.
-        sched = {r.req_id for r, _ in d.scheduled}
-        assert all(v.status == Status.RUNNING and v.req_id not in sched
-                   for v in (*d.swap_out, *d.preempted))
+        # Swaps: victims hold device KV, run in no batch and rank below the batch's head;
+        # recompute only when the host cannot take them; swap-ins come from the host.
+        for v in (*d.swap_out, *d.preempted):
+            assert v.status == Status.RUNNING and v.req_id not in sched
+            assert v.policy_state.key > keys[0]
+        host_left = view.kv.num_free_swap_blocks - sum(v.num_blocks for v in d.swap_out)
+        assert all(not p.swap or v.num_blocks > host_left for v in d.preempted)
         assert all(r.status == Status.SWAPPED for r in d.swap_in)
         if d.scheduled:
             self.swap_blocks.append(sum(v.num_blocks for v in d.swap_out)

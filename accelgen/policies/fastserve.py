@@ -208,53 +208,38 @@ class FastServePolicy(Policy):
         streams = [index[Status.RUNNING].keys, index[Status.SWAPPED].keys]
         if not paused:
             streams.append(index[Status.WAITING].keys)
+        reserve = ((p.max_batch_size if p.free_block_reserve is None else p.free_block_reserve)
+                   if p.proactive and p.swap else 0)
+        room = _Room(self, d, kv, index[Status.RUNNING].keys)
         batch: list[Request] = []
-        need: list[int] = []
         prompt_tokens = 0
         for key in _in_order(streams):
             if len(batch) >= p.max_batch_size:
                 break
             r = by_key[key]
+            if room.evicted and r.req_id in room.evicted:
+                continue  # made room for a request ahead of it
             n = r.num_new_tokens
-            if _needs_prompt_pass(r):
-                if prompt_tokens > 0 and prompt_tokens + n > p.max_prompt_tokens:
-                    break
+            prompt = _needs_prompt_pass(r)
+            if prompt and prompt_tokens > 0 and prompt_tokens + n > p.max_prompt_tokens:
+                break  # head-of-line: nothing behind it joins this batch
+            need = _blocks_for_step(kv, r, n)
+            # Until something runs, victims the host cannot take are recomputed, so that the
+            # head of the queues always runs; afterwards a request that cannot get its blocks
+            # waits (keeping its place) and the next one is considered.
+            if need > room.free and not room.make(need, key, recompute=not batch):
+                continue
+            room.free -= need
+            if prompt:
                 prompt_tokens += n
             batch.append(r)
-            need.append(_blocks_for_step(kv, r, n))
-
-        # KV: the batch's blocks plus the reserve, from free blocks and lower-priority victims.
-        free = kv.num_free_blocks
-        free_swap = kv.num_free_swap_blocks
-        reserve = (p.max_batch_size if p.free_block_reserve is None else p.free_block_reserve) \
-            if p.proactive else 0
-        total_need = sum(need)
-        swap_out_needed = total_need + reserve > free
-        if swap_out_needed:
-            in_batch = {r.req_id for r in batch}
-            for key in reversed(index[Status.RUNNING].keys):
-                if total_need + reserve <= free:
-                    break
-                v = by_key[key]
-                if v.req_id in in_batch or v.num_blocks == 0:
-                    continue
-                free += v.num_blocks
-                free_swap = self._evict(d, v, free_swap)
-        while batch and total_need > free:
-            r = batch.pop()
-            total_need -= need.pop()
-            if _needs_prompt_pass(r):
-                prompt_tokens -= r.num_new_tokens
-            if r.status == Status.RUNNING and r.num_blocks > 0:
-                free += r.num_blocks
-                free_swap = self._evict(d, r, free_swap)
-        free -= total_need
-        for r in batch:
             if r.status == Status.SWAPPED:
                 d.swap_in.append(r)
-            d.scheduled.append((r, r.num_new_tokens))
-
-        if p.proactive and p.swap and not swap_out_needed and index[Status.SWAPPED].keys:
+            d.scheduled.append((r, n))
+        if room.free < reserve and batch:
+            room.make(reserve, batch[-1].policy_state.key, recompute=False)
+        if (p.proactive and p.swap and not d.swap_out and not d.preempted
+                and room.free >= reserve and index[Status.SWAPPED].keys):
             # Swap in ahead of their turn the swapped requests among the next queued ones.
             in_batch = {r.req_id for r in batch}
             quota = p.max_batch_size
@@ -265,8 +250,8 @@ class FastServePolicy(Policy):
                 if r.req_id in in_batch:
                     continue
                 quota -= 1
-                if r.status == Status.SWAPPED and free - r.num_swapped_blocks >= reserve:
-                    free -= r.num_swapped_blocks
+                if r.status == Status.SWAPPED and room.free - r.num_swapped_blocks >= reserve:
+                    room.free -= r.num_swapped_blocks
                     d.swap_in.append(r)
 
         self._touched.extend(d.swap_out)
@@ -277,15 +262,6 @@ class FastServePolicy(Policy):
         d.info["swap_out"] = float(len(d.swap_out))
         d.info["swap_in"] = float(len(d.swap_in))
         return d
-
-    def _evict(self, d: Decision, v: Request, free_swap: int) -> int:
-        """Swap ``v`` out to host memory, or preempt it for recompute if the host has no room;
-        returns the host blocks left."""
-        if self.params.swap and v.num_blocks <= free_swap:
-            d.swap_out.append(v)
-            return free_swap - v.num_blocks
-        d.preempted.append(v)
-        return free_swap
 
     # -- hooks ------------------------------------------------------------------------------------
     def on_arrival(self, req: Request, now: float) -> None:
@@ -320,6 +296,54 @@ class FastServePolicy(Policy):
                 self._file(r, level, head=True)
             else:
                 self._move(r)  # admitted or swapped in: now on the device
+
+
+class _Room:
+    """Device blocks for one decision: the free ones, and victims to make more. Victims are the
+    requests holding device KV, lowest priority first (``keys``: the device index, ascending),
+    each taken once; one goes to host memory if it fits there, else it stays unless recompute
+    is allowed."""
+
+    __slots__ = ("by_key", "cursor", "decision", "evicted", "free", "free_swap", "keys", "swap")
+
+    def __init__(self, policy: FastServePolicy, decision: Decision, kv: KVView,
+                 keys: list[int]) -> None:
+        self.by_key = policy._by_key
+        self.swap = policy.params.swap
+        self.decision = decision
+        self.keys = keys
+        self.cursor = len(keys)  # keys[cursor:] have been taken or passed over
+        self.free = kv.num_free_blocks
+        self.free_swap = kv.num_free_swap_blocks
+        self.evicted: set[int] = set()
+
+    def make(self, need: int, above: int, *, recompute: bool) -> bool:
+        """Evict victims ranked below ``above`` until ``need`` blocks are free; commit them only
+        if that succeeds."""
+        got, free_swap = self.free, self.free_swap
+        plan: list[tuple[Request, bool]] = []  # (victim, to host)
+        i = self.cursor
+        while got < need and i > 0 and self.keys[i - 1] > above:
+            i -= 1
+            v = self.by_key[self.keys[i]]
+            if v.num_blocks == 0:
+                continue
+            if self.swap and v.num_blocks <= free_swap:
+                plan.append((v, True))
+                free_swap -= v.num_blocks
+            elif recompute or not self.swap:
+                plan.append((v, False))
+            else:
+                continue  # the host cannot take it: it stays
+            got += v.num_blocks
+        if got < need:
+            return False
+        d = self.decision
+        for v, to_host in plan:
+            (d.swap_out if to_host else d.preempted).append(v)
+            self.evicted.add(v.req_id)
+        self.cursor, self.free, self.free_swap = i, got, free_swap
+        return True
 
 
 def _in_order(streams: list[list[int]]) -> Iterator[int]:
