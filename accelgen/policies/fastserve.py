@@ -43,7 +43,7 @@ periodic starvation check scans every queued request.
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Iterator
 from dataclasses import dataclass
 from heapq import merge
@@ -82,6 +82,7 @@ class MLFQState:
     join_level: int = 0  # the level skip-join chose
     key: int = -1  # its place in the queues; -1: not queued
     filed_as: Status = Status.WAITING  # the residency index holding it
+    host_blocks: int = 0  # its host blocks while filed as swapped
 
 
 class _Residency:
@@ -119,6 +120,7 @@ class FastServePolicy(Policy):
         self._paused = False  # whether the last decision passed over requests awaiting a prompt pass
         self._decisions = 0
         self._swap_capacity: int | None = None  # host swap blocks, read at the first decision
+        self._swapped_sizes: list[int] = []  # host blocks of every swapped request, ascending
 
     # -- levels -----------------------------------------------------------------------------------
     def quantum(self, level: int) -> float:
@@ -139,13 +141,13 @@ class FastServePolicy(Policy):
         else:
             self._tail_seq += 1
             seq = self._tail_seq
-        st.level, st.key, st.filed_as = level, (level << _SEQ_BITS) | seq, r.status
+        st.level, st.key = level, (level << _SEQ_BITS) | seq
         self._by_key[st.key] = r
-        self._index[r.status].add(st.key)
+        self._enter(r, st)
 
     def _unfile(self, r: Request) -> None:
         st: MLFQState = r.policy_state
-        self._index[st.filed_as].remove(st.key)
+        self._leave(st)
         del self._by_key[st.key]
         st.key = -1
 
@@ -153,9 +155,21 @@ class FastServePolicy(Policy):
         """File ``r`` under its present KV residency, keeping its place."""
         st: MLFQState = r.policy_state
         if st.key >= 0 and st.filed_as != r.status:
-            self._index[st.filed_as].remove(st.key)
-            self._index[r.status].add(st.key)
-            st.filed_as = r.status
+            self._leave(st)
+            self._enter(r, st)
+
+    def _enter(self, r: Request, st: MLFQState) -> None:
+        st.filed_as = r.status
+        self._index[r.status].add(st.key)
+        if r.status == Status.SWAPPED:
+            st.host_blocks = r.num_swapped_blocks
+            insort(self._swapped_sizes, st.host_blocks)
+
+    def _leave(self, st: MLFQState) -> None:
+        self._index[st.filed_as].remove(st.key)
+        if st.filed_as == Status.SWAPPED:
+            sizes = self._swapped_sizes
+            del sizes[bisect_left(sizes, st.host_blocks)]
 
     def _admit(self, r: Request, view: SchedulerView) -> None:
         lvl = self.join_level(view.cost.prefill_time(r.prompt_len))
@@ -205,30 +219,52 @@ class FastServePolicy(Policy):
         paused = self._paused = (
             p.swap and self._swap_capacity > 0
             and kv.num_free_swap_blocks < p.pause_prefill_below * self._swap_capacity)
-        streams = [index[Status.RUNNING].keys, index[Status.SWAPPED].keys]
-        if not paused:
-            streams.append(index[Status.WAITING].keys)
         reserve = ((p.max_batch_size if p.free_block_reserve is None else p.free_block_reserve)
                    if p.proactive and p.swap else 0)
-        room = _Room(self, d, kv, index[Status.RUNNING].keys)
+        device_keys = index[Status.RUNNING].keys
+        streams = {Status.RUNNING: device_keys, Status.SWAPPED: index[Status.SWAPPED].keys}
+        if not paused:
+            streams[Status.WAITING] = index[Status.WAITING].keys
+        room = _Room(self, d, kv, device_keys)
         batch: list[Request] = []
         prompt_tokens = 0
-        for key in _in_order(streams):
-            if len(batch) >= p.max_batch_size:
+        # A request needing `unreachable` blocks or more cannot get them: no more could be
+        # found for one ahead of it, and fewer victims rank below it.
+        unreachable = 1 << 62
+        keys = _in_order(list(streams.values()))
+        while len(batch) < p.max_batch_size:
+            key = next(keys, -1)
+            if key < 0:
                 break
             r = by_key[key]
             if room.evicted and r.req_id in room.evicted:
                 continue  # made room for a request ahead of it
             n = r.num_new_tokens
+            need = _blocks_for_step(kv, r, n)
+            if need >= unreachable:
+                continue
+            plan = None
+            if need > room.free:
+                # Until something runs, victims the host cannot take may be recomputed, so that
+                # the head of the queues always runs; afterwards a request that cannot get its
+                # blocks waits, keeping its place, and the next one is considered.
+                if not batch:
+                    plan = (room.plan(need, key, recompute=False)
+                            or room.plan(need, key, recompute=True))
+                elif not p.swap or need <= room.free + room.free_swap:
+                    plan = room.plan(need, key, recompute=False)
+                else:
+                    room.reach = room.free + room.free_swap
+                if plan is None:
+                    unreachable = min(need, room.reach + 1)
+                    if self._narrow(streams, r, unreachable, room):
+                        keys = _in_order([ks[bisect_right(ks, key):] for ks in streams.values()])
+                    continue
             prompt = _needs_prompt_pass(r)
             if prompt and prompt_tokens > 0 and prompt_tokens + n > p.max_prompt_tokens:
                 break  # head-of-line: nothing behind it joins this batch
-            need = _blocks_for_step(kv, r, n)
-            # Until something runs, victims the host cannot take are recomputed, so that the
-            # head of the queues always runs; afterwards a request that cannot get its blocks
-            # waits (keeping its place) and the next one is considered.
-            if need > room.free and not room.make(need, key, recompute=not batch):
-                continue
+            if plan is not None:
+                room.commit(plan)
             room.free -= need
             if prompt:
                 prompt_tokens += n
@@ -237,9 +273,11 @@ class FastServePolicy(Policy):
                 d.swap_in.append(r)
             d.scheduled.append((r, n))
         if room.free < reserve and batch:
-            room.make(reserve, batch[-1].policy_state.key, recompute=False)
+            plan = room.plan(reserve, batch[-1].policy_state.key, recompute=False)
+            if plan is not None:
+                room.commit(plan)
         if (p.proactive and p.swap and not d.swap_out and not d.preempted
-                and room.free >= reserve and index[Status.SWAPPED].keys):
+                and self._swapped_sizes and room.free - self._swapped_sizes[0] >= reserve):
             # Swap in ahead of their turn the swapped requests among the next queued ones.
             in_batch = {r.req_id for r in batch}
             quota = p.max_batch_size
@@ -263,6 +301,24 @@ class FastServePolicy(Policy):
         d.info["swap_in"] = float(len(d.swap_in))
         return d
 
+    def _narrow(self, streams: dict[Status, list[int]], r: Request, unreachable: int,
+                room: _Room) -> bool:
+        """After ``r`` could not get its blocks, drop the candidate streams that hold nothing
+        that can still fit; True if any was dropped. New prompts queue head-of-line (the first
+        that cannot get its KV stops them, as the batch stops at the first request over its
+        limits); swapped requests stop once none of them can come back (each needs at least
+        its own blocks, and the host must take whatever makes room); when not even one block
+        can be found, only requests that need none can still run."""
+        before = len(streams)
+        if r.status == Status.WAITING or unreachable <= 1:
+            streams.pop(Status.WAITING, None)
+        if streams.get(Status.SWAPPED):
+            smallest = self._swapped_sizes[0]
+            if (unreachable <= 1 or smallest >= unreachable
+                    or (self.params.swap and smallest > room.free + room.free_swap)):
+                del streams[Status.SWAPPED]
+        return len(streams) < before
+
     # -- hooks ------------------------------------------------------------------------------------
     def on_arrival(self, req: Request, now: float) -> None:
         self._arrivals.append(req)  # filed at the next decision, which has the cost model
@@ -275,11 +331,9 @@ class FastServePolicy(Policy):
     def on_step_end(self, view: SchedulerView, decision: Decision, latency: float) -> None:
         end = view.now + latency
         last = self.params.num_queues - 1
-        # Unfinished members go back to the head of their level, in batch order. The batch is
-        # the head of the queues (a prefix of their order), so members already stand there
-        # unless they were demoted or requests awaiting a prompt pass were passed over; only
-        # those are filed anew (last member first, so each lands ahead of the ones after it).
-        refile_all = self._paused
+        # Unfinished members keep their place (at the head of their level, unless requests that
+        # could not run this time stand before them); a demoted one goes to the head of the
+        # next level, in batch order (the last member is filed first).
         for r, _ in reversed(decision.scheduled):
             st: MLFQState = r.policy_state
             st.last_service = end
@@ -291,7 +345,7 @@ class FastServePolicy(Policy):
             if demoted:
                 level += 1
                 st.attained = 0.0
-            if demoted or refile_all:
+            if demoted:
                 self._unfile(r)
                 self._file(r, level, head=True)
             else:
@@ -304,7 +358,8 @@ class _Room:
     each taken once; one goes to host memory if it fits there, else it stays unless recompute
     is allowed."""
 
-    __slots__ = ("by_key", "cursor", "decision", "evicted", "free", "free_swap", "keys", "swap")
+    __slots__ = ("by_key", "cursor", "decision", "evicted", "free", "free_swap", "keys", "reach",
+                 "swap")
 
     def __init__(self, policy: FastServePolicy, decision: Decision, kv: KVView,
                  keys: list[int]) -> None:
@@ -316,34 +371,46 @@ class _Room:
         self.free = kv.num_free_blocks
         self.free_swap = kv.num_free_swap_blocks
         self.evicted: set[int] = set()
+        self.reach = 0  # after a failed plan: the most blocks it could have freed
 
-    def make(self, need: int, above: int, *, recompute: bool) -> bool:
-        """Evict victims ranked below ``above`` until ``need`` blocks are free; commit them only
-        if that succeeds."""
+    def plan(self, need: int, above: int, *, recompute: bool) -> _Plan | None:
+        """Victims ranked below ``above`` that bring the free blocks to ``need``, or None."""
         got, free_swap = self.free, self.free_swap
-        plan: list[tuple[Request, bool]] = []  # (victim, to host)
+        victims: list[tuple[Request, bool]] = []  # (victim, to host)
         i = self.cursor
-        while got < need and i > 0 and self.keys[i - 1] > above:
+        keys, by_key = self.keys, self.by_key
+        while got < need and i > 0 and keys[i - 1] > above:
             i -= 1
-            v = self.by_key[self.keys[i]]
+            v = by_key[keys[i]]
             if v.num_blocks == 0:
                 continue
             if self.swap and v.num_blocks <= free_swap:
-                plan.append((v, True))
+                victims.append((v, True))
                 free_swap -= v.num_blocks
             elif recompute or not self.swap:
-                plan.append((v, False))
+                victims.append((v, False))
             else:
                 continue  # the host cannot take it: it stays
             got += v.num_blocks
         if got < need:
-            return False
+            self.reach = got
+            return None
+        return _Plan(victims, i, got, free_swap)
+
+    def commit(self, plan: _Plan) -> None:
         d = self.decision
-        for v, to_host in plan:
+        for v, to_host in plan.victims:
             (d.swap_out if to_host else d.preempted).append(v)
             self.evicted.add(v.req_id)
-        self.cursor, self.free, self.free_swap = i, got, free_swap
-        return True
+        self.cursor, self.free, self.free_swap = plan.cursor, plan.free, plan.free_swap
+
+
+@dataclass(slots=True)
+class _Plan:
+    victims: list[tuple[Request, bool]]
+    cursor: int
+    free: int
+    free_swap: int
 
 
 def _in_order(streams: list[list[int]]) -> Iterator[int]:
