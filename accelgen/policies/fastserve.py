@@ -10,9 +10,9 @@ what the paper leaves open. docs/baselines.md maps every rule below to its sourc
   (10 ms x 2^p).
 - Skip-join: a new request joins the first level whose quantum covers its first iteration, the
   isolated prefill of its prompt (``view.cost.prefill_time``); a longer one joins the last level.
-- Order: strict priority by level. Within a level, requests that have run stay at the head (each
-  iteration's unfinished batch members go back to the head of their level, keeping their order),
-  new arrivals queue at the tail. So the running batch is not rotated at every quantum.
+- Order: strict priority by level. Within a level, requests that have run stand at the head and
+  new arrivals queue at the tail; a request keeps its place between iterations, so the running
+  batch is not rotated at every quantum.
 - Demotion: the latencies of the iterations a request runs in accumulate at its level; once the
   sum exceeds the level's quantum the request moves one level down, to the head, with a fresh
   account.
@@ -24,21 +24,22 @@ what the paper leaves open. docs/baselines.md maps every rule below to its sourc
   a prompt longer than the limit runs when no other prompt is in the batch. While less than
   ``pause_prefill_below`` (10 %) of the host swap space is free, requests that still need their
   prompt pass are passed over.
-- KV (proactive swapping): the batch needs its blocks plus a reserve of ``free_block_reserve``
-  free blocks (default one per batch slot). Missing blocks come from swapping out the
-  lowest-priority requests that hold device KV outside the batch; if that is not enough, batch
-  members are dropped from the lowest priority up (swapped out if they hold KV) until the batch
-  itself fits (the reserve is kept only as far as requests outside the batch can provide it).
-  Swapped batch members are swapped in. When nothing had to be swapped out, the highest-priority
-  swapped requests among the next ``max_batch_size`` queued ones are swapped in ahead of their
-  turn while the reserve stays free. A victim that does not fit in the host swap space is
-  preempted for recompute instead.
+- KV (proactive swapping): a candidate whose blocks are not free swaps out requests holding
+  device KV that rank below it, lowest priority first; a victim the host cannot take stays. A
+  candidate that cannot get its blocks waits, keeping its place, and the next one is considered;
+  only for the first request a decision can run are victims the host cannot take recomputed
+  instead, so the head of the queues always runs. After the batch, ``free_block_reserve`` blocks
+  (default one per batch slot) are kept free by swapping out more requests ranked below it.
+  Swapped batch members are swapped in; when nothing was swapped out, swapped requests among the
+  next ``max_batch_size`` queued ones are swapped in ahead of their turn while the reserve stays
+  free.
 - Swap transfers overlap compute in FastServe (separate copy streams); the simulator charges an
   iteration max(compute, transfer) by default (``sim.swap_overlap``).
 
 Cost per decision: the queues are kept incrementally (sorted keys per KV residency), so a
-decision touches the batch, its victims and a few queue heads, not the whole queue; only the
-periodic starvation check scans every queued request.
+decision reads the head of the queues, its victims and, under host pressure, the swapped requests
+that might still fit; never the waiting queue. Only the periodic starvation check reads every
+queued request.
 """
 
 from __future__ import annotations
