@@ -43,7 +43,7 @@ def make_trace(cfg: WorkloadConfig, deployment: str, rate: float) -> pd.DataFram
 
 def serve(trace: pd.DataFrame, deployment: str, policy: str) -> dict[str, Any]:
     cfg = ExperimentConfig(deployment=DEPLOYMENTS[deployment], policy=PolicySpec(name=policy),
-                           sim=SimOptions(progress=False))
+                           sim=SimOptions.model_validate({"progress": False}))
     t0 = time.perf_counter()
     run = simulate(trace, cfg)
     out = dict(run.summary)
