@@ -196,7 +196,7 @@ class FastServePolicy(Policy):
 
     def _promote_starving(self, now: float) -> int:
         limit = self.params.starve_after
-        starving = [r for k in sorted(self._by_key)
+        starving = [r for k in _in_order([ix.keys for ix in self._index.values()])
                     if now - (r := self._by_key[k]).policy_state.last_service >= limit]
         for r in reversed(starving):  # to the head of the top level, in their present order
             self._unfile(r)
@@ -243,6 +243,8 @@ class FastServePolicy(Policy):
             n = r.num_new_tokens
             need = _blocks_for_step(kv, r, n)
             if need >= unreachable:
+                if r.status == Status.WAITING and self._narrow(streams, r, unreachable, room):
+                    keys = _in_order([_after(ks, key) for ks in streams.values()])
                 continue
             plan = None
             if need > room.free:
@@ -259,7 +261,7 @@ class FastServePolicy(Policy):
                 if plan is None:
                     unreachable = min(need, room.reach + 1)
                     if self._narrow(streams, r, unreachable, room):
-                        keys = _in_order([ks[bisect_right(ks, key):] for ks in streams.values()])
+                        keys = _in_order([_after(ks, key) for ks in streams.values()])
                     continue
             prompt = _needs_prompt_pass(r)
             if prompt and prompt_tokens > 0 and prompt_tokens + n > p.max_prompt_tokens:
@@ -414,12 +416,17 @@ class _Plan:
     free_swap: int
 
 
-def _in_order(streams: list[list[int]]) -> Iterator[int]:
-    """The keys of several sorted lists in one ascending order."""
-    live = [s for s in streams if s]
+def _in_order(streams: list[list[int]] | list[Iterator[int]]) -> Iterator[int]:
+    """The keys of several ascending sequences in one ascending order."""
+    live = [s for s in streams if not isinstance(s, list) or s]
     if len(live) == 1:
         return iter(live[0])
     return merge(*live)
+
+
+def _after(keys: list[int], key: int) -> Iterator[int]:
+    """The keys greater than ``key``, lazily (no copy of a long queue)."""
+    return map(keys.__getitem__, range(bisect_right(keys, key), len(keys)))
 
 
 def _blocks_for_step(kv: KVView, r: Request, n: int) -> int:
