@@ -26,8 +26,9 @@ what the paper leaves open. docs/baselines.md maps every rule below to its sourc
   prompt pass are passed over.
 - KV (proactive swapping): a candidate whose blocks are not free swaps out requests holding
   device KV that rank below it, lowest priority first; a victim the host cannot take stays. A
-  candidate that cannot get its blocks waits, keeping its place, and the next one is considered;
-  only for the first request a decision can run are victims the host cannot take recomputed
+  started request that cannot get its blocks waits, keeping its place, and the next candidate is
+  considered; the first new prompt that cannot get its blocks stops the new prompts behind it.
+  Only for the first request a decision can run are victims the host cannot take recomputed
   instead, so the head of the queues always runs. After the batch, ``free_block_reserve`` blocks
   (default one per batch slot) are kept free by swapping out more requests ranked below it.
   Swapped batch members are swapped in; when nothing was swapped out, swapped requests among the
