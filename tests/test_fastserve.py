@@ -305,6 +305,28 @@ def test_new_prompts_wait_while_the_host_is_nearly_full() -> None:
     assert [r.req_id for r, _ in d.scheduled] == [old.req_id]
 
 
+def test_new_prompts_stop_at_the_first_that_cannot_get_its_kv() -> None:
+    # 30 blocks; r (top level) runs and leaves 4 free after its next block. p1 (9 blocks) and p2
+    # (4 blocks) wait at level 1, p1 first: p1 cannot get its blocks (nothing ranks below it to
+    # evict), and p2 waits behind it although its own blocks are free.
+    def decide(with_p1: bool) -> list[int]:
+        kv = BlockManager(num_blocks=30, block_size=16)
+        policy = FastServePolicy(base_quantum=0.012)  # level 0: prompts of up to 20 tokens
+        r, p1, p2 = make_requests([(0.0, 10), (0.1, 130), (0.2, 60)])
+        r.status, r.num_output_tokens = Status.RUNNING, 390
+        kv.allocate(r, 400)
+        r.num_computed_tokens = 400
+        waiting = [p1, p2] if with_p1 else [p2]
+        for q in (r, *waiting):
+            policy.on_arrival(q, q.arrival)
+        d = policy.schedule(_view(waiting, [r], kv))
+        assert [q.policy_state.level for q in (r, *waiting)] == [0] + [1] * len(waiting)
+        return [q.req_id for q, _ in d.scheduled]
+
+    assert decide(with_p1=True) == [0]
+    assert decide(with_p1=False) == [0, 2]
+
+
 # -- batch limits --------------------------------------------------------------------------------
 
 def test_the_batch_stops_at_the_first_prompt_over_the_token_limit() -> None:
