@@ -135,7 +135,9 @@ class SimOptions(StrictModel):
     max_iterations: PositiveInt | None = None
     progress: bool = True
     swap_space_gb: float = Field(64.0, ge=0.0)  # host memory for swapped KV (FastServe)
-    swap_overlap: bool = False  # swaps overlap the iteration's compute (FastServe's proactive copies)
+    # Host transfers run on copy streams beside the iteration's compute, as FastServe's proactive
+    # swapping does (its paper, section 5): an iteration takes max(compute, transfer).
+    swap_overlap: bool = True
 
 
 class PolicySpec(StrictModel):

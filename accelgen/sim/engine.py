@@ -70,7 +70,7 @@ class Simulator:
         kv_bytes_per_token: int = 0,
         host_link_bandwidth: float = math.inf,
         add_scheduler_overhead: bool = False,
-        swap_overlap: bool = False,
+        swap_overlap: bool = True,
         max_iterations: int | None = None,
         progress: bool = False,
     ) -> None:
