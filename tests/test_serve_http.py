@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from accelgen.results import read_results
 from accelgen.serving.bench import BenchConfig, Outcome, StreamParser, base_url, bench_to_dir
-from accelgen.sim.recorder import read_results
 from accelgen.vllm_integration.config import (
     AUTO_REQ_ID_BASE,
     MAX_SLO_S,

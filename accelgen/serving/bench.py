@@ -54,7 +54,8 @@ from pydantic import NonNegativeInt, PositiveFloat, PositiveInt
 from accelgen import metrics
 from accelgen.config import StrictModel
 from accelgen.request import Request, Status
-from accelgen.sim.recorder import ITERATION_COLUMNS, requests_frame, write_results
+from accelgen.results import ITERATION_COLUMNS, requests_frame, write_results
+from accelgen.vllm_integration.config import request_extra_args
 from accelgen.workloads.prompts import prompt_text, prompt_token_ids
 from accelgen.workloads.trace import to_requests
 
@@ -114,10 +115,7 @@ def request_body(req: Request, max_tokens: int, cfg: BenchConfig, model: str) ->
     }
     if cfg.send_slos:
         # inf (no such deadline) goes as JSON's non-standard Infinity, which vLLM's server reads.
-        body["vllm_xargs"] = {
-            "req_id": req.req_id, "ttft_slo": req.ttft_slo, "tbt_slo": req.tbt_slo,
-            "jct_slo": req.jct_slo, "online": req.online, "source": req.source,
-            "predicted_output_len": req.predicted_output_len}
+        body["vllm_xargs"] = request_extra_args(req)
     return body
 
 
@@ -307,6 +305,9 @@ async def run_requests(reqs: list[Request], max_tokens: np.ndarray, cfg: BenchCo
     return outcomes, model, wall
 
 
+_STATUS = {"finished": Status.FINISHED, "cut": Status.CUT}
+
+
 def results_frames(reqs: list[Request], max_tokens: np.ndarray, outcomes: list[Outcome]
                    ) -> pd.DataFrame:
     """``requests.parquet`` rows: the trace's request fields with what the client saw."""
@@ -316,11 +317,11 @@ def results_frames(reqs: list[Request], max_tokens: np.ndarray, outcomes: list[O
         r.first_token_time = o.token_times[0] if o.token_times else math.nan
         r.last_token_time = o.token_times[-1] if o.token_times else math.nan
         r.finish_time = o.finish_time
-        r.status = Status.FINISHED if o.status == "finished" else Status.REJECTED
+        r.status = _STATUS.get(o.status, Status.REJECTED)
         r.reject_reason = o.reason
     target = {r.req_id: int(n) for r, n in zip(reqs, max_tokens, strict=True)}
     df = requests_frame(reqs, target)
-    # The recorder knows finished and rejected; the client's other end states go in as text.
+    # A Request has no unfinished state (it is the absence of an end); the column has.
     df["status"] = [o.status for o in outcomes]
     return df
 
@@ -330,13 +331,12 @@ def summarize(df: pd.DataFrame, outcomes: list[Outcome], cfg: BenchConfig, model
     its = pd.DataFrame({c: pd.Series(dtype="float64") for c in ITERATION_COLUMNS})
     # s_pf only scales per-iteration utilisation, and a client sees no iterations.
     summary = metrics.summarize(df, its, s_pf=1)
-    counts = Counter(o.status for o in outcomes)
     lag = np.array([o.sent - a for o, a in zip(outcomes, df["arrival"], strict=True)
                     if math.isfinite(o.sent)])
     served_prompt = [o.prompt_tokens for o in outcomes if o.prompt_tokens is not None]
     summary.update({
         "backend": "serve", "url": base_url(cfg.url), "model": model,
-        "policy": cfg.label, "num_cut": counts["cut"], "num_unfinished": counts["unfinished"],
+        "policy": cfg.label,
         "num_preemptions": None,  # invisible to a client
         "http_status_counts": {str(k): v for k, v in
                                sorted(Counter(o.http_status for o in outcomes

@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
         import aiohttp  # noqa: F401
     except ImportError:
         raise ValueError("bench-serve needs aiohttp: pip install 'accelgen[serve]'") from None
+    from accelgen.results import outcome_counts
     from accelgen.serving.bench import BenchConfig, bench_to_dir
     from accelgen.workloads.trace import load_trace
 
@@ -56,13 +57,11 @@ def run(args: argparse.Namespace) -> int:
     out = bench_to_dir(trace, cfg, args.out, progress=not args.no_progress,
                        trace_path=str(args.trace))
     s = out["summary"]
-    print(f"{s['model']} at {s['url']}: {s['num_requests']} requests, {s['num_finished']} "
-          f"finished, {s['num_cut']} cut, {s['num_rejected']} rejected, {s['num_unfinished']} "
-          f"unfinished")
+    print(f"{s['model']} at {s['url']}")
     print(f"  throughput {s['throughput_output_tps']:.1f} out tok/s, {s['throughput_rps']:.2f} "
           f"req/s; SLO attainment request {s['slo_attainment_request']:.3f}, iteration "
           f"{s['slo_attainment_iteration']:.3f}; TTFT p50 {s['ttft_p50'] * 1e3:.0f} ms, p99 "
           f"{s['ttft_p99'] * 1e3:.0f} ms; TBT p50 {s['tbt_p50'] * 1e3:.1f} ms, p99 "
           f"{s['tbt_p99'] * 1e3:.1f} ms")
-    print(f"  results: {args.out}")
+    print(f"  results: {args.out} ({outcome_counts(s)})")
     return 0

@@ -3,7 +3,7 @@
 A server's scheduler lives in vLLM's engine-core process, which the user cannot reach; its
 per-request and per-step records are only useful if they reach disk. ``LogSink`` writes
 ``requests.parquet``, ``iterations.parquet`` and ``timing.parquet`` (the simulator's schemas,
-``accelgen.sim.recorder``) into ``log_dir``:
+``accelgen.results``) into ``log_dir``:
 
 - every ``interval_s`` while anything changed (a background thread, so an idle engine's last
   records are written too): a crash or ``SIGKILL`` loses at most that interval;

@@ -64,8 +64,9 @@ from vllm.v1.request import RequestStatus  # noqa: E402
 from accelgen.costmodel.base import BatchShape  # noqa: E402
 from accelgen.kvcache import KVQueries  # noqa: E402
 from accelgen.policies.base import Decision, Pivot, Policy, SchedulerView  # noqa: E402
-from accelgen.request import Request, Status  # noqa: E402
-from accelgen.sim.recorder import IterationLog, requests_frame  # noqa: E402
+from accelgen.policies.registry import make_policy  # noqa: E402
+from accelgen.request import Request, Status, length_cap_reason, served_output_len  # noqa: E402
+from accelgen.results import IterationLog, requests_frame  # noqa: E402
 from accelgen.vllm_integration.config import (  # noqa: E402
     AUTO_REQ_ID_BASE,
     AdapterConfig,
@@ -299,7 +300,15 @@ class InstrumentedScheduler(Scheduler):
         del self._vreqs[v.request_id]
         del self._vid_of[m.req_id]
         if v.status in _NORMAL_FINISH:
-            m.status = Status.FINISHED
+            # vLLM's LENGTH_CAPPED is both "max_tokens reached" and "max_model_len reached";
+            # only the second one cuts the output short.
+            if (v.status == RequestStatus.FINISHED_LENGTH_CAPPED
+                    and v.num_output_tokens < v.max_tokens):
+                m.status = Status.CUT
+                m.reject_reason = length_cap_reason(m.prompt_len, v.max_tokens,
+                                                    v.num_output_tokens, self.max_model_len)
+            else:
+                m.status = Status.FINISHED
         elif v.status == RequestStatus.FINISHED_ABORTED:
             # Not a scheduling outcome: recorded as unfinished (see requests_frame).
             m.status = Status.REJECTED
@@ -455,13 +464,17 @@ class InstrumentedScheduler(Scheduler):
     def requests_frame(self, requests: Iterable[Request] | None = None) -> pd.DataFrame:
         """``requests.parquet`` rows of ``requests`` (default: every request seen, by req_id).
 
-        The target output length is the request's ``max_tokens``. Requests vLLM aborted (the
-        client went away, the server shut down) and requests still in flight are ``unfinished``
-        with the reason in ``reject_reason``.
+        The target output length is the request's ``max_tokens``, stopped at max_model_len (its
+        served length). Requests vLLM aborted (the client went away, the server shut down) and
+        requests still in flight are ``unfinished`` with the reason in ``reject_reason``.
         """
         reqs = self.all_requests() if requests is None else list(requests)
-        target = {r.req_id: self.max_tokens.get(r.req_id, r.num_output_tokens) for r in reqs}
-        df = requests_frame(reqs, target)
+        # A dict, not an array indexed by req_id: served requests without a client id get ids
+        # from AUTO_REQ_ID_BASE on.
+        asked = [self.max_tokens.get(r.req_id, r.num_output_tokens) for r in reqs]
+        served = served_output_len(np.array([r.prompt_len for r in reqs], dtype=np.int64),
+                                   np.array(asked, dtype=np.int64), self.max_model_len)
+        df = requests_frame(reqs, {r.req_id: int(n) for r, n in zip(reqs, served, strict=True)})
         if len(df):
             reasons = [self.unfinished_reason.get(r.req_id, "" if r.is_done else IN_FLIGHT_REASON)
                        for r in reqs]
@@ -537,7 +550,7 @@ class AccelGenScheduler(InstrumentedScheduler):
         cfg = self.accelgen_config
         self._check_engine_config()
         # Not `self.policy`: vLLM's Scheduler uses that name for its FCFS/priority queue mode.
-        self.accelgen_policy: Policy = make_adapter_policy(cfg.policy.name, cfg.policy.params)
+        self.accelgen_policy: Policy = make_policy(cfg.policy.name, cfg.policy.params)
         if self.accelgen_policy.clairvoyant:
             raise ValueError(f"policy {cfg.policy.name!r} needs clairvoyant information (true "
                              "output lengths, future arrivals) that a real engine cannot give")
@@ -592,7 +605,7 @@ class AccelGenScheduler(InstrumentedScheduler):
         super()._reset_records(origin)
         # A fresh policy object: no state (running means, carry-overs) from before the reset.
         cfg = self.accelgen_config
-        self.accelgen_policy = make_adapter_policy(cfg.policy.name, cfg.policy.params)
+        self.accelgen_policy = make_policy(cfg.policy.name, cfg.policy.params)
         self.mismatch_steps = 0
         self._view_stale = True
 
@@ -828,36 +841,3 @@ class AccelGenScheduler(InstrumentedScheduler):
             logger.warning("accelgen: vLLM did not schedule the policy's tokens exactly "
                            "(request: (planned, scheduled)) %s%s", diff,
                            f"; unplanned {extra}" if extra else "")
-
-
-def make_adapter_policy(name: str, params: dict[str, Any] | None = None) -> Policy:
-    """A policy by registry name, or ``module:Class`` / ``module.Class`` for out-of-tree ones."""
-    if name in _LOCAL_POLICIES:
-        return _LOCAL_POLICIES[name](**(params or {}))
-    if ":" in name or ("." in name and name not in _registry_names()):
-        import importlib
-
-        module, _, cls = name.partition(":") if ":" in name else name.rpartition(".")
-        try:
-            policy_cls = getattr(importlib.import_module(module), cls)
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(f"cannot import policy class {name!r}: {exc}") from exc
-        return policy_cls(**(params or {}))
-    from accelgen.policies.registry import make_policy
-
-    return make_policy(name, params)
-
-
-def _registry_names() -> list[str]:
-    from accelgen.policies.registry import policy_names
-
-    return policy_names()
-
-
-# Policies registered at run time (tests, notebooks); only visible in this process.
-_LOCAL_POLICIES: dict[str, Any] = {}
-
-
-def register_policy(name: str, factory: Any) -> None:
-    """Make ``factory(**params)`` available under ``name`` to schedulers built in this process."""
-    _LOCAL_POLICIES[name] = factory

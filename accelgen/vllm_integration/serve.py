@@ -77,7 +77,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def adapter_config(args: argparse.Namespace) -> dict[str, Any]:
     """The plugin configuration (``AdapterConfig`` fields, validated) from the options."""
-    from accelgen.sim.cli import parse_params
+    from accelgen.config import parse_params
     from accelgen.vllm_integration.config import AdapterConfig
 
     data: dict[str, Any] = dict(load_yaml(args.adapter_config)) if args.adapter_config else {}
