@@ -29,7 +29,8 @@ from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, Valida
 
 from accelgen.config import Deployment, PolicySpec, StrictModel, load_yaml
 from accelgen.costmodel.base import BatchShape, CostModel
-from accelgen.policies.base import Pivot
+from accelgen.policies.base import Pivot, Policy
+from accelgen.policies.registry import make_policy
 from accelgen.request import Request
 
 ENV_VAR = "ACCELGEN_VLLM_CONFIG"
@@ -232,6 +233,16 @@ def build_pivot(cfg: AdapterConfig, cost: CostModel, *, block_size: int,
 # One rule for every way a request's SLOs arrive: ``SamplingParams.extra_args`` read by the
 # scheduler inside the engine, and ``vllm_xargs`` / the ``X-AccelGen-SLO`` header read by the
 # HTTP middleware (``slo_http``) before the request reaches the engine.
+
+def make_engine_policy(spec: PolicySpec) -> Policy:
+    """The policy object a real engine runs, from the one registry; clairvoyant policies are
+    refused (a real engine cannot tell them true output lengths or future arrivals)."""
+    policy = make_policy(spec.name, spec.params)
+    if policy.clairvoyant:
+        raise ValueError(f"policy {spec.name!r} needs clairvoyant information (true output "
+                         "lengths, future arrivals) that a real engine cannot give")
+    return policy
+
 
 SLO_KEYS = ("ttft_slo", "tbt_slo", "jct_slo")
 # Keys of extra_args the plugin reads; anything else is vLLM's or the client's.

@@ -64,7 +64,6 @@ from vllm.v1.request import RequestStatus  # noqa: E402
 from accelgen.costmodel.base import BatchShape  # noqa: E402
 from accelgen.kvcache import KVQueries  # noqa: E402
 from accelgen.policies.base import Decision, Pivot, Policy, SchedulerView  # noqa: E402
-from accelgen.policies.registry import make_policy  # noqa: E402
 from accelgen.request import Request, Status, length_cap_reason, served_output_len  # noqa: E402
 from accelgen.results import IterationLog, requests_frame  # noqa: E402
 from accelgen.vllm_integration.config import (  # noqa: E402
@@ -74,6 +73,7 @@ from accelgen.vllm_integration.config import (  # noqa: E402
     SLOError,
     build_cost_model,
     build_pivot,
+    make_engine_policy,
     parse_request_slo,
     resolve_config,
 )
@@ -550,10 +550,7 @@ class AccelGenScheduler(InstrumentedScheduler):
         cfg = self.accelgen_config
         self._check_engine_config()
         # Not `self.policy`: vLLM's Scheduler uses that name for its FCFS/priority queue mode.
-        self.accelgen_policy: Policy = make_policy(cfg.policy.name, cfg.policy.params)
-        if self.accelgen_policy.clairvoyant:
-            raise ValueError(f"policy {cfg.policy.name!r} needs clairvoyant information (true "
-                             "output lengths, future arrivals) that a real engine cannot give")
+        self.accelgen_policy: Policy = make_engine_policy(cfg.policy)
         self.cost = build_cost_model(cfg.cost)
         self.pivot = build_pivot(cfg, self.cost, block_size=self.block_size,
                                  max_model_len=self.max_model_len)
@@ -605,7 +602,7 @@ class AccelGenScheduler(InstrumentedScheduler):
         super()._reset_records(origin)
         # A fresh policy object: no state (running means, carry-overs) from before the reset.
         cfg = self.accelgen_config
-        self.accelgen_policy = make_policy(cfg.policy.name, cfg.policy.params)
+        self.accelgen_policy = make_engine_policy(cfg.policy)
         self.mismatch_steps = 0
         self._view_stale = True
 

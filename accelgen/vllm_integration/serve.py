@@ -78,8 +78,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def adapter_config(args: argparse.Namespace) -> dict[str, Any]:
     """The plugin configuration (``AdapterConfig`` fields, validated) from the options."""
     from accelgen.config import parse_params
-    from accelgen.vllm_integration.config import AdapterConfig
+    from accelgen.vllm_integration.config import AdapterConfig, make_engine_policy
 
+    if args.system == "stock" and (args.policy or args.param):
+        raise ValueError("--policy and --param choose the plugin's policy; --system stock runs "
+                         "vLLM's own scheduler")
     data: dict[str, Any] = dict(load_yaml(args.adapter_config)) if args.adapter_config else {}
     cfg = AdapterConfig.model_validate(data).model_dump(mode="json", exclude_none=True)
     if args.policy:
@@ -91,9 +94,12 @@ def adapter_config(args: argparse.Namespace) -> dict[str, Any]:
                        ("log_flush_interval_s", args.log_flush_interval)):
         if value is not None:
             cfg[key] = value
-    # Validated here (a bad --slo or --param value fails now, not in the engine); only what
-    # differs from the plugin's defaults goes on the command line.
-    return AdapterConfig.model_validate(cfg).model_dump(mode="json", exclude_defaults=True)
+    # Validated here (a bad --slo, --policy or --param fails now, not in the engine after its
+    # start-up); only what differs from the plugin's defaults goes on the command line.
+    checked = AdapterConfig.model_validate(cfg)
+    if args.system == "accelgen":
+        make_engine_policy(checked.policy)
+    return checked.model_dump(mode="json", exclude_defaults=True)
 
 
 def _given(options: list[str], name: str) -> str | None:

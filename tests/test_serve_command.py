@@ -1,0 +1,85 @@
+"""``accelgen serve``'s command line (``--dry-run``): what it hands vLLM's OpenAI server, and
+what it refuses before the server starts. No vLLM needed."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from accelgen.cli import main
+
+
+def dry_run(capsys: pytest.CaptureFixture[str], tmp_path: Path, *args: str) -> list[str]:
+    assert main(["serve", "--dry-run", "--tiny-dir", str(tmp_path / "tiny"), *args]) == 0
+    words = shlex.split(capsys.readouterr().out.strip())
+    return words[words.index("-m"):]  # after the environment and the interpreter
+
+
+def option(words: list[str], name: str) -> str:
+    return words[words.index(name) + 1]
+
+
+def test_the_command_has_what_the_plugin_needs(capsys: pytest.CaptureFixture[str],
+                                               tmp_path: Path) -> None:
+    words = dry_run(capsys, tmp_path, "--policy", "sarathi", "--param", "token_budget=128",
+                    "--slo", "ttft_slo=2.5", "--log-dir", str(tmp_path / "logs"),
+                    "--port", "8123", "--max-model-len", "2048")
+    assert words[:2] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert option(words, "--scheduler-cls") == (
+        "accelgen.vllm_integration.scheduler.AccelGenScheduler")
+    for flag in ("--no-async-scheduling", "--no-enable-prefix-caching", "--skip-tokenizer-init"):
+        assert flag in words
+    assert option(words, "--middleware") == "accelgen.vllm_integration.slo_http.SLOMiddleware"
+    assert option(words, "--load-format") == "dummy"
+    assert Path(option(words, "--model"), "config.json").exists()  # the tiny model
+    plugin = json.loads(option(words, "--additional-config"))["accelgen"]
+    assert plugin["policy"] == {"name": "sarathi", "params": {"token_budget": 128}}
+    assert plugin["slo"] == {"ttft_slo": 2.5}
+    assert plugin["log_dir"] == str((tmp_path / "logs").resolve())
+    # vLLM's own options pass through unchanged.
+    assert option(words, "--port") == "8123" and option(words, "--max-model-len") == "2048"
+    assert option(words, "--shutdown-timeout") == "30"
+
+
+def test_stock_runs_the_instrumented_scheduler(capsys: pytest.CaptureFixture[str],
+                                               tmp_path: Path) -> None:
+    words = dry_run(capsys, tmp_path, "--system", "stock", "--shutdown-timeout", "5")
+    assert option(words, "--scheduler-cls") == (
+        "accelgen.vllm_integration.scheduler.InstrumentedScheduler")
+    assert option(words, "--shutdown-timeout") == "5" and words.count("--shutdown-timeout") == 1
+
+
+def test_user_additional_config_is_kept(capsys: pytest.CaptureFixture[str],
+                                        tmp_path: Path) -> None:
+    words = dry_run(capsys, tmp_path, "--additional-config", '{"other": 1}')
+    assert words.count("--additional-config") == 1
+    assert json.loads(option(words, "--additional-config")) == {"other": 1, "accelgen": {}}
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--policy", "no-such-policy"], "unknown policy 'no-such-policy'"),
+    (["--policy", "oracle"], "clairvoyant"),
+    (["--param", "no_such_param=1"], "bad parameters for policy 'accelgen'"),
+    (["--slo", "ttft_slo=-1"], "ttft_slo"),
+    (["--system", "stock", "--policy", "sarathi"], "--system stock"),
+    (["--scheduler-cls", "x.Y"], "sets --scheduler-cls itself"),
+    (["--enable-prefix-caching"], "sets --enable-prefix-caching itself"),
+    (["--async-scheduling"], "sets --async-scheduling itself"),
+    (["--additional-config", '{"accelgen": {}}'], "without an 'accelgen' key"),
+    (["--additional-config", "{not json"], "--additional-config is not JSON"),
+])
+def test_refused_before_the_server_starts(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                          args: list[str], message: str) -> None:
+    assert main(["serve", "--dry-run", "--tiny-dir", str(tmp_path / "tiny"), *args]) == 2
+    captured = capsys.readouterr()
+    assert message in captured.err
+    assert captured.out == ""  # no command printed
+
+
+def test_other_commands_still_refuse_unknown_options(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["pivot", "--deployment", "opt-13b", "--no-such-option"])
+    assert "unrecognized arguments: --no-such-option" in capsys.readouterr().err
