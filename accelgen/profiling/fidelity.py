@@ -385,8 +385,8 @@ def run_fidelity(cfg: FidelityConfig, out_dir: Path,
 
 
 # The code whose behaviour the fidelity numbers describe (hashed into sources.json of a run).
-SOURCES = ("policies/accelgen.py", "policies/accelgen_budget.py", "policies/accelgen_select.py",
-           "policies/accelgen_state.py", "policies/vllm.py", "vllm_integration/scheduler.py",
+SOURCES = ("policies/accelgen.py", "policies/accelgen_decision.py", "policies/accelgen_table.py",
+           "policies/accelgen_workspace.py", "policies/vllm.py", "vllm_integration/scheduler.py",
            "vllm_integration/replay.py", "sim/engine.py", "costmodel/table.py",
            "profiling/engine_model.py", "profiling/vllm_backend.py", "profiling/fidelity.py")
 

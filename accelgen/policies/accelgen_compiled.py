@@ -1,0 +1,152 @@
+"""Which build of AccelGen's decision (``accelgen_decision.decide``) a process runs.
+
+- **Ahead of time** (the default once built): the decision compiled into a C extension module
+  with numba's ``pycc``, under ``accelgen/policies/__pycache__/``, named after a digest of the
+  sources it was built from. Loading it takes milliseconds and does not import numba at all
+  (numba's own start-up, about 0.5 s before any compiled call, is what a JIT cache cannot
+  avoid). ``bash scripts/setup.sh`` builds it; so does
+  ``python -m accelgen.policies.accelgen_compiled build``.
+- **JIT**: numba compiles the same functions on first use and caches them (``cache=True``), for
+  a source without a matching build (e.g. while editing the decision).
+- **Python**: with ``NUMBA_DISABLE_JIT=1`` the same functions run interpreted (a debugging path).
+
+``ACCELGEN_DECISION=aot|jit|python`` forces one (``aot`` fails if no build matches).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.metadata
+import importlib.util
+import os
+import sys
+import sysconfig
+import tempfile
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+
+from accelgen.policies.accelgen_table import RequestTable
+from accelgen.policies.accelgen_workspace import DecisionArrays, Workspace
+
+DecideFn = Callable[[DecisionArrays], int]
+
+_HERE = Path(__file__).resolve().parent
+# Everything the compiled module is built from: the code, and the record layouts in its signature.
+_SOURCES = (_HERE / "accelgen_decision.py", _HERE / "accelgen_workspace.py",
+            _HERE / "accelgen_table.py", _HERE.parent / "costmodel" / "linear.py")
+ENV = "ACCELGEN_DECISION"
+
+
+def source_digest() -> str:
+    h = hashlib.sha256()
+    for f in _SOURCES:
+        h.update(f.read_bytes())
+    for dist in ("numba", "numpy"):
+        h.update(importlib.metadata.version(dist).encode())
+    return h.hexdigest()[:16]
+
+
+def aot_path() -> Path:
+    """Where the ahead-of-time build of the current sources lives (it may not exist)."""
+    name = f"accelgen_decision_{source_digest()}"
+    return _HERE / "__pycache__" / (name + sysconfig.get_config_var("EXT_SUFFIX"))
+
+
+def _load_aot(path: Path) -> DecideFn:
+    name = path.name.split(".")[0]
+    loader = importlib.machinery.ExtensionFileLoader(name, str(path))
+    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    fn: DecideFn = module.decide
+    return fn
+
+
+def _sample_arrays() -> DecisionArrays:
+    return Workspace(RequestTable(capacity=1)).arrays
+
+
+def _load_jit() -> DecideFn:
+    from numba import typeof
+
+    from accelgen.policies.accelgen_decision import decide
+
+    sig = (typeof(_sample_arrays()),)
+    decide.compile(sig)
+    # The compiled entry point, called directly: numba's dispatcher would resolve the argument
+    # types on every call (the arrays keep their types: same dtypes, same layout).
+    fn: DecideFn = decide.overloads[sig].entry_point
+    return fn
+
+
+@cache
+def load() -> tuple[str, DecideFn]:
+    """(build name, the decision function) for this process."""
+    mode = os.environ.get(ENV, "auto")
+    if mode not in ("auto", "aot", "jit", "python"):
+        raise ValueError(f"{ENV}={mode!r}: expected auto, aot, jit or python")
+    if mode == "python" or os.environ.get("NUMBA_DISABLE_JIT", "0") not in ("", "0"):
+        os.environ["NUMBA_DISABLE_JIT"] = "1"  # before numba is imported
+        from accelgen.policies.accelgen_decision import decide
+
+        return "python", decide
+    if mode in ("auto", "aot"):
+        path = aot_path()
+        if path.exists():
+            return "aot", _load_aot(path)
+        if mode == "aot":
+            raise FileNotFoundError(f"{ENV}=aot: no build of the current sources at {path} "
+                                    "(python -m accelgen.policies.accelgen_compiled build)")
+    return "jit", _load_jit()
+
+
+def build(out: Path | None = None) -> Path:
+    """Compile the decision ahead of time (numba's ``pycc``; needs a C compiler). Written to a
+    temporary name and moved into place, so concurrent builds and readers never see half a
+    file."""
+    import warnings
+
+    from numba import typeof, types
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # pycc's pending deprecation
+        from numba.pycc import CC
+
+    from accelgen.policies.accelgen_decision import decide
+
+    out = out or aot_path()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    name = out.name.split(".")[0]
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        cc = CC(name)
+        cc.output_dir = tmp
+        cc.use_nrt = False
+        cc.export("decide", types.int64(typeof(_sample_arrays())))(decide.py_func)
+        cc.compile()
+        (built,) = Path(tmp).glob(name + "*")
+        os.replace(built, out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args not in ([], ["build"], ["status"]):
+        print("usage: python -m accelgen.policies.accelgen_compiled [build|status]",
+              file=sys.stderr)
+        return 2
+    if args == ["build"]:
+        path = build()
+        print(f"accelgen_compiled: built {path} ({path.stat().st_size // 1024} KiB)")
+        return 0
+    path = aot_path()
+    print(f"accelgen_compiled: this process would run the {load()[0]} build "
+          f"({'present' if path.exists() else 'absent'}: {path})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+

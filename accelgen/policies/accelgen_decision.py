@@ -1,0 +1,1062 @@
+"""AccelGen's decision (SPEC 4, paper sections 4.2-4.4, Algorithms 1-2): the one implementation,
+compiled with numba, run by the simulator and by the vLLM plugin alike.
+
+``decide(d)`` forms one iteration's batch from the arrays ``d`` (``accelgen_workspace``: the
+request table, per-candidate columns, slot lists, the step's inputs, the ledger, the parameters,
+the diagnostics). In order:
+
+1. ``_columns``: per candidate the remaining tokens, N_ck, the time to its deadline, its
+   per-iteration SLO, whether it is a decode, a long prompt (ERA), lost (decision 11), eligible;
+   and the running batch's shape (for T_max).
+2. ``_plan`` (the token budget, SPEC 4.2): ``_urgency`` at the last budget's T_max gives slack,
+   urgency, keys and SLO_min; ``_budget_for`` turns SLO_min into S_b; when the new budget's
+   T_max is longer, urgency is checked again at it.
+3. ``_form``: step 1 (``_add_urgent``, Algorithm 1: urgent requests with preemption), step 2
+   (``_select``: slack groups, ``_select_euclidean``, Algorithm 2), the deadlock breaker
+   (``_ensure_progress``), ERA inside ``_add``.
+4. ``_diagnostics``.
+
+Variants are flags of the same code (``d.params``): the ablations ``order`` / ``chunk`` / ``batch``,
+the budget rule (``budget_model``: the forward-time table bisected), ERA on/off and its scope, and
+the Oracle's exact KV plan (``exact_kv``, with the true output lengths in the table).
+
+The cost model: a linear one (``CostModel.linear_terms``) is evaluated here (``linear_time``);
+for any other, ``decide`` returns the budget whose full-batch latency it needs (the batch's shape
+in the ledger) and is called again once the caller has put it in ``d.times`` (the decision is a
+pure function of its inputs, so it repeats the same steps up to there). The caller is
+``Workspace.run``. ``docs/accelgen.md`` explains every step and the decisions where the paper is
+silent.
+
+How it runs: ahead-of-time compiled (``accelgen_compiled``), else numba's JIT (``cache=True``);
+with ``NUMBA_DISABLE_JIT=1`` these same functions run as plain Python on the record arrays
+(slowly; for a debugger).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from numba import njit
+
+from accelgen.costmodel.linear import linear_time
+
+_jit = njit(cache=True, error_model="numpy", _nrt=False)
+_linear_time = _jit(linear_time)
+
+LOST_OFFSET = 1e9  # a lost prompt's key: this plus its arrival (after every on-track key)
+
+
+# -- slack (SPEC 4.1) --------------------------------------------------------------------------
+@_jit
+def n_chunks(tokens: int, is_decode: bool, chunk_mean: float) -> float:
+    """N_ck: iterations a request's next output still needs: 1 for a decode, else its remaining
+    prompt in chunks of the running mean chunk length L_c."""
+    return 1.0 if is_decode else math.ceil(tokens / chunk_mean)
+
+
+@_jit
+def slack(to_deadline: float, chunks: float, t_max: float) -> float:
+    """s = deadline - now - T_e with T_e = N_ck x T_max: how long the request can still wait."""
+    return to_deadline - chunks * t_max
+
+
+# -- KV arithmetic -----------------------------------------------------------------------------
+@_jit
+def _blocks_to_add(d: Any, s: int, c: int) -> int:
+    """Blocks request ``s`` must add to hold KV for ``c`` more tokens."""
+    r = d.requests[s]
+    bs = d.params[0].block_size
+    need = (r.computed + c + bs - 1) // bs - r.blocks
+    return need if need > 0 else 0
+
+
+@_jit
+def _owed(d: Any, s: int) -> int:
+    """Blocks promised to running ``s``: its remaining prompt or next token, plus growth."""
+    return _blocks_to_add(d, s, d.cand[s].rem + d.params[0].growth)
+
+
+@_jit
+def _owed_after(d: Any, s: int, c: int) -> int:
+    """Blocks ``s`` is owed after running ``c`` tokens: the rest of its prompt, or (when the
+    chunk completes it) its next token, plus growth."""
+    r, bs = d.requests[s], d.params[0].block_size
+    rem = d.cand[s].rem
+    done = r.computed + c
+    held = max(r.blocks, (done + bs - 1) // bs)
+    nxt = (rem - c if c < rem else 1) + d.params[0].growth
+    return max(0, (done + nxt + bs - 1) // bs - held)
+
+
+@_jit
+def _admission_need(d: Any, s: int) -> int:
+    """Blocks a prompt holding no KV needs to start: all of it, its first token and the growth
+    reserve (what it is owed once running), the reserve capped at the KV's size so that a
+    request that fits in the KV alone can always start."""
+    par = d.params[0]
+    rem = d.cand[s].rem
+    return max(_blocks_to_add(d, s, rem + 1),
+               min(_blocks_to_add(d, s, rem + 1 + par.growth), par.total_blocks))
+
+
+@_jit
+def _admissible(d: Any) -> int:
+    """Free blocks owed to no running request."""
+    led = d.ledger[0]
+    return led.kv_free - led.reserved
+
+
+@_jit
+def _prompt_room(d: Any, s: int) -> int:
+    """Tokens running prompt ``s`` may add: its last block's room plus the free blocks owed to
+    nobody else."""
+    r, bs = d.requests[s], d.params[0].block_size
+    room_last = max(0, r.blocks * bs - r.computed)
+    spare = min(d.ledger[0].kv_free, _admissible(d) + _owed(d, s))
+    return room_last + max(0, spare) * bs
+
+
+@_jit
+def _final_blocks(d: Any, s: int) -> int:
+    """(Oracle) Blocks ``s`` holds at its last forward pass: prompt + true output - 1 tokens
+    (the last sampled token is never fed back)."""
+    r, bs = d.requests[s], d.params[0].block_size
+    return (r.prompt + r.true_out - 1 + bs - 1) // bs
+
+
+# -- 1. per-candidate columns ------------------------------------------------------------------
+@_jit
+def _columns(d: Any) -> None:
+    out = d.outcome[0]
+    st, par, led = d.step[0], d.params[0], d.ledger[0]
+    n, now, chunk_mean = st.n, st.now, st.chunk_mean
+    # ERA: the owner keeps it until its prefill completes (scope prefill) or it finishes (scope
+    # request); a preempted owner holds no KV and releases it too.
+    owner = st.era_owner if par.era else -1
+    if owner >= 0:
+        r = d.requests[owner]
+        prefill_done = r.n_out > 0 and r.prompt + r.n_out - r.computed == 1
+        if not r.running or (prefill_done and not par.era_whole_request):
+            owner = -1
+    out.era_owner = owner
+    led.n_decodes = led.decode_ctx = led.prefill_ctx = 0
+    for i in range(n):
+        r, c = d.requests[i], d.cand[i]
+        c.total = r.prompt + r.n_out
+        c.rem = c.total - r.computed
+        c.is_decode = r.n_out > 0 and c.rem == 1
+        c.n_chunks = n_chunks(c.rem, c.is_decode, chunk_mean)
+        c.to_deadline = r.deadline - now
+        c.online_decode = c.is_decode and r.online
+        c.slo_iter = r.tbt if c.online_decode else c.to_deadline / c.n_chunks
+        c.is_long = not c.is_decode and c.total >= par.long_threshold
+        c.eligible = owner < 0 or not c.is_long or i == owner
+        c.lost = (par.order and par.lost_last and r.online
+                  and (r.lost or c.to_deadline < 0.0))
+        c.available = c.member = c.urgent = c.counted = False
+        if r.running:  # what a full batch reads besides its new tokens (T_max)
+            if c.is_decode:
+                led.n_decodes += 1
+                led.decode_ctx += r.computed
+            elif r.computed > led.prefill_ctx:
+                led.prefill_ctx = r.computed
+    if par.exact_kv:
+        _oracle_admission(d)
+
+
+@_jit
+def _oracle_admission(d: Any) -> None:
+    """(Oracle, exact KV plan) A request is admitted only if its final KV fits in the free KV not
+    already promised to the final KV of every running request, so no preemption is ever needed;
+    requests an earlier pass over-admitted stay out."""
+    st, out = d.step[0], d.outcome[0]
+    n = st.n
+    promised = 0
+    for i in range(n):
+        if d.requests[i].running:
+            promised += max(_final_blocks(d, i) - d.requests[i].blocks, 0)
+    admissible = st.free_blocks - promised
+    excluded = 0
+    for i in range(n):
+        if not d.requests[i].running and _final_blocks(d, i) > admissible:
+            d.cand[i].eligible = False
+            excluded += 1
+    for j in range(out.oracle_n_over):
+        d.cand[d.lists[j].over].eligible = False
+    out.oracle_admissible = admissible
+    out.oracle_excluded = excluded + out.oracle_n_over
+
+
+# -- 2. urgency and the token budget -----------------------------------------------------------
+@_jit
+def _urgency(d: Any, t_max: float) -> float:
+    """Slack, urgency, counted and key of every candidate at ``t_max``; returns SLO_min, the
+    tightest per-iteration SLO among the urgent requests and the head slack group (the batch
+    being formed; inf if none)."""
+    st, par = d.step[0], d.params[0]
+    best = math.inf
+    k1 = math.inf
+    any_rest = False
+    for i in range(st.n):
+        c = d.cand[i]
+        c.slack = slack(c.to_deadline, c.n_chunks, t_max)
+        # A late prompt cannot be rescued by a smaller batch (its remaining time grows with its
+        # remaining tokens), so only on-track requests and online decodes lower SLO_min.
+        c.counted = c.online_decode or c.slack >= 0.0
+        if par.order:
+            # A request past its deadline is not urgent (running it now saves no deadline),
+            # except a running decode: its TBT chain restarts at its next token.
+            c.urgent = (c.eligible and c.slack < t_max
+                        and (par.late_is_urgent or c.slack >= 0.0 or c.is_decode))
+            # Lost prompts after every on-track candidate, first come first served among them.
+            lost_prompt = c.lost and not c.is_decode
+            c.key = d.requests[i].arrival + LOST_OFFSET if lost_prompt else c.slack
+        else:
+            c.urgent = False
+            c.key = d.requests[i].arrival
+        if c.urgent:
+            if c.counted and c.slo_iter < best:
+                best = c.slo_iter
+        elif c.eligible:
+            if not any_rest or c.key < k1:
+                k1 = c.key
+            any_rest = True
+    if any_rest:
+        limit = k1 + par.gamma
+        for i in range(st.n):
+            c = d.cand[i]
+            if (c.eligible and not c.urgent and c.key <= limit and c.counted
+                    and c.slo_iter < best):
+                best = c.slo_iter
+    return best
+
+
+@_jit
+def _forward_time(d: Any, budget: int) -> float:
+    """Latency of a prefill-only iteration of ``budget`` tokens (the cost model's
+    ``forward_time``)."""
+    par = d.params[0]
+    if par.cost_linear:
+        return _linear_time(par, budget, 0, budget * (0 + (budget + 1) / 2))
+    return d.times[budget].forward
+
+
+@_jit
+def _t_max(d: Any, budget: int) -> float:
+    """T_max, the paper's "maximum batch execution time" at ``budget`` tokens: every running
+    decode with its KV context, plus a prompt chunk filling the rest of the budget at the
+    longest running prompt's context (decision 10), never less than ``forward_time(budget)``.
+    NaN when the cost model has to be asked (the shape is then in the ledger)."""
+    par, led = d.params[0], d.ledger[0]
+    n = min(led.n_decodes, budget)
+    ctx = led.decode_ctx if n == led.n_decodes else led.decode_ctx * n // max(led.n_decodes, 1)
+    prefill = budget - n if budget > n else 0
+    attn = prefill * (led.prefill_ctx + (prefill + 1) / 2) if prefill > 0 else 0.0
+    if par.cost_linear:
+        full = _linear_time(par, prefill + n, ctx, attn)
+    else:
+        full = d.times[budget].full_batch
+        if math.isnan(full):
+            ask = d.ask[0]
+            ask.prefill_tokens, ask.prefill_attn = prefill, attn
+            ask.decode_seqs, ask.decode_ctx = n, ctx
+            return math.nan
+    fwd = _forward_time(d, budget)
+    return fwd if fwd > full else full
+
+
+@_jit
+def _largest_fitting(d: Any, t: float, limit: int) -> int:
+    """Budget rule ``model``: the largest forward size S <= ``limit`` with
+    ``forward_time(S) <= t`` (0 if not even one token fits), by bisection (forward times are
+    non-decreasing in S; ``costmodel.pivot.budget_for_time`` answers the same)."""
+    if _forward_time(d, 1) > t:
+        return 0
+    if _forward_time(d, limit) <= t:
+        return limit
+    lo, hi = 1, limit  # forward_time(lo) <= t < forward_time(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _forward_time(d, mid) <= t:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@_jit
+def _budget_for(d: Any, slo: float) -> tuple[int, bool, bool]:
+    """S_b for the tightest per-iteration SLO, clamped to [min_budget, cap]:
+    (tokens, clamped low, clamped high). ``paper``: S_pf x SLO_min / T_pf; ``model``: the
+    largest forward size whose latency fits SLO_min."""
+    par = d.params[0]
+    if not math.isfinite(slo):  # nothing constrains it
+        return par.cap, False, slo > 0
+    raw = 0
+    if slo > 0:
+        if par.budget_model:  # one past the cap tells "at least the cap" from "the cap"
+            raw = _largest_fitting(d, slo, par.cap + 1)
+        else:
+            x = par.s_pf * slo / par.t_pf
+            raw = int(x) if x < 4e18 else 4 * 10 ** 18
+    if raw < par.min_budget:
+        return par.min_budget, True, False
+    if raw > par.cap:
+        return par.cap, False, True
+    return raw, False, False
+
+
+@_jit
+def _plan(d: Any) -> int:
+    """SLO_min, token budget and T_max (into the ledger): urgency at the last budget's T_max, the
+    budget for that SLO_min, and when the new budget's T_max is longer, urgency checked again at
+    it (a larger budget means longer iterations). Returns -1, or the budget whose full-batch
+    latency the cost model must give first."""
+    out = d.outcome[0]
+    st, led = d.step[0], d.ledger[0]
+    t_prev = _t_max(d, st.prev_budget)
+    if math.isnan(t_prev):
+        return st.prev_budget
+    slo_min = _urgency(d, t_prev)
+    tokens, low, high = _budget_for(d, slo_min)
+    t_max = t_prev
+    if tokens != st.prev_budget:
+        t_new = _t_max(d, tokens)
+        if math.isnan(t_new):
+            return tokens
+        if t_new > t_prev:
+            again = _urgency(d, t_new)
+            if again < slo_min:
+                slo_min = again
+            tokens, low, high = _budget_for(d, slo_min)
+            t_max = t_new
+    led.t_max, led.slo_min = t_max, slo_min
+    out.budget, led.clamped_low, led.clamped_high = tokens, low, high
+    return -1
+
+
+# -- sorting -----------------------------------------------------------------------------------
+@_jit
+def _before(a: Any, b: Any, descending: bool) -> bool:
+    """``a`` strictly before ``b`` in numpy's sort order (NaN last), or in the reverse order."""
+    if descending:
+        return a > b or (b != b and a == a)
+    return a < b or (b != b and a == a)
+
+
+@_jit
+def _sort_slots(idx: Any, m: int, keys: Any, tmp: Any, descending: bool) -> None:
+    """Sort ``idx[:m]`` by ``keys[idx]``, stably (numpy's ``kind="stable"`` order), in place with
+    ``tmp`` as the merge buffer."""
+    run = 16
+    for lo in range(0, m, run):  # insertion sort of short runs
+        hi = min(lo + run, m)
+        for i in range(lo + 1, hi):
+            x = idx[i]
+            kx = keys[x]
+            j = i - 1
+            while j >= lo and _before(kx, keys[idx[j]], descending):
+                idx[j + 1] = idx[j]
+                j -= 1
+            idx[j + 1] = x
+    src, dst = idx, tmp
+    in_tmp = False
+    width = run
+    while width < m:  # bottom-up merges, taking the left run's element on ties
+        for lo in range(0, m, 2 * width):
+            mid = min(lo + width, m)
+            hi = min(lo + 2 * width, m)
+            i, j, o = lo, mid, lo
+            while i < mid and j < hi:
+                if _before(keys[src[j]], keys[src[i]], descending):
+                    dst[o] = src[j]
+                    j += 1
+                else:
+                    dst[o] = src[i]
+                    i += 1
+                o += 1
+            while i < mid:
+                dst[o] = src[i]
+                i += 1
+                o += 1
+            while j < hi:
+                dst[o] = src[j]
+                j += 1
+                o += 1
+        src, dst = dst, src
+        in_tmp = not in_tmp
+        width *= 2
+    if in_tmp:
+        for i in range(m):
+            idx[i] = tmp[i]
+
+
+# -- the batch ledger --------------------------------------------------------------------------
+@_jit
+def _add(d: Any, s: int, c: int) -> None:
+    """``s`` joins the batch with ``c`` tokens."""
+    out = d.outcome[0]
+    led, cs = d.ledger[0], d.cand[s]
+    need = _blocks_to_add(d, s, c)
+    if d.requests[s].running:
+        led.reserved -= _owed(d, s)
+    else:
+        led.admissions -= 1
+    led.reserved += _owed_after(d, s, c)
+    led.kv_free -= need
+    led.budget_left -= c
+    d.lists[out.n_sched].slots = s
+    d.lists[out.n_sched].tokens = c
+    out.n_sched += 1
+    cs.member = True
+    cs.available = False
+    if not cs.is_decode and c < cs.rem:
+        d.lists[out.n_cut].cut_chunks = c
+        out.n_cut += 1
+    if d.params[0].era and cs.is_long and out.era_owner < 0:
+        # ERA: no other long prompt starts while this one is in prefill.
+        out.era_owner = s
+        for i in range(d.step[0].n):
+            if d.cand[i].is_long:
+                d.cand[i].available = False
+
+
+@_jit
+def _era_blocked(d: Any, s: int) -> bool:
+    owner = d.outcome[0].era_owner
+    return d.params[0].era and d.cand[s].is_long and 0 <= owner != s
+
+
+# -- preemption --------------------------------------------------------------------------------
+@_jit
+def _victim_pool(d: Any) -> None:
+    """Running requests, largest victim key first (sorted once, when first needed: most
+    decisions preempt nobody). The Oracle's exact plan has no victims."""
+    led = d.ledger[0]
+    if led.n_victims >= 0:
+        return
+    m = 0
+    if not d.params[0].exact_kv:
+        for i in range(d.step[0].n):
+            if d.requests[i].running:
+                d.lists[m].victims = i
+                m += 1
+    _sort_slots(d.lists.victims, m, d.cand.victim_key, d.lists.sort_tmp, True)
+    led.n_victims = m
+
+
+@_jit
+def _preempt(d: Any, v: int) -> None:
+    out = d.outcome[0]
+    led = d.ledger[0]
+    d.lists[out.n_preempted].preempted = v
+    out.n_preempted += 1
+    # As vLLM V1: nothing else is admitted in a step that preempted, so blocks freed for an
+    # urgent request are not handed straight to a new prompt.
+    led.admissions = min(led.admissions, 0)
+    led.kv_free += d.requests[v].blocks
+    led.reserved -= _owed(d, v)
+    d.cand[v].available = False
+
+
+_FOR_ADMISSION, _FOR_DECODE, _FOR_CHUNK = 0, 1, 2  # what ``_free_kv`` makes room for
+
+
+@_jit
+def _enough(d: Any, kind: int, x: int, s: int) -> bool:
+    if kind == _FOR_ADMISSION:  # a whole prompt within the KV owed to nobody
+        return x <= _admissible(d)
+    if kind == _FOR_DECODE:  # a free block
+        return x <= d.ledger[0].kv_free
+    return x <= _prompt_room(d, s)  # a running prompt's chunk
+
+
+@_jit
+def _free_kv(d: Any, kind: int, x: int, requester: int, min_key: float) -> None:
+    """Preempt (recompute) the running requests with the largest slack until there is enough
+    room (Algorithm 1, lines 2-4), only those whose slack once preempted exceeds ``min_key``."""
+    led = d.ledger[0]
+    if _enough(d, kind, x, requester):
+        return
+    _victim_pool(d)
+    while not _enough(d, kind, x, requester) and led.victim_head < led.n_victims:
+        v = d.lists[led.victim_head].victims
+        if d.cand[v].victim_key <= min_key:
+            return
+        led.victim_head += 1
+        if v != requester and not d.cand[v].member:
+            _preempt(d, v)
+
+
+@_jit
+def _victim_min_key(d: Any, s: int) -> float:
+    """Victims must have a larger slack than this: for a running request needing blocks, a
+    larger slack once preempted than its own (evicting it would cost less); for a prompt being
+    admitted, outside its slack group (gamma) and not urgent once preempted (T_max)."""
+    c = d.cand[s]
+    if d.requests[s].running:
+        return c.victim_key
+    floor = d.ledger[0].t_max if d.params[0].order else -math.inf
+    k = c.key + d.params[0].gamma
+    return floor if floor > k else k
+
+
+@_jit
+def _force(d: Any, s: int, min_key: float, oversize: bool) -> bool:
+    """Add ``s`` with the largest chunk the budget allows, preempting running requests whose
+    slack once preempted exceeds ``min_key`` if its KV does not fit. ``oversize`` lets a whole
+    prompt exceed the budget (the /Chunk starvation guard)."""
+    led, c, par = d.ledger[0], d.cand[s], d.params[0]
+    rem = c.rem
+    if c.is_decode:
+        tokens = 1
+    elif oversize or not par.chunk:
+        if rem > led.budget_left and not oversize:
+            return False
+        tokens = rem
+    else:
+        tokens = min(rem, led.budget_left)
+    if tokens < 1:
+        return False
+    if not d.requests[s].running:  # admission: the whole remaining prompt must fit
+        if led.admissions < 1:
+            return False
+        whole = _admission_need(d, s)
+        _free_kv(d, _FOR_ADMISSION, whole, s, min_key)
+        if whole > _admissible(d):
+            return False
+    elif c.is_decode:
+        need = _blocks_to_add(d, s, 1)
+        _free_kv(d, _FOR_DECODE, need, s, min_key)
+        if need > led.kv_free:
+            return False
+    else:
+        _free_kv(d, _FOR_CHUNK, tokens, s, min_key)
+        room = _prompt_room(d, s)
+        if tokens > room:
+            if not par.chunk or room < 1:
+                return False
+            tokens = room  # dynamic chunking: cut where the free KV ends
+    _add(d, s, tokens)
+    return True
+
+
+# -- 3a. step 1: urgent requests (Algorithm 1) -------------------------------------------------
+@_jit
+def _add_urgent(d: Any) -> None:
+    """All urgent requests join, in ascending slack. Urgent decodes come first (one token each;
+    beyond the budget the largest-slack ones are left out); urgent prompts then share the rest,
+    each chunk cut where the budget ends (a prompt's demand is elastic under dynamic chunking,
+    so cutting it is the smallest way to remove a budget deficit). When KV runs out, running
+    requests with a larger slack are preempted."""
+    led, lists = d.ledger[0], d.lists
+    nu = led.n_urgent
+    # Decodes whose next token fits now: needing no new block, or one while blocks are free.
+    limit, free, with_block, n_short = led.budget_left, led.kv_free, 0, 0
+    seen = 0
+    for j in range(nu):
+        s = lists[j].urgent
+        if not (d.cand[s].available and d.cand[s].is_decode):
+            continue
+        if seen == limit:
+            break
+        seen += 1
+        fits = True
+        if _blocks_to_add(d, s, 1) > 0:
+            fits = with_block < free
+            with_block += 1
+        if fits:
+            _add(d, s, 1)
+        else:
+            lists[n_short].short = s
+            n_short += 1
+    for j in range(n_short):  # no free block left: preempt for each
+        if led.budget_left <= 0:
+            return
+        s = lists[j].short
+        _force(d, s, _victim_min_key(d, s), False)
+    for j in range(nu):
+        s = lists[j].urgent
+        if d.cand[s].is_decode:
+            continue
+        if led.budget_left <= 0:
+            return
+        if d.cand[s].available and not _era_blocked(d, s):
+            _force(d, s, _victim_min_key(d, s), False)
+
+
+@_jit
+def _oversize_head(d: Any) -> int:
+    """/Chunk: a prompt longer than the budget could never run whole within it. When it is the
+    first prompt in queue order it runs whole as the only prompt of the batch (decodes still
+    join), so it cannot starve. Returns its slot, or -1."""
+    if d.params[0].chunk:
+        return -1
+    h = -1
+    best = math.inf
+    for i in range(d.step[0].n):
+        c = d.cand[i]
+        if not c.eligible or c.is_decode:
+            continue
+        if c.key != c.key:  # numpy's argmin: the first NaN
+            h = i
+            break
+        if h < 0 or c.key < best:
+            h, best = i, c.key
+    if h >= 0 and d.cand[h].rem > d.outcome[0].budget:
+        return h
+    return -1
+
+
+# -- 3b. step 2: SelectRequests (Algorithm 2) --------------------------------------------------
+@_jit
+def _feasible(d: Any, s: int) -> bool:
+    """``s`` could still join with its smallest piece of work (a whole prompt under /Chunk)."""
+    led, c, par = d.ledger[0], d.cand[s], d.params[0]
+    if not d.requests[s].running:
+        return (led.admissions >= 1 and _admission_need(d, s) <= _admissible(d)
+                and (par.chunk or c.rem <= led.budget_left))
+    if c.is_decode:
+        return _blocks_to_add(d, s, 1) <= led.kv_free
+    if par.chunk:  # a chunk: its next token's block, free and owed to nobody else
+        need = _blocks_to_add(d, s, 1)
+        return need <= led.kv_free and need - _owed(d, s) <= _admissible(d)
+    spare = min(led.kv_free, _admissible(d) + _owed(d, s))
+    return _blocks_to_add(d, s, c.rem) <= spare and c.rem <= led.budget_left
+
+
+@_jit
+def _next_group(d: Any) -> int:
+    """The next slack group into ``lists.group``: the feasible available candidates whose key is
+    within gamma of the smallest, in key order. Returns its size (0: none)."""
+    led, lists = d.ledger[0], d.lists
+    gn = 0
+    limit = 0.0
+    for j in range(led.n_order):
+        s = lists[j].order
+        c = d.cand[s]
+        if not c.available or not _feasible(d, s):
+            continue
+        if gn == 0:
+            limit = c.key + d.params[0].gamma
+        elif c.key > limit:
+            break
+        lists[gn].group = s
+        gn += 1
+    return gn
+
+
+@_jit
+def _select(d: Any) -> None:
+    """Step 2: SelectRequests on the head slack group, then on the following groups while budget
+    and KV are left (forward size = S_b while work is available; decision 6)."""
+    out = d.outcome[0]
+    led, par = d.ledger[0], d.params[0]
+    while led.budget_left > 0:
+        gn = _next_group(d)
+        if gn == 0:
+            return
+        led.n_groups += 1
+        # Members of a later group may have a tighter per-iteration SLO: the batch's budget
+        # follows the tightest one that joins.
+        m = math.inf
+        for j in range(gn):
+            c = d.cand[d.lists[j].group]
+            if c.counted and c.slo_iter < m:
+                m = c.slo_iter
+        if m < led.slo_min:
+            led.slo_min = m
+            tokens, low, _ = _budget_for(d, m)
+            if tokens < out.budget:
+                led.budget_left -= out.budget - tokens
+                out.budget = tokens
+                led.clamped_low = low
+                if led.budget_left <= 0:
+                    return
+        before = out.n_sched
+        if par.batch:
+            _select_euclidean(d, gn)
+        else:
+            _fill_in_order(d, gn)
+        if not par.spill_groups or out.n_sched == before:
+            return
+
+
+@_jit
+def _prompt_chunk(d: Any, s: int) -> int:
+    """Chunk of running prompt ``s`` that fits the budget and its KV room (0: none)."""
+    rem, left, room = d.cand[s].rem, d.ledger[0].budget_left, _prompt_room(d, s)
+    if d.params[0].chunk:
+        return min(rem, left, room)
+    return rem if rem <= left and rem <= room else 0
+
+
+@_jit
+def _bisect_right(a: Any, x: int, lo: int, hi: int) -> int:
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if x < a[mid]:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+@_jit
+def _bisect_left(a: Any, x: int, lo: int, hi: int) -> int:
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if a[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@_jit
+def _best_fresh(d: Any, fl: int) -> tuple[int, int]:
+    """Closest prompt holding no KV among the first ``fl`` of the fresh pool (by remaining
+    length), as (index, chunk), index -1 if none: one at least A_c long that may be admitted is
+    cut to A_c (the smallest key among them); otherwise the longest that fits whole (the
+    smaller key on equal length)."""
+    led, par = d.ledger[0], d.params[0]
+    rem, key = d.lists.fresh_rem, d.lists.fresh_key
+    if fl == 0 or led.admissions < 1:
+        return -1, 0
+    # rem[:hi] may be admitted (whole prompt, first token and growth reserve fit)
+    free = _admissible(d)
+    bs = par.block_size
+    limit = (free * bs - 1 - par.growth if free < par.total_blocks
+             else par.total_blocks * bs - 1)
+    hi = _bisect_right(rem, limit, 0, fl)
+    if hi == 0:
+        return -1, 0
+    a_c = led.budget_left
+    if par.chunk and rem[hi - 1] >= a_c:
+        j = _bisect_left(rem, a_c, 0, hi)
+        for i in range(j + 1, hi):
+            if key[i] < key[j]:
+                j = i
+        return j, a_c
+    j = _bisect_right(rem, a_c, 0, hi) - 1
+    if j < 0:
+        return -1, 0
+    i = j - 1
+    while i >= 0 and rem[i] == rem[j]:  # equal demand: the smaller key
+        if key[i] < key[j]:
+            j = i
+        i -= 1
+    return j, rem[j]
+
+
+@_jit
+def _add_alone(d: Any, s: int) -> None:
+    """``_select_euclidean`` on a one-candidate group (common with few requests)."""
+    c = d.cand[s]
+    if c.is_decode:
+        _add(d, s, 1)
+    elif d.requests[s].running:
+        tokens = _prompt_chunk(d, s)
+        if tokens >= 1:
+            _add(d, s, tokens)
+    else:
+        d.lists[0].fresh_rem = c.rem
+        d.lists[0].fresh_key = c.key
+        j, tokens = _best_fresh(d, 1)
+        if j >= 0:
+            _add(d, s, tokens)
+
+
+@_jit
+def _distance(a_c: int, a_m: int, tokens: int, kv_tokens: int) -> int:
+    """Squared Euclidean distance of a demand (D_c, D_m) from (A_c, A_m): exact integers, the
+    same order as the distance's, and no rounding to tell apart (or tie) two candidates."""
+    return (a_c - tokens) * (a_c - tokens) + (a_m - kv_tokens) * (a_m - kv_tokens)
+
+
+@_jit
+def _select_euclidean(d: Any, gn: int) -> None:
+    """Algorithm 2 on one slack group (in key order): repeatedly add the candidate whose
+    (D_c, D_m) is closest to (A_c, A_m) (remaining budget, free KV tokens) among those that fit;
+    ties go to the smaller key.
+
+    Fast by the structure of the rule rather than by rescanning every candidate per pick: a
+    decode demands (1, 0) or (1, b); every other feasible item is at least as close to
+    (A_c, A_m) as (1, 0), and every item with D_m >= b at least as close as (1, b); so decodes
+    are picked only once no prompt fits (except against a prompt chunk needing no new block,
+    compared explicitly), then in bulk. A prompt holding no KV demands (c, ceil(c/b) b): both
+    coordinates grow with c, so among prompts that fit whole the longest is closest (a
+    bisection), and one at least A_c long, cut to A_c, closer still. The few running prompts are
+    compared one by one."""
+    out = d.outcome[0]
+    if gn == 1:
+        _add_alone(d, d.lists[0].group)
+        return
+    led, lists, bs = d.ledger[0], d.lists, d.params[0].block_size
+    fl = pn = nb = na = 0
+    for j in range(gn):
+        s = lists[j].group
+        if not d.requests[s].running:
+            lists[fl].fresh = s
+            fl += 1
+        elif not d.cand[s].is_decode:
+            lists[pn].partial = s
+            pn += 1
+        elif _blocks_to_add(d, s, 1) > 0:
+            lists[nb].dec_block = s
+            nb += 1
+        else:
+            lists[na].dec_free = s
+            na += 1
+    _sort_slots(lists.fresh, fl, d.cand.rem, lists.sort_tmp, False)
+    for j in range(fl):
+        lists[j].fresh_rem = d.cand[lists[j].fresh].rem
+        lists[j].fresh_key = d.cand[lists[j].fresh].key
+    hb = ha = 0  # decodes taken from the head of each pool
+    while led.budget_left > 0:
+        a_c, a_m = led.budget_left, led.kv_free * bs
+        best_kind, best_j, best_c, best_d, best_k = -1, 0, 0, 0, math.inf
+        j, tokens = _best_fresh(d, fl)
+        if j >= 0:
+            best_kind, best_j, best_c = 0, j, tokens
+            best_d = _distance(a_c, a_m, tokens, (tokens + bs - 1) // bs * bs)
+            best_k = lists[j].fresh_key
+        for pi in range(pn):
+            s = lists[pi].partial
+            tokens = _prompt_chunk(d, s)
+            if tokens < 1:
+                continue
+            dist = _distance(a_c, a_m, tokens, _blocks_to_add(d, s, tokens) * bs)
+            key = d.cand[s].key
+            if best_kind < 0 or dist < best_d or (dist == best_d and key < best_k):
+                best_kind, best_j, best_c, best_d, best_k = 1, pi, tokens, dist, key
+        prompt_fits = best_kind >= 0
+        # Decodes: (1, b) while a block is free, else (1, 0).
+        use_block = nb > hb and led.kv_free >= 1
+        if use_block or na > ha:
+            dist = _distance(a_c, a_m, 1, bs if use_block else 0)
+            key = d.cand[lists[hb].dec_block].key if use_block else d.cand[lists[ha].dec_free].key
+            if best_kind < 0 or dist < best_d or (dist == best_d and key < best_k):
+                best_kind = 2 if use_block else 3
+        if best_kind < 0:
+            return
+        if best_kind == 0:
+            s = lists[best_j].fresh
+            for i in range(best_j, fl - 1):
+                lists[i].fresh = lists[i + 1].fresh
+                lists[i].fresh_rem = lists[i + 1].fresh_rem
+                lists[i].fresh_key = lists[i + 1].fresh_key
+            fl -= 1
+            _add(d, s, best_c)
+            if out.era_owner == s and d.params[0].era:  # other long prompts leave the pool
+                w = 0
+                for i in range(fl):
+                    if not d.cand[lists[i].fresh].is_long:
+                        lists[w].fresh = lists[i].fresh
+                        lists[w].fresh_rem = lists[i].fresh_rem
+                        lists[w].fresh_key = lists[i].fresh_key
+                        w += 1
+                fl = w
+        elif best_kind == 1:
+            s = lists[best_j].partial
+            for i in range(best_j, pn - 1):
+                lists[i].partial = lists[i + 1].partial
+            pn -= 1
+            _add(d, s, best_c)
+        elif prompt_fits:  # a decode beat a prompt chunk needing no new block
+            if best_kind == 2:
+                _add(d, lists[hb].dec_block, 1)
+                hb += 1
+            else:
+                _add(d, lists[ha].dec_free, 1)
+                ha += 1
+        else:  # no prompt fits: (1, b) decodes while blocks are free, then (1, 0), by key
+            k = min(nb - hb, led.budget_left, led.kv_free)
+            for i in range(hb, hb + max(k, 0)):
+                _add(d, lists[i].dec_block, 1)
+            k = min(na - ha, led.budget_left)
+            for i in range(ha, ha + max(k, 0)):
+                _add(d, lists[i].dec_free, 1)
+            return
+
+
+@_jit
+def _fill_in_order(d: Any, gn: int) -> None:
+    """/Batch: take the group's candidates in key order, skipping those that do not fit; a
+    prompt is cut where the budget or the free KV ends."""
+    led = d.ledger[0]
+    for j in range(gn):
+        if led.budget_left <= 0:
+            return
+        s = d.lists[j].group
+        c = d.cand[s]
+        if not c.available or _era_blocked(d, s):
+            continue
+        if c.is_decode:
+            if _blocks_to_add(d, s, 1) <= led.kv_free:
+                _add(d, s, 1)
+        elif d.requests[s].running:
+            tokens = _prompt_chunk(d, s)
+            if tokens >= 1:
+                _add(d, s, tokens)
+        elif led.admissions >= 1 and _admission_need(d, s) <= _admissible(d):
+            if d.params[0].chunk:
+                tokens = min(c.rem, led.budget_left)
+            else:
+                tokens = c.rem if c.rem <= led.budget_left else 0
+            if tokens >= 1:
+                _add(d, s, tokens)
+
+
+@_jit
+def _ensure_progress(d: Any) -> None:
+    """Nothing fits (KV full and every candidate needs a block; decision 7): run the first
+    running request in key order, preempting the largest-key running requests for its KV; only
+    when nothing runs, the first waiting one. Running requests go first so that the victims,
+    which must then fit whole to come back, cannot swap places with it."""
+    lists = d.lists
+    m = 0
+    for running in (True, False):
+        first = m
+        for i in range(d.step[0].n):
+            if d.cand[i].available and d.requests[i].running == running:
+                lists[m].fallback = i
+                m += 1
+        _sort_slots(lists.fallback[first:], m - first, d.cand.key, lists.sort_tmp, False)
+    for j in range(m):
+        if _force(d, lists[j].fallback, -math.inf, not d.params[0].chunk):
+            _select(d)  # the preemption may have made room for more
+            return
+
+
+@_jit
+def _form(d: Any) -> None:
+    """Step 1, step 2 and the deadlock breaker, on the plan in the ledger."""
+    out = d.outcome[0]
+    st, par, led, lists = d.step[0], d.params[0], d.ledger[0], d.lists
+    n = st.n
+    led.budget_left = out.budget
+    led.kv_free = st.free_blocks
+    led.admissions = st.admissions_left
+    led.reserved = 0
+    out.n_sched = out.n_preempted = out.n_cut = led.n_groups = led.victim_head = 0
+    led.n_victims = -1
+    led.fallback = False
+    oversize = _oversize_head(d)
+    nu = 0
+    for i in range(n):
+        c, r = d.cand[i], d.requests[i]
+        c.available = c.eligible and (oversize < 0 or c.is_decode)
+        if c.available and c.urgent:
+            lists[nu].urgent = i
+            nu += 1
+        if r.running:
+            led.reserved += _owed(d, i)
+            if not par.order:  # FCFS: the newest is preempted first
+                c.victim_key = r.arrival
+            elif c.lost:  # lost requests first, the oldest first (decision 11)
+                c.victim_key = LOST_OFFSET - r.arrival
+            else:  # its slack once preempted: it must recompute everything it holds
+                c.victim_key = slack(c.to_deadline, n_chunks(c.total, False, st.chunk_mean),
+                                     led.t_max)
+    _sort_slots(lists.urgent, nu, d.cand.slack, lists.sort_tmp, False)
+    led.n_urgent = nu
+    _add_urgent(d)
+    if oversize >= 0:
+        # Preempting for it only helps if it can still make its deadline.
+        min_key = _victim_min_key(d, oversize) if d.cand[oversize].urgent else math.inf
+        _force(d, oversize, min_key, True)
+    m = 0
+    for i in range(n):  # step 2's queue: what step 1 left, by key
+        if d.cand[i].available:
+            lists[m].order = i
+            m += 1
+    _sort_slots(lists.order, m, d.cand.key, lists.sort_tmp, False)
+    led.n_order = m
+    _select(d)
+    if out.n_sched == 0:
+        led.fallback = True
+        _ensure_progress(d)
+
+
+@_jit
+def _over_admitted(d: Any) -> bool:
+    """(Oracle) Fresh admissions, in batch order, whose final KV no longer fits after the earlier
+    ones: noted for the next pass (which excludes them); False if there are none."""
+    out = d.outcome[0]
+    left = out.oracle_admissible
+    before = out.oracle_n_over
+    for j in range(out.n_sched):
+        s = d.lists[j].slots
+        if d.requests[s].running:
+            continue
+        f = _final_blocks(d, s)
+        if f > left:
+            d.lists[out.oracle_n_over].over = s
+            out.oracle_n_over += 1
+        else:
+            left -= f
+    if out.oracle_n_over == before:
+        return False
+    out.oracle_reforms += 1
+    return True
+
+
+# -- 4. diagnostics ----------------------------------------------------------------------------
+@_jit
+def _diagnostics(d: Any) -> None:
+    out = d.outcome[0]
+    st, led, info = d.step[0], d.ledger[0], d.info[0]
+    n_late = n_lost = 0
+    for i in range(st.n):
+        n_late += d.cand[i].slack < 0.0
+        n_lost += d.cand[i].lost
+    n_dec = max_chunk = 0
+    for j in range(out.n_sched):
+        s = d.lists[j].slots
+        if d.cand[s].is_decode:
+            n_dec += 1
+        elif d.lists[j].tokens > max_chunk:
+            max_chunk = d.lists[j].tokens
+    info.token_budget = out.budget
+    info.slo_min = led.slo_min if math.isfinite(led.slo_min) else math.nan
+    info.t_max = led.t_max
+    info.budget_clamped_low = led.clamped_low
+    info.budget_clamped_high = led.clamped_high
+    info.n_candidates = st.n
+    info.n_urgent = led.n_urgent
+    info.n_late = n_late
+    info.n_lost = n_lost
+    info.n_preempted = out.n_preempted
+    info.n_scheduled = out.n_sched
+    info.n_decode = n_dec
+    info.n_prefill = out.n_sched - n_dec
+    info.n_decode_skipped = led.n_decodes - n_dec
+    info.max_chunk = max_chunk
+    info.n_cut_chunks = out.n_cut
+    info.n_groups = led.n_groups
+    info.era_active = out.era_owner >= 0
+    info.progress_fallback = led.fallback
+    info.chunk_mean = st.chunk_mean
+    info.kv_free_blocks = led.kv_free
+
+
+# -- the decision ------------------------------------------------------------------------------
+@_jit
+def decide(d: Any) -> int:
+    """One decision from the inputs in ``d.step`` (see the module docstring). Returns -1 when it
+    is complete (the batch in ``d.lists`` and ``d.ledger``, diagnostics in ``d.info``), or a
+    token budget whose full-batch latency the cost model must give first."""
+    while True:
+        _columns(d)
+        need = _plan(d)
+        if need >= 0:
+            return need
+        if d.step[0].plan_only:
+            return -1
+        _form(d)
+        if not (d.params[0].exact_kv and _over_admitted(d)):
+            break
+    _diagnostics(d)
+    return -1

@@ -1,0 +1,301 @@
+"""The arrays AccelGen's compiled decision works in (``accelgen_decision``), and how a policy
+runs one decision through them.
+
+Every quantity has a name: the decision's arrays are numpy record arrays (named fields), grouped
+in ``DecisionArrays``; numba compiles attribute access to them (``d.cand[s].slack``), and with
+the JIT off the same code runs on ``np.recarray`` rows. Nothing here imports numba: a process
+that runs the ahead-of-time compiled decision never loads it (``accelgen_compiled``).
+
+- ``requests``: the policy's ``RequestTable`` rows (its own record array, ``REQUEST``);
+- ``cand``: per request, what one decision computes about it (``CANDIDATE``);
+- ``lists``: slot lists (the batch, the victims, the sort orders, the selection pools) as
+  ``LISTS`` fields of one record array;
+- ``step``: the inputs of this decision, written by the policy (``STEP``);
+- ``ledger``: the plan and the batch under construction, written by the decision (``LEDGER``);
+- ``params``: what stays fixed between decisions: the policy's parameters, the KV geometry, the
+  budget clamps and the cost model's linear terms (``PARAMS``);
+- ``info``: the diagnostics (``INFO``, also the iteration log's ``info_*`` columns);
+- ``times``: per token budget, the cost model's forward time and, within one decision, the
+  latency of the full batch at that budget (``BUDGET_TIME``).
+
+Why one workspace kept between decisions: a decision allocates nothing, which matters in vLLM,
+where each step runs right after a forward pass has evicted the caches (``docs/vllm.md``,
+*Scheduler time*).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, NamedTuple, get_type_hints
+
+import numpy as np
+
+from accelgen.costmodel.base import BatchShape, CostModel
+
+if TYPE_CHECKING:
+    from accelgen.costmodel.linear import LinearTerms
+    from accelgen.policies.accelgen import AccelGenParams
+    from accelgen.policies.accelgen_table import RequestTable
+    from accelgen.policies.base import KVView, Pivot
+
+i8, f8, b1 = np.int64, np.float64, np.bool_
+
+CANDIDATE = np.dtype([
+    ("rem", i8),  # tokens to compute before its next output (prompt + outputs - computed)
+    ("total", i8),  # prompt + outputs: what a recompute re-prefills
+    ("to_deadline", f8),  # deadline of its next output - now
+    ("n_chunks", f8),  # N_ck: iterations its next output still needs (1 for a decode)
+    ("slo_iter", f8),  # per-iteration SLO: TBT of an online decode, else to_deadline / N_ck
+    ("slack", f8),
+    ("key", f8),  # queue order: slack (lost prompts last, FCFS), or arrival under /Order
+    ("victim_key", f8),  # a running request's slack once preempted (largest preempted first)
+    ("is_decode", b1),
+    ("online_decode", b1),
+    ("is_long", b1),  # ERA: a long prompt
+    ("lost", b1),  # its request-level SLO is lost (decision 11)
+    ("eligible", b1),  # may join this decision (ERA, the Oracle's exact KV plan)
+    ("available", b1),  # eligible, and not yet scheduled, preempted or shut out by ERA
+    ("member", b1),  # in the batch
+    ("urgent", b1),
+    ("counted", b1),  # its per-iteration SLO counts toward SLO_min
+], align=True)
+
+LISTS = np.dtype([
+    ("slots", i8), ("tokens", i8),  # the batch: (slot, tokens) in order
+    ("preempted", i8),
+    ("cut_chunks", i8),  # prompt chunks cut short by budget or KV (for L_c)
+    ("victims", i8),  # running requests, largest victim key first
+    ("urgent", i8),  # urgent candidates by slack
+    ("order", i8),  # candidates left after step 1, by key
+    ("group", i8),  # the current slack group
+    ("short", i8),  # urgent decodes whose block needs a preemption
+    ("fresh", i8), ("fresh_rem", i8), ("fresh_key", f8),  # Euclidean pools: prompts holding no KV,
+    ("partial", i8),  # running prompts,
+    ("dec_block", i8), ("dec_free", i8),  # decodes needing a new block / none
+    ("fallback", i8),  # the deadlock breaker's candidates
+    ("over", i8),  # the Oracle's over-admitted requests (excluded on the next pass)
+    ("sort_tmp", i8),
+], align=True)
+
+class Step(NamedTuple):
+    """The inputs of one decision (written by the policy; ``STEP`` is its record)."""
+
+    n: int  # live requests (rows of the table)
+    now: float
+    chunk_mean: float  # L_c
+    era_owner: int  # slot of the long prompt holding ERA, -1 if none
+    prev_budget: int  # the previous decision's token budget
+    free_blocks: int
+    admissions_left: int  # new requests it may admit (max_num_seqs)
+    plan_only: bool  # stop after the plan (explain)
+
+
+class Outcome(NamedTuple):
+    """What the policy reads back (``OUTCOME``, all int64). The Oracle's counters accumulate
+    over its passes (the policy zeroes them before a decision)."""
+
+    n_sched: int
+    n_preempted: int
+    n_cut: int
+    budget: int  # the token budget (after step 2 lowered it for a tighter group)
+    era_owner: int  # slot of the long prompt holding ERA after this decision, -1 if none
+    oracle_admissible: int  # free blocks not promised to the running requests' final KV
+    oracle_excluded: int  # requests its exact KV plan kept out
+    oracle_reforms: int  # passes that found over-admissions
+    oracle_n_over: int  # over-admitted requests so far (``lists.over``)
+
+
+class Ask(NamedTuple):
+    """The full batch whose latency the decision asks the cost model for (``ASK``, float64; a
+    ``BatchShape`` with one prompt chunk)."""
+
+    prefill_tokens: float
+    prefill_attn: float
+    decode_seqs: float
+    decode_ctx: float
+
+
+def _record(fields: type) -> np.dtype:
+    kinds = {int: i8, float: f8, bool: b1}
+    return np.dtype([(name, kinds[t]) for name, t in get_type_hints(fields).items()], align=True)
+
+
+STEP, OUTCOME, ASK = _record(Step), _record(Outcome), _record(Ask)
+
+LEDGER = np.dtype([
+    # the running batch (for T_max)
+    ("n_decodes", i8), ("decode_ctx", i8), ("prefill_ctx", i8),
+    # the plan
+    ("t_max", f8), ("slo_min", f8), ("clamped_low", b1), ("clamped_high", b1),
+    # the batch under construction (its slots, preemptions and cuts counted in OUTCOME)
+    ("budget_left", i8),  # A_c: tokens left in the budget
+    ("kv_free", i8),  # free blocks (A_m / block size)
+    ("reserved", i8),  # free blocks promised to running requests
+    ("admissions", i8),  # admissions left in this step
+    ("n_urgent", i8), ("n_order", i8),
+    ("n_victims", i8),  # -1 until the victims are first needed
+    ("victim_head", i8),  # victims[:victim_head] were considered
+    ("n_groups", i8), ("fallback", b1),
+], align=True)
+
+PARAMS = np.dtype([
+    ("order", b1), ("chunk", b1), ("batch", b1),  # the three methods (ablations)
+    ("gamma", f8), ("spill_groups", b1),
+    ("budget_model", b1),  # budget rule `model` (else `paper`)
+    ("min_budget", i8), ("cap", i8), ("s_pf", i8), ("t_pf", f8),
+    ("era", b1), ("era_whole_request", b1), ("long_threshold", i8),
+    ("late_is_urgent", b1), ("lost_last", b1),
+    ("growth", i8),  # KV growth reserve (tokens)
+    ("block_size", i8), ("total_blocks", i8),
+    ("exact_kv", b1),  # the Oracle's exact KV plan (true output lengths; never preempts)
+    # the cost model, when it is linear (LinearTerms' fields)
+    ("cost_linear", b1), ("base_s", f8), ("per_token_s", f8), ("per_ctx_s", f8), ("per_attn_s", f8),
+], align=True)
+
+INFO = np.dtype([(key, f8) for key in (
+    "token_budget", "slo_min", "t_max", "budget_clamped_low", "budget_clamped_high",
+    "n_candidates", "n_urgent", "n_late", "n_lost", "n_preempted", "n_scheduled", "n_decode",
+    "n_prefill", "n_decode_skipped", "max_chunk", "n_cut_chunks", "n_groups", "era_active",
+    "progress_fallback", "chunk_mean", "kv_free_blocks")])
+INFO_INDEX = {key: i for i, key in enumerate(INFO.names)}
+
+BUDGET_TIME = np.dtype([
+    ("forward", f8),  # forward_time(budget) (cost models without linear terms)
+    ("full_batch", f8),  # latency of the full batch at this budget (this decision; NaN: unknown)
+])
+
+# "No cap" on admissions (max_num_seqs None): only ever decremented a few times.
+NO_ADMISSION_CAP = 1 << 60
+
+
+class DecisionArrays(NamedTuple):
+    """What the compiled decision reads and writes (see the module docstring)."""
+
+    requests: np.recarray
+    cand: np.recarray
+    lists: np.recarray
+    step: np.recarray
+    ledger: np.recarray
+    outcome: np.recarray
+    ask: np.recarray
+    params: np.recarray
+    info: np.recarray
+    times: np.recarray
+
+
+def _records(dtype: np.dtype, n: int) -> np.recarray:
+    return np.zeros(n, dtype=dtype).view(np.recarray)
+
+
+class Workspace:
+    """One policy's decision arrays, sized for its table (grown with it), and the loop that asks
+    the cost model what the compiled decision cannot compute itself.
+
+    The policy reads and writes them through plain ndarray views (a record's attribute access
+    from Python costs a microsecond or two): ``step`` is assigned whole as a ``Step``,
+    ``outcome`` and ``ask`` are read whole into their NamedTuples, ``info_values`` is the
+    diagnostics as a float array, ``slots``/``tokens``/``preempted``/``cut_chunks`` are the
+    output lists."""
+
+    def __init__(self, table: RequestTable) -> None:
+        self.capacity = table.capacity
+        self.step = np.zeros(1, STEP)
+        self._outcome = np.zeros(len(OUTCOME.names), np.int64)
+        self._ask = np.zeros(len(ASK.names), np.float64)
+        self.info_values = np.zeros(len(INFO.names), np.float64)
+        self.params = _records(PARAMS, 1)
+        self.times = _records(BUDGET_TIME, 1)
+        self.arrays = DecisionArrays(
+            table.rows, _records(CANDIDATE, self.capacity), _records(LISTS, self.capacity),
+            self.step.view(np.recarray), _records(LEDGER, 1),
+            self._outcome.view(OUTCOME).view(np.recarray), self._ask.view(ASK).view(np.recarray),
+            self.params, self.info_values.view(INFO).view(np.recarray), self.times)
+        self._lists_views()
+        self.configured: tuple[object, ...] = ()
+        self._terms: LinearTerms | None = None
+
+    def _lists_views(self) -> None:
+        lists = self.arrays.lists.view(np.ndarray)
+        self.slots, self.tokens = lists["slots"], lists["tokens"]
+        self.preempted, self.cut_chunks = lists["preempted"], lists["cut_chunks"]
+
+    def fits(self, table: RequestTable) -> bool:
+        """Whether these arrays are over the table's current rows."""
+        return self.arrays.requests is table.rows
+
+    @property
+    def cand(self) -> np.ndarray:
+        return self.arrays.cand.view(np.ndarray)
+
+    @property
+    def ledger(self) -> np.void:
+        return self.arrays.ledger.view(np.ndarray)[0]
+
+    # -- what stays the same between decisions -----------------------------------------------
+    def configure(self, p: AccelGenParams, kv: KVView, pivot: Pivot, cost: CostModel,
+                  min_budget: int, cap: int, exact_kv: bool) -> None:
+        """The fixed inputs: parameters, KV geometry, budget clamps, and what the cost model
+        offers compiled code (``CostModel.linear_terms``; otherwise a table of forward times over
+        the budgets the decision can choose, 0..cap + 1)."""
+        par = self.params[0]
+        par.order, par.chunk, par.batch = p.order, p.chunk, p.batch
+        par.gamma, par.spill_groups = p.gamma, p.spill_groups
+        par.budget_model = p.budget_rule == "model"
+        par.min_budget, par.cap, par.s_pf, par.t_pf = min_budget, cap, pivot.s_pf, pivot.t_pf
+        par.era, par.era_whole_request = p.era, p.era_scope == "request"
+        par.long_threshold = p.long_prompt_threshold
+        par.late_is_urgent, par.lost_last = p.late_is_urgent, p.lost_last
+        par.growth = kv.block_size if p.kv_growth_reserve is None else p.kv_growth_reserve
+        par.block_size, par.total_blocks = kv.block_size, kv.num_total_blocks
+        par.exact_kv = exact_kv
+        self._terms = None
+        self.use_cost(cost)
+        times = _records(BUDGET_TIME, cap + 2)
+        times.full_batch = math.nan
+        if not par.cost_linear:
+            times.forward = [cost.forward_time(b) for b in range(cap + 2)]
+        self.times = times
+        self.arrays = self.arrays._replace(times=times)
+
+    def use_cost(self, cost: CostModel) -> None:
+        """Follow the cost model's linear terms (an online model's refit replaces them)."""
+        terms = cost.linear_terms()
+        if terms is self._terms:
+            return
+        self._terms = terms
+        par = self.params[0]
+        par.cost_linear = terms is not None
+        if terms is not None:
+            par.base_s, par.per_token_s, par.per_ctx_s, par.per_attn_s = terms
+
+    def follow(self, table: RequestTable) -> None:
+        """Use the table's current rows (it reallocates them when it grows)."""
+        if table.capacity > self.capacity:
+            self.capacity = table.capacity
+            self.arrays = self.arrays._replace(cand=_records(CANDIDATE, table.capacity),
+                                               lists=_records(LISTS, table.capacity))
+            self._lists_views()
+        self.arrays = self.arrays._replace(requests=table.rows)
+
+    # -- one decision ------------------------------------------------------------------------
+    def run(self, decide: Any, step: Step, cost: CostModel) -> Outcome:
+        """Run the compiled ``decide`` on ``step`` to completion. When it returns a token budget
+        it needs the latency of the full batch at that budget (described in ``ask``), which the
+        cost model gives; it then runs again from the start with that latency known (it is a
+        pure function of its inputs)."""
+        self.step[0] = step
+        self._outcome[:] = 0
+        arrays = self.arrays
+        need = decide(arrays)
+        if need >= 0:
+            full = self.times.full_batch
+            asked = []
+            while need >= 0:
+                a = Ask._make(self._ask.tolist())
+                full[need] = cost.iteration_time(BatchShape(
+                    int(a.prefill_tokens), int(a.prefill_tokens > 0), a.prefill_attn,
+                    int(a.decode_seqs), int(a.decode_ctx)))
+                asked.append(need)
+                need = decide(arrays)
+            full[asked] = math.nan
+        return Outcome._make(self._outcome.tolist())
