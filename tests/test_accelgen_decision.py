@@ -25,7 +25,7 @@ from accelgen.costmodel.pivot import budget_for_time
 from accelgen.kvcache import BlockManager
 from accelgen.policies.accelgen import AccelGenPolicy
 from accelgen.policies.accelgen_table import RequestTable
-from accelgen.policies.accelgen_workspace import INFO, INFO_INDEX
+from accelgen.policies.accelgen_workspace import INFO_INDEX, INFO_KEYS
 from accelgen.policies.base import Decision, InfoRow, Pivot, SchedulerView
 from accelgen.policies.registry import make_policy
 from accelgen.request import Request, Status
@@ -50,7 +50,7 @@ def test_decision_of_batch_is_the_dataclass_with_an_info_row() -> None:
     (a field added to ``Decision`` later fails here until ``of_batch`` sets it too)."""
     reqs = [Request(req_id=i, arrival=0.0, prompt_len=8, ttft_slo=1.0, tbt_slo=0.1)
             for i in range(3)]
-    values = np.arange(len(INFO.names), dtype=np.float64)
+    values = np.arange(len(INFO_KEYS), dtype=np.float64)
     fast = Decision.of_batch([(reqs[0], 8), (reqs[1], 1)], [reqs[2]], INFO_INDEX, values)
     slow = Decision(scheduled=[(reqs[0], 8), (reqs[1], 1)], preempted=[reqs[2]],
                     info=InfoRow(INFO_INDEX, values.copy()))
@@ -58,9 +58,9 @@ def test_decision_of_batch_is_the_dataclass_with_an_info_row() -> None:
         assert getattr(fast, f.name) == getattr(slow, f.name), f.name
     assert fast.swap_out is not slow.swap_out  # fresh lists, as the default factories give
     fast.info["adapter_budget"] = 9.0  # an entry under a new name goes to the row's extras
-    assert fast.info.as_dict() == {**dict(zip(INFO.names, values.tolist(), strict=True)),
+    assert fast.info.as_dict() == {**dict(zip(INFO_KEYS, values.tolist(), strict=True)),
                                    "adapter_budget": 9.0}
-    assert fast.info["n_urgent"] == 6.0 and len(fast.info) == len(INFO.names) + 1
+    assert fast.info["n_urgent"] == 6.0 and len(fast.info) == len(INFO_KEYS) + 1
 
 
 def test_only_the_linear_model_offers_compiled_code_its_terms() -> None:

@@ -1,13 +1,11 @@
 """AccelGen: SLO-guaranteed dynamic chunking, slack ordering and multi-resource batching
 (SPEC section 4, paper sections 4.2-4.4, Algorithms 1-2).
 
-``AccelGenPolicy`` keeps the state that lives between decisions: the table of live requests
+``AccelGenPolicy`` keeps what lives between decisions: the table of live requests
 (``accelgen_table``), the running mean chunk length L_c, the long prompt holding ERA, the last
 token budget. The decision itself is ``accelgen_decision.decide``, compiled, the same code in the
-simulator and in vLLM; every variant (the ablations ``order``/``chunk``/``batch``, the budget rule,
-ERA, the Oracle's clairvoyant inputs) is a flag or an input of it. ``docs/accelgen.md``
-describes the algorithm as implemented and every decision taken where the paper and the spec are
-silent.
+simulator and in vLLM; every variant (ablations, budget rule, ERA, the Oracle's clairvoyant
+inputs) is a flag or an input of it. ``docs/accelgen.md`` describes it as implemented.
 """
 
 from __future__ import annotations
@@ -38,7 +36,7 @@ class AccelGenParams(PolicyParams):
     gamma: NonNegativeFloat = 0.75  # s: head group = slack within s_1 + gamma (paper)
     spill_groups: bool = True  # continue with the next group while budget is left
     # Token budget.
-    budget_rule: Literal["paper", "model"] = "paper"  # paper: S_pf x SLO_min / T_pf; model: invert the cost
+    budget_rule: Literal["paper", "model"] = "paper"  # S_pf x SLO_min / T_pf, or the cost model
     min_budget: PositiveInt | None = None  # tokens; default one KV block
     budget_cap: PositiveFloat = 1.0  # S_b <= S_pf x budget_cap
     # Exclusive Request Allocation.
@@ -51,12 +49,9 @@ class AccelGenParams(PolicyParams):
     # Slack estimation.
     chunk_mean_weight: float = Field(0.05, gt=0.0, le=1.0)  # weight of a new chunk in L_c
     late_is_urgent: bool = False  # True: late prompts are urgent too (late decodes always are)
-    # Requests whose request-level SLO is already lost (an online request with a token past its
-    # deadline, or whose next output's deadline has passed) come after every on-track candidate
-    # in step 2 (FCFS among them) and are preempted first (oldest first); their decodes keep
-    # their urgency. The paper is silent; False gives plain ascending slack, which under overload
-    # serves the latest request first and lets it evict on-track ones (docs/accelgen.md,
-    # decision 11).
+    # Requests whose request-level SLO is lost come after every on-track candidate (FCFS) and are
+    # preempted first (oldest first); their decodes keep their urgency (docs/accelgen.md,
+    # decision 11). False: plain ascending slack.
     lost_last: bool = True
     # Offline JCT plan: T_e adds S_g x P_max x P for preemptions (paper; no values given).
     preempt_prob: float = Field(0.0, ge=0.0, le=1.0)  # P

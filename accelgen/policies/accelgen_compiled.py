@@ -133,20 +133,13 @@ def build(out: Path | None = None) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if args not in ([], ["build"], ["status"]):
-        print("usage: python -m accelgen.policies.accelgen_compiled [build|status]",
-              file=sys.stderr)
+    if args != ["build"]:
+        print("usage: python -m accelgen.policies.accelgen_compiled build", file=sys.stderr)
         return 2
-    if args == ["build"]:
-        path = build()
-        print(f"accelgen_compiled: built {path} ({path.stat().st_size // 1024} KiB)")
-        return 0
-    path = aot_path()
-    print(f"accelgen_compiled: this process would run the {load()[0]} build "
-          f"({'present' if path.exists() else 'absent'}: {path})")
+    path = build()
+    print(f"accelgen_compiled: built {path} ({path.stat().st_size // 1024} KiB)")
     return 0
 
 
 if __name__ == "__main__":
     raise SystemExit(main())
-

@@ -1,35 +1,29 @@
 """AccelGen's decision (SPEC 4, paper sections 4.2-4.4, Algorithms 1-2): the one implementation,
 compiled with numba, run by the simulator and by the vLLM plugin alike.
 
-``decide(d)`` forms one iteration's batch from the arrays ``d`` (``accelgen_workspace``: the
-request table, per-candidate columns, slot lists, the step's inputs, the ledger, the parameters,
-the diagnostics). In order:
+``decide(d)`` forms one iteration's batch in the arrays ``d`` (``accelgen_workspace``). In order:
 
-1. ``_columns``: per candidate the remaining tokens, N_ck, the time to its deadline, its
-   per-iteration SLO, whether it is a decode, a long prompt (ERA), lost (decision 11), eligible;
-   and the running batch's shape (for T_max).
+1. ``_columns``: per candidate its remaining tokens, N_ck, time to its deadline, per-iteration
+   SLO, whether it is a decode, a long prompt (ERA), lost (decision 11), eligible; and the
+   running batch's shape (for T_max).
 2. ``_plan`` (the token budget, SPEC 4.2): ``_urgency`` at the last budget's T_max gives slack,
    urgency, keys and SLO_min; ``_budget_for`` turns SLO_min into S_b; when the new budget's
    T_max is longer, urgency is checked again at it.
-3. ``_form``: step 1 (``_add_urgent``, Algorithm 1: urgent requests with preemption), step 2
-   (``_select``: slack groups, ``_select_euclidean``, Algorithm 2), the deadlock breaker
-   (``_ensure_progress``), ERA inside ``_add``.
+3. ``_form``: step 1 (``_add_urgent``, Algorithm 1, with preemption), step 2 (``_select``: slack
+   groups and ``_select_euclidean``, Algorithm 2), the deadlock breaker; ERA inside ``_add``.
 4. ``_diagnostics``.
 
-Variants are flags of the same code (``d.params``): the ablations ``order`` / ``chunk`` / ``batch``,
-the budget rule (``budget_model``: the forward-time table bisected), ERA on/off and its scope, and
-the Oracle's exact KV plan (``exact_kv``, with the true output lengths in the table).
+Variants are flags in ``d.params``: the ablations ``order`` / ``chunk`` / ``batch``, the budget rule
+(``budget_model``: a forward-time table bisected), ERA and its scope, and the Oracle's exact KV
+plan (``exact_kv``; its true output lengths are in the table).
 
-The cost model: a linear one (``CostModel.linear_terms``) is evaluated here (``linear_time``);
-for any other, ``decide`` returns the budget whose full-batch latency it needs (the batch's shape
-in the ledger) and is called again once the caller has put it in ``d.times`` (the decision is a
-pure function of its inputs, so it repeats the same steps up to there). The caller is
-``Workspace.run``. ``docs/accelgen.md`` explains every step and the decisions where the paper is
-silent.
+A linear cost model (``CostModel.linear_terms``) is evaluated here (``linear_time``). For any
+other, ``decide`` returns the budget whose full-batch latency it needs (the batch in ``d.ask``)
+and the caller (``Workspace.run``) calls it again with the latency in ``d.times``: the decision
+is a pure function of its inputs, so it repeats the same steps up to there.
 
-How it runs: ahead-of-time compiled (``accelgen_compiled``), else numba's JIT (``cache=True``);
-with ``NUMBA_DISABLE_JIT=1`` these same functions run as plain Python on the record arrays
-(slowly; for a debugger).
+It runs ahead-of-time compiled (``accelgen_compiled``), else through numba's JIT; with
+``NUMBA_DISABLE_JIT=1`` the same functions run as plain Python on the record arrays.
 """
 
 from __future__ import annotations
@@ -37,6 +31,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 from numba import njit
 
 from accelgen.costmodel.linear import linear_time
@@ -50,14 +45,14 @@ LOST_OFFSET = 1e9  # a lost prompt's key: this plus its arrival (after every on-
 # -- slack (SPEC 4.1) --------------------------------------------------------------------------
 @_jit
 def n_chunks(tokens: int, is_decode: bool, chunk_mean: float) -> float:
-    """N_ck: iterations a request's next output still needs: 1 for a decode, else its remaining
-    prompt in chunks of the running mean chunk length L_c."""
-    return 1.0 if is_decode else math.ceil(tokens / chunk_mean)
+    """N_ck: iterations the next output still needs: 1 for a decode, else the tokens in chunks
+    of the running mean chunk length L_c."""
+    return 1.0 if is_decode else np.ceil(tokens / chunk_mean)
 
 
 @_jit
 def slack(to_deadline: float, chunks: float, t_max: float) -> float:
-    """s = deadline - now - T_e with T_e = N_ck x T_max: how long the request can still wait."""
+    """s = deadline - now - T_e with T_e = N_ck x T_max: how long a request can still wait."""
     return to_deadline - chunks * t_max
 
 
@@ -65,10 +60,8 @@ def slack(to_deadline: float, chunks: float, t_max: float) -> float:
 @_jit
 def _blocks_to_add(d: Any, s: int, c: int) -> int:
     """Blocks request ``s`` must add to hold KV for ``c`` more tokens."""
-    r = d.requests[s]
-    bs = d.params[0].block_size
-    need = (r.computed + c + bs - 1) // bs - r.blocks
-    return need if need > 0 else 0
+    r, bs = d.requests[s], d.params[0].block_size
+    return max((r.computed + c + bs - 1) // bs - r.blocks, 0)
 
 
 @_jit
@@ -79,10 +72,8 @@ def _owed(d: Any, s: int) -> int:
 
 @_jit
 def _owed_after(d: Any, s: int, c: int) -> int:
-    """Blocks ``s`` is owed after running ``c`` tokens: the rest of its prompt, or (when the
-    chunk completes it) its next token, plus growth."""
-    r, bs = d.requests[s], d.params[0].block_size
-    rem = d.cand[s].rem
+    """Blocks owed to ``s`` after it ran ``c`` tokens (the rest, or its next token, + growth)."""
+    r, bs, rem = d.requests[s], d.params[0].block_size, d.cand[s].rem
     done = r.computed + c
     held = max(r.blocks, (done + bs - 1) // bs)
     nxt = (rem - c if c < rem else 1) + d.params[0].growth
@@ -92,10 +83,8 @@ def _owed_after(d: Any, s: int, c: int) -> int:
 @_jit
 def _admission_need(d: Any, s: int) -> int:
     """Blocks a prompt holding no KV needs to start: all of it, its first token and the growth
-    reserve (what it is owed once running), the reserve capped at the KV's size so that a
-    request that fits in the KV alone can always start."""
-    par = d.params[0]
-    rem = d.cand[s].rem
+    reserve, the reserve capped at the KV's size (a request that fits alone can always start)."""
+    rem, par = d.cand[s].rem, d.params[0]
     return max(_blocks_to_add(d, s, rem + 1),
                min(_blocks_to_add(d, s, rem + 1 + par.growth), par.total_blocks))
 
@@ -103,8 +92,7 @@ def _admission_need(d: Any, s: int) -> int:
 @_jit
 def _admissible(d: Any) -> int:
     """Free blocks owed to no running request."""
-    led = d.ledger[0]
-    return led.kv_free - led.reserved
+    return d.ledger[0].kv_free - d.ledger[0].reserved
 
 
 @_jit
@@ -112,15 +100,13 @@ def _prompt_room(d: Any, s: int) -> int:
     """Tokens running prompt ``s`` may add: its last block's room plus the free blocks owed to
     nobody else."""
     r, bs = d.requests[s], d.params[0].block_size
-    room_last = max(0, r.blocks * bs - r.computed)
     spare = min(d.ledger[0].kv_free, _admissible(d) + _owed(d, s))
-    return room_last + max(0, spare) * bs
+    return max(0, r.blocks * bs - r.computed) + max(0, spare) * bs
 
 
 @_jit
 def _final_blocks(d: Any, s: int) -> int:
-    """(Oracle) Blocks ``s`` holds at its last forward pass: prompt + true output - 1 tokens
-    (the last sampled token is never fed back)."""
+    """(Oracle) Blocks ``s`` holds at its last forward pass: prompt + true output - 1 tokens."""
     r, bs = d.requests[s], d.params[0].block_size
     return (r.prompt + r.true_out - 1 + bs - 1) // bs
 
@@ -128,9 +114,7 @@ def _final_blocks(d: Any, s: int) -> int:
 # -- 1. per-candidate columns ------------------------------------------------------------------
 @_jit
 def _columns(d: Any) -> None:
-    out = d.outcome[0]
-    st, par, led = d.step[0], d.params[0], d.ledger[0]
-    n, now, chunk_mean = st.n, st.now, st.chunk_mean
+    st, par, led, out = d.step[0], d.params[0], d.ledger[0], d.outcome[0]
     # ERA: the owner keeps it until its prefill completes (scope prefill) or it finishes (scope
     # request); a preempted owner holds no KV and releases it too.
     owner = st.era_owner if par.era else -1
@@ -141,19 +125,18 @@ def _columns(d: Any) -> None:
             owner = -1
     out.era_owner = owner
     led.n_decodes = led.decode_ctx = led.prefill_ctx = 0
-    for i in range(n):
+    for i in range(st.n):
         r, c = d.requests[i], d.cand[i]
         c.total = r.prompt + r.n_out
         c.rem = c.total - r.computed
         c.is_decode = r.n_out > 0 and c.rem == 1
-        c.n_chunks = n_chunks(c.rem, c.is_decode, chunk_mean)
-        c.to_deadline = r.deadline - now
+        c.n_chunks = n_chunks(c.rem, c.is_decode, st.chunk_mean)
+        c.to_deadline = r.deadline - st.now
         c.online_decode = c.is_decode and r.online
         c.slo_iter = r.tbt if c.online_decode else c.to_deadline / c.n_chunks
         c.is_long = not c.is_decode and c.total >= par.long_threshold
         c.eligible = owner < 0 or not c.is_long or i == owner
-        c.lost = (par.order and par.lost_last and r.online
-                  and (r.lost or c.to_deadline < 0.0))
+        c.lost = par.order and par.lost_last and r.online and (r.lost or c.to_deadline < 0.0)
         c.available = c.member = c.urgent = c.counted = False
         if r.running:  # what a full batch reads besides its new tokens (T_max)
             if c.is_decode:
@@ -168,36 +151,31 @@ def _columns(d: Any) -> None:
 @_jit
 def _oracle_admission(d: Any) -> None:
     """(Oracle, exact KV plan) A request is admitted only if its final KV fits in the free KV not
-    already promised to the final KV of every running request, so no preemption is ever needed;
-    requests an earlier pass over-admitted stay out."""
+    promised to the final KV of the running requests, so no preemption is ever needed; requests
+    an earlier pass over-admitted stay out."""
     st, out = d.step[0], d.outcome[0]
-    n = st.n
     promised = 0
-    for i in range(n):
+    for i in range(st.n):
         if d.requests[i].running:
             promised += max(_final_blocks(d, i) - d.requests[i].blocks, 0)
-    admissible = st.free_blocks - promised
-    excluded = 0
-    for i in range(n):
-        if not d.requests[i].running and _final_blocks(d, i) > admissible:
+    out.oracle_admissible = st.free_blocks - promised
+    out.oracle_excluded = out.oracle_n_over
+    for i in range(st.n):
+        if not d.requests[i].running and _final_blocks(d, i) > out.oracle_admissible:
             d.cand[i].eligible = False
-            excluded += 1
+            out.oracle_excluded += 1
     for j in range(out.oracle_n_over):
         d.cand[d.lists[j].over].eligible = False
-    out.oracle_admissible = admissible
-    out.oracle_excluded = excluded + out.oracle_n_over
 
 
 # -- 2. urgency and the token budget -----------------------------------------------------------
 @_jit
 def _urgency(d: Any, t_max: float) -> float:
     """Slack, urgency, counted and key of every candidate at ``t_max``; returns SLO_min, the
-    tightest per-iteration SLO among the urgent requests and the head slack group (the batch
-    being formed; inf if none)."""
+    tightest per-iteration SLO among the urgent requests and the head slack group (inf if
+    none)."""
     st, par = d.step[0], d.params[0]
-    best = math.inf
-    k1 = math.inf
-    any_rest = False
+    best, k1, any_rest = math.inf, math.inf, False
     for i in range(st.n):
         c = d.cand[i]
         c.slack = slack(c.to_deadline, c.n_chunks, t_max)
@@ -222,20 +200,17 @@ def _urgency(d: Any, t_max: float) -> float:
             if not any_rest or c.key < k1:
                 k1 = c.key
             any_rest = True
-    if any_rest:
-        limit = k1 + par.gamma
-        for i in range(st.n):
-            c = d.cand[i]
-            if (c.eligible and not c.urgent and c.key <= limit and c.counted
-                    and c.slo_iter < best):
-                best = c.slo_iter
+    for i in range(st.n if any_rest else 0):
+        c = d.cand[i]
+        if (c.eligible and not c.urgent and c.key <= k1 + par.gamma and c.counted
+                and c.slo_iter < best):
+            best = c.slo_iter
     return best
 
 
 @_jit
 def _forward_time(d: Any, budget: int) -> float:
-    """Latency of a prefill-only iteration of ``budget`` tokens (the cost model's
-    ``forward_time``)."""
+    """The cost model's ``forward_time(budget)`` (a prefill-only iteration)."""
     par = d.params[0]
     if par.cost_linear:
         return _linear_time(par, budget, 0, budget * (0 + (budget + 1) / 2))
@@ -245,9 +220,9 @@ def _forward_time(d: Any, budget: int) -> float:
 @_jit
 def _t_max(d: Any, budget: int) -> float:
     """T_max, the paper's "maximum batch execution time" at ``budget`` tokens: every running
-    decode with its KV context, plus a prompt chunk filling the rest of the budget at the
-    longest running prompt's context (decision 10), never less than ``forward_time(budget)``.
-    NaN when the cost model has to be asked (the shape is then in the ledger)."""
+    decode with its KV context plus a prompt chunk filling the rest of the budget at the longest
+    running prompt's context (decision 10), never less than ``forward_time(budget)``. NaN when
+    the cost model has to be asked (the batch is then in ``d.ask``)."""
     par, led = d.params[0], d.ledger[0]
     n = min(led.n_decodes, budget)
     ctx = led.decode_ctx if n == led.n_decodes else led.decode_ctx * n // max(led.n_decodes, 1)
@@ -259,8 +234,8 @@ def _t_max(d: Any, budget: int) -> float:
         full = d.times[budget].full_batch
         if math.isnan(full):
             ask = d.ask[0]
-            ask.prefill_tokens, ask.prefill_attn = prefill, attn
-            ask.decode_seqs, ask.decode_ctx = n, ctx
+            ask.prefill_tokens, ask.prefill_attn, ask.decode_seqs, ask.decode_ctx = (
+                prefill, attn, n, ctx)
             return math.nan
     fwd = _forward_time(d, budget)
     return fwd if fwd > full else full
@@ -268,9 +243,9 @@ def _t_max(d: Any, budget: int) -> float:
 
 @_jit
 def _largest_fitting(d: Any, t: float, limit: int) -> int:
-    """Budget rule ``model``: the largest forward size S <= ``limit`` with
-    ``forward_time(S) <= t`` (0 if not even one token fits), by bisection (forward times are
-    non-decreasing in S; ``costmodel.pivot.budget_for_time`` answers the same)."""
+    """Budget rule ``model``: the largest forward size S <= ``limit`` with ``forward_time(S) <=
+    t`` (0 if none), by bisection (forward times do not decrease with S; the same answer as
+    ``costmodel.pivot.budget_for_time``)."""
     if _forward_time(d, 1) > t:
         return 0
     if _forward_time(d, limit) <= t:
@@ -287,9 +262,9 @@ def _largest_fitting(d: Any, t: float, limit: int) -> int:
 
 @_jit
 def _budget_for(d: Any, slo: float) -> tuple[int, bool, bool]:
-    """S_b for the tightest per-iteration SLO, clamped to [min_budget, cap]:
-    (tokens, clamped low, clamped high). ``paper``: S_pf x SLO_min / T_pf; ``model``: the
-    largest forward size whose latency fits SLO_min."""
+    """(S_b, clamped low, clamped high) for the tightest per-iteration SLO: ``paper``:
+    S_pf x SLO_min / T_pf; ``model``: the largest forward size whose latency fits SLO_min;
+    clamped to [min_budget, cap]."""
     par = d.params[0]
     if not math.isfinite(slo):  # nothing constrains it
         return par.cap, False, slo > 0
@@ -310,11 +285,10 @@ def _budget_for(d: Any, slo: float) -> tuple[int, bool, bool]:
 @_jit
 def _plan(d: Any) -> int:
     """SLO_min, token budget and T_max (into the ledger): urgency at the last budget's T_max, the
-    budget for that SLO_min, and when the new budget's T_max is longer, urgency checked again at
-    it (a larger budget means longer iterations). Returns -1, or the budget whose full-batch
-    latency the cost model must give first."""
-    out = d.outcome[0]
-    st, led = d.step[0], d.ledger[0]
+    budget for that SLO_min, and when the new budget's T_max is longer, urgency again at it (a
+    larger budget means longer iterations). Returns -1, or a budget whose full-batch latency
+    the cost model must give first."""
+    st, led, out = d.step[0], d.ledger[0], d.outcome[0]
     t_prev = _t_max(d, st.prev_budget)
     if math.isnan(t_prev):
         return st.prev_budget
@@ -326,13 +300,11 @@ def _plan(d: Any) -> int:
         if math.isnan(t_new):
             return tokens
         if t_new > t_prev:
-            again = _urgency(d, t_new)
-            if again < slo_min:
-                slo_min = again
+            slo_min = min(slo_min, _urgency(d, t_new))
             tokens, low, high = _budget_for(d, slo_min)
             t_max = t_new
-    led.t_max, led.slo_min = t_max, slo_min
-    out.budget, led.clamped_low, led.clamped_high = tokens, low, high
+    led.t_max, led.slo_min, led.clamped_low, led.clamped_high = t_max, slo_min, low, high
+    out.budget = tokens
     return -1
 
 
@@ -348,75 +320,51 @@ def _before(a: Any, b: Any, descending: bool) -> bool:
 @_jit
 def _sort_slots(idx: Any, m: int, keys: Any, tmp: Any, descending: bool) -> None:
     """Sort ``idx[:m]`` by ``keys[idx]``, stably (numpy's ``kind="stable"`` order), in place with
-    ``tmp`` as the merge buffer."""
-    run = 16
-    for lo in range(0, m, run):  # insertion sort of short runs
-        hi = min(lo + run, m)
-        for i in range(lo + 1, hi):
-            x = idx[i]
-            kx = keys[x]
-            j = i - 1
-            while j >= lo and _before(kx, keys[idx[j]], descending):
+    ``tmp`` as the merge buffer: insertion-sorted runs of 16, then bottom-up merges."""
+    for lo in range(0, m, 16):
+        for i in range(lo + 1, min(lo + 16, m)):
+            x, j = idx[i], i - 1
+            while j >= lo and _before(keys[x], keys[idx[j]], descending):
                 idx[j + 1] = idx[j]
                 j -= 1
             idx[j + 1] = x
-    src, dst = idx, tmp
-    in_tmp = False
-    width = run
-    while width < m:  # bottom-up merges, taking the left run's element on ties
+    src, dst, width, in_tmp = idx, tmp, 16, False
+    while width < m:
         for lo in range(0, m, 2 * width):
-            mid = min(lo + width, m)
-            hi = min(lo + 2 * width, m)
-            i, j, o = lo, mid, lo
-            while i < mid and j < hi:
-                if _before(keys[src[j]], keys[src[i]], descending):
+            mid, hi = min(lo + width, m), min(lo + 2 * width, m)
+            i, j = lo, mid
+            for o in range(lo, hi):  # the left run's element first on ties
+                if j < hi and (i == mid or _before(keys[src[j]], keys[src[i]], descending)):
                     dst[o] = src[j]
                     j += 1
                 else:
                     dst[o] = src[i]
                     i += 1
-                o += 1
-            while i < mid:
-                dst[o] = src[i]
-                i += 1
-                o += 1
-            while j < hi:
-                dst[o] = src[j]
-                j += 1
-                o += 1
-        src, dst = dst, src
-        in_tmp = not in_tmp
-        width *= 2
-    if in_tmp:
-        for i in range(m):
-            idx[i] = tmp[i]
+        src, dst, width, in_tmp = dst, src, width * 2, not in_tmp
+    for i in range(m if in_tmp else 0):
+        idx[i] = tmp[i]
 
 
 # -- the batch ledger --------------------------------------------------------------------------
 @_jit
 def _add(d: Any, s: int, c: int) -> None:
     """``s`` joins the batch with ``c`` tokens."""
-    out = d.outcome[0]
-    led, cs = d.ledger[0], d.cand[s]
-    need = _blocks_to_add(d, s, c)
+    led, out, cs = d.ledger[0], d.outcome[0], d.cand[s]
     if d.requests[s].running:
         led.reserved -= _owed(d, s)
     else:
         led.admissions -= 1
     led.reserved += _owed_after(d, s, c)
-    led.kv_free -= need
+    led.kv_free -= _blocks_to_add(d, s, c)
     led.budget_left -= c
-    d.lists[out.n_sched].slots = s
-    d.lists[out.n_sched].tokens = c
+    d.lists[out.n_sched].slots, d.lists[out.n_sched].tokens = s, c
     out.n_sched += 1
-    cs.member = True
-    cs.available = False
+    cs.member, cs.available = True, False
     if not cs.is_decode and c < cs.rem:
         d.lists[out.n_cut].cut_chunks = c
         out.n_cut += 1
     if d.params[0].era and cs.is_long and out.era_owner < 0:
-        # ERA: no other long prompt starts while this one is in prefill.
-        out.era_owner = s
+        out.era_owner = s  # ERA: no other long prompt starts while this one is in prefill
         for i in range(d.step[0].n):
             if d.cand[i].is_long:
                 d.cand[i].available = False
@@ -430,26 +378,8 @@ def _era_blocked(d: Any, s: int) -> bool:
 
 # -- preemption --------------------------------------------------------------------------------
 @_jit
-def _victim_pool(d: Any) -> None:
-    """Running requests, largest victim key first (sorted once, when first needed: most
-    decisions preempt nobody). The Oracle's exact plan has no victims."""
-    led = d.ledger[0]
-    if led.n_victims >= 0:
-        return
-    m = 0
-    if not d.params[0].exact_kv:
-        for i in range(d.step[0].n):
-            if d.requests[i].running:
-                d.lists[m].victims = i
-                m += 1
-    _sort_slots(d.lists.victims, m, d.cand.victim_key, d.lists.sort_tmp, True)
-    led.n_victims = m
-
-
-@_jit
 def _preempt(d: Any, v: int) -> None:
-    out = d.outcome[0]
-    led = d.ledger[0]
+    led, out = d.ledger[0], d.outcome[0]
     d.lists[out.n_preempted].preempted = v
     out.n_preempted += 1
     # As vLLM V1: nothing else is admitted in a step that preempted, so blocks freed for an
@@ -464,42 +394,48 @@ _FOR_ADMISSION, _FOR_DECODE, _FOR_CHUNK = 0, 1, 2  # what ``_free_kv`` makes roo
 
 
 @_jit
-def _enough(d: Any, kind: int, x: int, s: int) -> bool:
-    if kind == _FOR_ADMISSION:  # a whole prompt within the KV owed to nobody
-        return x <= _admissible(d)
-    if kind == _FOR_DECODE:  # a free block
-        return x <= d.ledger[0].kv_free
-    return x <= _prompt_room(d, s)  # a running prompt's chunk
+def _room(d: Any, kind: int, s: int) -> int:
+    """Room for ``s``: blocks owed to nobody (an admission's whole prompt), free blocks (a
+    decode's next one), tokens (a running prompt's chunk)."""
+    if kind == _FOR_ADMISSION:
+        return _admissible(d)
+    return d.ledger[0].kv_free if kind == _FOR_DECODE else _prompt_room(d, s)
 
 
 @_jit
-def _free_kv(d: Any, kind: int, x: int, requester: int, min_key: float) -> None:
-    """Preempt (recompute) the running requests with the largest slack until there is enough
-    room (Algorithm 1, lines 2-4), only those whose slack once preempted exceeds ``min_key``."""
-    led = d.ledger[0]
-    if _enough(d, kind, x, requester):
+def _free_kv(d: Any, kind: int, need: int, s: int, min_key: float) -> None:
+    """Preempt (recompute) the running requests with the largest slack until ``s`` has room for
+    ``need`` (Algorithm 1, lines 2-4), only those whose slack once preempted exceeds
+    ``min_key``. The victims are sorted once, when first needed (most decisions preempt
+    nobody); the Oracle's exact plan has none."""
+    led, lists = d.ledger[0], d.lists
+    if _room(d, kind, s) >= need:
         return
-    _victim_pool(d)
-    while not _enough(d, kind, x, requester) and led.victim_head < led.n_victims:
-        v = d.lists[led.victim_head].victims
+    if led.n_victims < 0:
+        led.n_victims = 0
+        for i in range(0 if d.params[0].exact_kv else d.step[0].n):
+            if d.requests[i].running:
+                lists[led.n_victims].victims = i
+                led.n_victims += 1
+        _sort_slots(lists.victims, led.n_victims, d.cand.victim_key, lists.sort_tmp, True)
+    while _room(d, kind, s) < need and led.victim_head < led.n_victims:
+        v = lists[led.victim_head].victims
         if d.cand[v].victim_key <= min_key:
             return
         led.victim_head += 1
-        if v != requester and not d.cand[v].member:
+        if v != s and not d.cand[v].member:
             _preempt(d, v)
 
 
 @_jit
 def _victim_min_key(d: Any, s: int) -> float:
-    """Victims must have a larger slack than this: for a running request needing blocks, a
-    larger slack once preempted than its own (evicting it would cost less); for a prompt being
-    admitted, outside its slack group (gamma) and not urgent once preempted (T_max)."""
-    c = d.cand[s]
+    """Victims must have a larger key than this: for a running request, its own slack once
+    preempted (evicting it would cost less); for a prompt being admitted, outside its slack
+    group (gamma) and not urgent once preempted (T_max)."""
     if d.requests[s].running:
-        return c.victim_key
+        return d.cand[s].victim_key
     floor = d.ledger[0].t_max if d.params[0].order else -math.inf
-    k = c.key + d.params[0].gamma
-    return floor if floor > k else k
+    return max(d.cand[s].key + d.params[0].gamma, floor)
 
 
 @_jit
@@ -507,37 +443,24 @@ def _force(d: Any, s: int, min_key: float, oversize: bool) -> bool:
     """Add ``s`` with the largest chunk the budget allows, preempting running requests whose
     slack once preempted exceeds ``min_key`` if its KV does not fit. ``oversize`` lets a whole
     prompt exceed the budget (the /Chunk starvation guard)."""
-    led, c, par = d.ledger[0], d.cand[s], d.params[0]
-    rem = c.rem
-    if c.is_decode:
-        tokens = 1
-    elif oversize or not par.chunk:
-        if rem > led.budget_left and not oversize:
-            return False
-        tokens = rem
-    else:
-        tokens = min(rem, led.budget_left)
-    if tokens < 1:
+    led, c, chunk = d.ledger[0], d.cand[s], d.params[0].chunk
+    tokens = 1 if c.is_decode else (c.rem if oversize or not chunk else min(c.rem, led.budget_left))
+    if tokens < 1 or (not c.is_decode and not chunk and not oversize and c.rem > led.budget_left):
         return False
     if not d.requests[s].running:  # admission: the whole remaining prompt must fit
         if led.admissions < 1:
             return False
-        whole = _admission_need(d, s)
-        _free_kv(d, _FOR_ADMISSION, whole, s, min_key)
-        if whole > _admissible(d):
-            return False
+        kind, need = _FOR_ADMISSION, _admission_need(d, s)
     elif c.is_decode:
-        need = _blocks_to_add(d, s, 1)
-        _free_kv(d, _FOR_DECODE, need, s, min_key)
-        if need > led.kv_free:
-            return False
+        kind, need = _FOR_DECODE, _blocks_to_add(d, s, 1)
     else:
-        _free_kv(d, _FOR_CHUNK, tokens, s, min_key)
-        room = _prompt_room(d, s)
-        if tokens > room:
-            if not par.chunk or room < 1:
-                return False
-            tokens = room  # dynamic chunking: cut where the free KV ends
+        kind, need = _FOR_CHUNK, tokens
+    _free_kv(d, kind, need, s, min_key)
+    room = _room(d, kind, s)
+    if need > room:
+        if kind != _FOR_CHUNK or not chunk or room < 1:
+            return False
+        tokens = room  # dynamic chunking: cut where the free KV ends
     _add(d, s, tokens)
     return True
 
@@ -551,32 +474,28 @@ def _add_urgent(d: Any) -> None:
     so cutting it is the smallest way to remove a budget deficit). When KV runs out, running
     requests with a larger slack are preempted."""
     led, lists = d.ledger[0], d.lists
-    nu = led.n_urgent
-    # Decodes whose next token fits now: needing no new block, or one while blocks are free.
-    limit, free, with_block, n_short = led.budget_left, led.kv_free, 0, 0
-    seen = 0
-    for j in range(nu):
+    # Decodes whose next token fits now (no new block, or one while blocks are free) join at
+    # once; the others (``short``) preempt for theirs.
+    limit, free, seen, with_block, n_short = led.budget_left, led.kv_free, 0, 0, 0
+    for j in range(led.n_urgent):
         s = lists[j].urgent
         if not (d.cand[s].available and d.cand[s].is_decode):
             continue
         if seen == limit:
             break
         seen += 1
-        fits = True
-        if _blocks_to_add(d, s, 1) > 0:
-            fits = with_block < free
-            with_block += 1
-        if fits:
+        needs_block = _blocks_to_add(d, s, 1) > 0
+        if not needs_block or with_block < free:
             _add(d, s, 1)
         else:
             lists[n_short].short = s
             n_short += 1
-    for j in range(n_short):  # no free block left: preempt for each
+        with_block += needs_block
+    for j in range(n_short):
         if led.budget_left <= 0:
             return
-        s = lists[j].short
-        _force(d, s, _victim_min_key(d, s), False)
-    for j in range(nu):
+        _force(d, lists[j].short, _victim_min_key(d, lists[j].short), False)
+    for j in range(led.n_urgent):
         s = lists[j].urgent
         if d.cand[s].is_decode:
             continue
@@ -591,11 +510,8 @@ def _oversize_head(d: Any) -> int:
     """/Chunk: a prompt longer than the budget could never run whole within it. When it is the
     first prompt in queue order it runs whole as the only prompt of the batch (decodes still
     join), so it cannot starve. Returns its slot, or -1."""
-    if d.params[0].chunk:
-        return -1
-    h = -1
-    best = math.inf
-    for i in range(d.step[0].n):
+    h, best = -1, math.inf
+    for i in range(0 if d.params[0].chunk else d.step[0].n):
         c = d.cand[i]
         if not c.eligible or c.is_decode:
             continue
@@ -604,25 +520,22 @@ def _oversize_head(d: Any) -> int:
             break
         if h < 0 or c.key < best:
             h, best = i, c.key
-    if h >= 0 and d.cand[h].rem > d.outcome[0].budget:
-        return h
-    return -1
+    return h if h >= 0 and d.cand[h].rem > d.outcome[0].budget else -1
 
 
 # -- 3b. step 2: SelectRequests (Algorithm 2) --------------------------------------------------
 @_jit
 def _feasible(d: Any, s: int) -> bool:
     """``s`` could still join with its smallest piece of work (a whole prompt under /Chunk)."""
-    led, c, par = d.ledger[0], d.cand[s], d.params[0]
+    led, c, chunk = d.ledger[0], d.cand[s], d.params[0].chunk
     if not d.requests[s].running:
         return (led.admissions >= 1 and _admission_need(d, s) <= _admissible(d)
-                and (par.chunk or c.rem <= led.budget_left))
+                and (chunk or c.rem <= led.budget_left))
     if c.is_decode:
         return _blocks_to_add(d, s, 1) <= led.kv_free
-    if par.chunk:  # a chunk: its next token's block, free and owed to nobody else
-        need = _blocks_to_add(d, s, 1)
-        return need <= led.kv_free and need - _owed(d, s) <= _admissible(d)
-    spare = min(led.kv_free, _admissible(d) + _owed(d, s))
+    spare = min(led.kv_free, _admissible(d) + _owed(d, s))  # free and owed to nobody else
+    if chunk:  # its next token's block
+        return _blocks_to_add(d, s, 1) <= spare
     return _blocks_to_add(d, s, c.rem) <= spare and c.rem <= led.budget_left
 
 
@@ -630,10 +543,8 @@ def _feasible(d: Any, s: int) -> bool:
 def _next_group(d: Any) -> int:
     """The next slack group into ``lists.group``: the feasible available candidates whose key is
     within gamma of the smallest, in key order. Returns its size (0: none)."""
-    led, lists = d.ledger[0], d.lists
-    gn = 0
-    limit = 0.0
-    for j in range(led.n_order):
+    lists, gn, limit = d.lists, 0, 0.0
+    for j in range(d.ledger[0].n_order):
         s = lists[j].order
         c = d.cand[s]
         if not c.available or not _feasible(d, s):
@@ -651,8 +562,7 @@ def _next_group(d: Any) -> int:
 def _select(d: Any) -> None:
     """Step 2: SelectRequests on the head slack group, then on the following groups while budget
     and KV are left (forward size = S_b while work is available; decision 6)."""
-    out = d.outcome[0]
-    led, par = d.ledger[0], d.params[0]
+    led, out, par = d.ledger[0], d.outcome[0], d.params[0]
     while led.budget_left > 0:
         gn = _next_group(d)
         if gn == 0:
@@ -670,8 +580,7 @@ def _select(d: Any) -> None:
             tokens, low, _ = _budget_for(d, m)
             if tokens < out.budget:
                 led.budget_left -= out.budget - tokens
-                out.budget = tokens
-                led.clamped_low = low
+                out.budget, led.clamped_low = tokens, low
                 if led.budget_left <= 0:
                     return
         before = out.n_sched
@@ -693,79 +602,33 @@ def _prompt_chunk(d: Any, s: int) -> int:
 
 
 @_jit
-def _bisect_right(a: Any, x: int, lo: int, hi: int) -> int:
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if x < a[mid]:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
-
-
-@_jit
-def _bisect_left(a: Any, x: int, lo: int, hi: int) -> int:
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if a[mid] < x:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
-@_jit
 def _best_fresh(d: Any, fl: int) -> tuple[int, int]:
-    """Closest prompt holding no KV among the first ``fl`` of the fresh pool (by remaining
-    length), as (index, chunk), index -1 if none: one at least A_c long that may be admitted is
-    cut to A_c (the smallest key among them); otherwise the longest that fits whole (the
-    smaller key on equal length)."""
+    """The closest of the first ``fl`` prompts holding no KV (sorted by remaining length), as
+    (index, chunk), index -1 if none: one at least A_c long that may be admitted, cut to A_c
+    (the smallest key among them); else the longest that fits whole (smaller key on ties)."""
     led, par = d.ledger[0], d.params[0]
-    rem, key = d.lists.fresh_rem, d.lists.fresh_key
     if fl == 0 or led.admissions < 1:
         return -1, 0
+    rem, key, a_c = d.lists.fresh_rem[:fl], d.lists.fresh_key, led.budget_left
     # rem[:hi] may be admitted (whole prompt, first token and growth reserve fit)
-    free = _admissible(d)
-    bs = par.block_size
-    limit = (free * bs - 1 - par.growth if free < par.total_blocks
-             else par.total_blocks * bs - 1)
-    hi = _bisect_right(rem, limit, 0, fl)
+    free, bs = _admissible(d), par.block_size
+    limit = free * bs - 1 - par.growth if free < par.total_blocks else par.total_blocks * bs - 1
+    hi = np.searchsorted(rem, limit, side="right")
     if hi == 0:
         return -1, 0
-    a_c = led.budget_left
     if par.chunk and rem[hi - 1] >= a_c:
-        j = _bisect_left(rem, a_c, 0, hi)
+        j = np.searchsorted(rem[:hi], a_c)
         for i in range(j + 1, hi):
             if key[i] < key[j]:
                 j = i
         return j, a_c
-    j = _bisect_right(rem, a_c, 0, hi) - 1
-    if j < 0:
-        return -1, 0
-    i = j - 1
-    while i >= 0 and rem[i] == rem[j]:  # equal demand: the smaller key
+    j = np.searchsorted(rem[:hi], a_c, side="right") - 1
+    for i in range(j - 1, -1, -1):  # equal demand: the smaller key
+        if rem[i] != rem[j]:
+            break
         if key[i] < key[j]:
             j = i
-        i -= 1
-    return j, rem[j]
-
-
-@_jit
-def _add_alone(d: Any, s: int) -> None:
-    """``_select_euclidean`` on a one-candidate group (common with few requests)."""
-    c = d.cand[s]
-    if c.is_decode:
-        _add(d, s, 1)
-    elif d.requests[s].running:
-        tokens = _prompt_chunk(d, s)
-        if tokens >= 1:
-            _add(d, s, tokens)
-    else:
-        d.lists[0].fresh_rem = c.rem
-        d.lists[0].fresh_key = c.key
-        j, tokens = _best_fresh(d, 1)
-        if j >= 0:
-            _add(d, s, tokens)
+    return (j, rem[j]) if j >= 0 else (-1, 0)
 
 
 @_jit
@@ -789,12 +652,8 @@ def _select_euclidean(d: Any, gn: int) -> None:
     coordinates grow with c, so among prompts that fit whole the longest is closest (a
     bisection), and one at least A_c long, cut to A_c, closer still. The few running prompts are
     compared one by one."""
-    out = d.outcome[0]
-    if gn == 1:
-        _add_alone(d, d.lists[0].group)
-        return
-    led, lists, bs = d.ledger[0], d.lists, d.params[0].block_size
-    fl = pn = nb = na = 0
+    led, out, lists, bs = d.ledger[0], d.outcome[0], d.lists, d.params[0].block_size
+    fl = pn = nb = na = 0  # pool sizes: fresh prompts, running prompts, decodes (block / none)
     for j in range(gn):
         s = lists[j].group
         if not d.requests[s].running:
@@ -811,29 +670,25 @@ def _select_euclidean(d: Any, gn: int) -> None:
             na += 1
     _sort_slots(lists.fresh, fl, d.cand.rem, lists.sort_tmp, False)
     for j in range(fl):
-        lists[j].fresh_rem = d.cand[lists[j].fresh].rem
-        lists[j].fresh_key = d.cand[lists[j].fresh].key
+        lists[j].fresh_rem, lists[j].fresh_key = d.cand[lists[j].fresh].rem, d.cand[lists[j].fresh].key
     hb = ha = 0  # decodes taken from the head of each pool
     while led.budget_left > 0:
         a_c, a_m = led.budget_left, led.kv_free * bs
         best_kind, best_j, best_c, best_d, best_k = -1, 0, 0, 0, math.inf
         j, tokens = _best_fresh(d, fl)
         if j >= 0:
-            best_kind, best_j, best_c = 0, j, tokens
+            best_kind, best_j, best_c, best_k = 0, j, tokens, lists[j].fresh_key
             best_d = _distance(a_c, a_m, tokens, (tokens + bs - 1) // bs * bs)
-            best_k = lists[j].fresh_key
         for pi in range(pn):
             s = lists[pi].partial
             tokens = _prompt_chunk(d, s)
             if tokens < 1:
                 continue
-            dist = _distance(a_c, a_m, tokens, _blocks_to_add(d, s, tokens) * bs)
-            key = d.cand[s].key
+            dist, key = _distance(a_c, a_m, tokens, _blocks_to_add(d, s, tokens) * bs), d.cand[s].key
             if best_kind < 0 or dist < best_d or (dist == best_d and key < best_k):
                 best_kind, best_j, best_c, best_d, best_k = 1, pi, tokens, dist, key
         prompt_fits = best_kind >= 0
-        # Decodes: (1, b) while a block is free, else (1, 0).
-        use_block = nb > hb and led.kv_free >= 1
+        use_block = nb > hb and led.kv_free >= 1  # decodes: (1, b) while a block is free
         if use_block or na > ha:
             dist = _distance(a_c, a_m, 1, bs if use_block else 0)
             key = d.cand[lists[hb].dec_block].key if use_block else d.cand[lists[ha].dec_free].key
@@ -843,21 +698,15 @@ def _select_euclidean(d: Any, gn: int) -> None:
             return
         if best_kind == 0:
             s = lists[best_j].fresh
-            for i in range(best_j, fl - 1):
-                lists[i].fresh = lists[i + 1].fresh
-                lists[i].fresh_rem = lists[i + 1].fresh_rem
-                lists[i].fresh_key = lists[i + 1].fresh_key
-            fl -= 1
             _add(d, s, best_c)
-            if out.era_owner == s and d.params[0].era:  # other long prompts leave the pool
-                w = 0
-                for i in range(fl):
-                    if not d.cand[lists[i].fresh].is_long:
-                        lists[w].fresh = lists[i].fresh
-                        lists[w].fresh_rem = lists[i].fresh_rem
-                        lists[w].fresh_key = lists[i].fresh_key
-                        w += 1
-                fl = w
+            long_out = out.era_owner == s and d.params[0].era  # other long prompts leave too
+            w = 0 if long_out else best_j
+            for i in range(w, fl):
+                if i != best_j and not (long_out and d.cand[lists[i].fresh].is_long):
+                    lists[w].fresh, lists[w].fresh_rem = lists[i].fresh, lists[i].fresh_rem
+                    lists[w].fresh_key = lists[i].fresh_key
+                    w += 1
+            fl = w
         elif best_kind == 1:
             s = lists[best_j].partial
             for i in range(best_j, pn - 1):
@@ -872,11 +721,9 @@ def _select_euclidean(d: Any, gn: int) -> None:
                 _add(d, lists[ha].dec_free, 1)
                 ha += 1
         else:  # no prompt fits: (1, b) decodes while blocks are free, then (1, 0), by key
-            k = min(nb - hb, led.budget_left, led.kv_free)
-            for i in range(hb, hb + max(k, 0)):
+            for i in range(hb, hb + max(min(nb - hb, led.budget_left, led.kv_free), 0)):
                 _add(d, lists[i].dec_block, 1)
-            k = min(na - ha, led.budget_left)
-            for i in range(ha, ha + max(k, 0)):
+            for i in range(ha, ha + max(min(na - ha, led.budget_left), 0)):
                 _add(d, lists[i].dec_free, 1)
             return
 
@@ -885,7 +732,7 @@ def _select_euclidean(d: Any, gn: int) -> None:
 def _fill_in_order(d: Any, gn: int) -> None:
     """/Batch: take the group's candidates in key order, skipping those that do not fit; a
     prompt is cut where the budget or the free KV ends."""
-    led = d.ledger[0]
+    led, chunk = d.ledger[0], d.params[0].chunk
     for j in range(gn):
         if led.budget_left <= 0:
             return
@@ -893,20 +740,16 @@ def _fill_in_order(d: Any, gn: int) -> None:
         c = d.cand[s]
         if not c.available or _era_blocked(d, s):
             continue
+        tokens = 0
         if c.is_decode:
-            if _blocks_to_add(d, s, 1) <= led.kv_free:
-                _add(d, s, 1)
+            tokens = 1 if _blocks_to_add(d, s, 1) <= led.kv_free else 0
         elif d.requests[s].running:
             tokens = _prompt_chunk(d, s)
-            if tokens >= 1:
-                _add(d, s, tokens)
         elif led.admissions >= 1 and _admission_need(d, s) <= _admissible(d):
-            if d.params[0].chunk:
-                tokens = min(c.rem, led.budget_left)
-            else:
-                tokens = c.rem if c.rem <= led.budget_left else 0
-            if tokens >= 1:
-                _add(d, s, tokens)
+            left = led.budget_left
+            tokens = min(c.rem, left) if chunk else (c.rem if c.rem <= left else 0)
+        if tokens >= 1:
+            _add(d, s, tokens)
 
 
 @_jit
@@ -915,8 +758,7 @@ def _ensure_progress(d: Any) -> None:
     running request in key order, preempting the largest-key running requests for its KV; only
     when nothing runs, the first waiting one. Running requests go first so that the victims,
     which must then fit whole to come back, cannot swap places with it."""
-    lists = d.lists
-    m = 0
+    lists, m = d.lists, 0
     for running in (True, False):
         first = m
         for i in range(d.step[0].n):
@@ -933,19 +775,15 @@ def _ensure_progress(d: Any) -> None:
 @_jit
 def _form(d: Any) -> None:
     """Step 1, step 2 and the deadlock breaker, on the plan in the ledger."""
-    out = d.outcome[0]
-    st, par, led, lists = d.step[0], d.params[0], d.ledger[0], d.lists
-    n = st.n
-    led.budget_left = out.budget
-    led.kv_free = st.free_blocks
-    led.admissions = st.admissions_left
-    led.reserved = 0
-    out.n_sched = out.n_preempted = out.n_cut = led.n_groups = led.victim_head = 0
+    st, par, led, out, lists = d.step[0], d.params[0], d.ledger[0], d.outcome[0], d.lists
+    led.budget_left, led.kv_free, led.admissions = out.budget, st.free_blocks, st.admissions_left
+    led.reserved = out.n_sched = out.n_preempted = out.n_cut = 0
+    led.n_groups = led.victim_head = 0
     led.n_victims = -1
     led.fallback = False
     oversize = _oversize_head(d)
     nu = 0
-    for i in range(n):
+    for i in range(st.n):
         c, r = d.cand[i], d.requests[i]
         c.available = c.eligible and (oversize < 0 or c.is_decode)
         if c.available and c.urgent:
@@ -963,17 +801,15 @@ def _form(d: Any) -> None:
     _sort_slots(lists.urgent, nu, d.cand.slack, lists.sort_tmp, False)
     led.n_urgent = nu
     _add_urgent(d)
-    if oversize >= 0:
-        # Preempting for it only helps if it can still make its deadline.
+    if oversize >= 0:  # preempting for it only helps if it can still make its deadline
         min_key = _victim_min_key(d, oversize) if d.cand[oversize].urgent else math.inf
         _force(d, oversize, min_key, True)
-    m = 0
-    for i in range(n):  # step 2's queue: what step 1 left, by key
+    led.n_order = 0
+    for i in range(st.n):  # step 2's queue: what step 1 left, by key
         if d.cand[i].available:
-            lists[m].order = i
-            m += 1
-    _sort_slots(lists.order, m, d.cand.key, lists.sort_tmp, False)
-    led.n_order = m
+            lists[led.n_order].order = i
+            led.n_order += 1
+    _sort_slots(lists.order, led.n_order, d.cand.key, lists.sort_tmp, False)
     _select(d)
     if out.n_sched == 0:
         led.fallback = True
@@ -983,80 +819,59 @@ def _form(d: Any) -> None:
 @_jit
 def _over_admitted(d: Any) -> bool:
     """(Oracle) Fresh admissions, in batch order, whose final KV no longer fits after the earlier
-    ones: noted for the next pass (which excludes them); False if there are none."""
+    ones: noted for the next pass, which excludes them. False if there are none."""
     out = d.outcome[0]
-    left = out.oracle_admissible
-    before = out.oracle_n_over
+    left, before = out.oracle_admissible, out.oracle_n_over
     for j in range(out.n_sched):
         s = d.lists[j].slots
         if d.requests[s].running:
             continue
-        f = _final_blocks(d, s)
-        if f > left:
+        if _final_blocks(d, s) > left:
             d.lists[out.oracle_n_over].over = s
             out.oracle_n_over += 1
         else:
-            left -= f
-    if out.oracle_n_over == before:
-        return False
-    out.oracle_reforms += 1
-    return True
+            left -= _final_blocks(d, s)
+    out.oracle_reforms += out.oracle_n_over > before
+    return out.oracle_n_over > before
 
 
 # -- 4. diagnostics ----------------------------------------------------------------------------
 @_jit
 def _diagnostics(d: Any) -> None:
-    out = d.outcome[0]
-    st, led, info = d.step[0], d.ledger[0], d.info[0]
-    n_late = n_lost = 0
+    st, led, out, info = d.step[0], d.ledger[0], d.outcome[0], d.info[0]
+    n_late = n_lost = n_dec = max_chunk = 0
     for i in range(st.n):
         n_late += d.cand[i].slack < 0.0
         n_lost += d.cand[i].lost
-    n_dec = max_chunk = 0
     for j in range(out.n_sched):
-        s = d.lists[j].slots
-        if d.cand[s].is_decode:
+        if d.cand[d.lists[j].slots].is_decode:
             n_dec += 1
-        elif d.lists[j].tokens > max_chunk:
-            max_chunk = d.lists[j].tokens
-    info.token_budget = out.budget
+        else:
+            max_chunk = max(max_chunk, d.lists[j].tokens)
+    info.token_budget, info.t_max = out.budget, led.t_max
     info.slo_min = led.slo_min if math.isfinite(led.slo_min) else math.nan
-    info.t_max = led.t_max
-    info.budget_clamped_low = led.clamped_low
-    info.budget_clamped_high = led.clamped_high
-    info.n_candidates = st.n
-    info.n_urgent = led.n_urgent
-    info.n_late = n_late
-    info.n_lost = n_lost
-    info.n_preempted = out.n_preempted
-    info.n_scheduled = out.n_sched
-    info.n_decode = n_dec
-    info.n_prefill = out.n_sched - n_dec
+    info.budget_clamped_low, info.budget_clamped_high = led.clamped_low, led.clamped_high
+    info.n_candidates, info.n_urgent, info.n_late, info.n_lost = st.n, led.n_urgent, n_late, n_lost
+    info.n_preempted, info.n_scheduled = out.n_preempted, out.n_sched
+    info.n_decode, info.n_prefill = n_dec, out.n_sched - n_dec
     info.n_decode_skipped = led.n_decodes - n_dec
-    info.max_chunk = max_chunk
-    info.n_cut_chunks = out.n_cut
-    info.n_groups = led.n_groups
-    info.era_active = out.era_owner >= 0
-    info.progress_fallback = led.fallback
-    info.chunk_mean = st.chunk_mean
-    info.kv_free_blocks = led.kv_free
+    info.max_chunk, info.n_cut_chunks, info.n_groups = max_chunk, out.n_cut, led.n_groups
+    info.era_active, info.progress_fallback = out.era_owner >= 0, led.fallback
+    info.chunk_mean, info.kv_free_blocks = st.chunk_mean, led.kv_free
 
 
 # -- the decision ------------------------------------------------------------------------------
 @_jit
 def decide(d: Any) -> int:
     """One decision from the inputs in ``d.step`` (see the module docstring). Returns -1 when it
-    is complete (the batch in ``d.lists`` and ``d.ledger``, diagnostics in ``d.info``), or a
+    is complete (the batch in ``d.lists`` and ``d.outcome``, diagnostics in ``d.info``), or a
     token budget whose full-batch latency the cost model must give first."""
     while True:
         _columns(d)
         need = _plan(d)
-        if need >= 0:
+        if need >= 0 or d.step[0].plan_only:
             return need
-        if d.step[0].plan_only:
-            return -1
         _form(d)
         if not (d.params[0].exact_kv and _over_admitted(d)):
-            break
-    _diagnostics(d)
-    return -1
+            _diagnostics(d)
+            return -1

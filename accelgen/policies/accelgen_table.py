@@ -1,23 +1,14 @@
-"""AccelGen's mirror of the live requests: one record per request, for the compiled decision.
+"""AccelGen's mirror of the live requests: one record per request, read by the compiled decision.
 
-A decision looks at every unfinished request (about 1,256 in the benchmark); reading a handful of
-attributes from that many Python objects alone would cost a few hundred microseconds. The table
-keeps what the decision reads in a numpy record array (``REQUEST``: one row per live request,
-named fields; ``table.prompt`` etc. are views of one field) and is updated incrementally, only
-where the state can change:
+Reading a handful of attributes from ~1,256 Python objects per decision would cost hundreds of
+microseconds, so the table keeps what the decision reads in a numpy record array (``REQUEST``;
+``table.prompt`` etc. are views of one field), updated only where the state can change: ``add``
+on arrival, ``refresh`` of the requests a step scheduled or preempted (re-read from the objects,
+so the table follows whatever the executor really did), ``remove`` on finish or rejection.
 
-- ``add`` on arrival (``Policy.on_arrival``);
-- ``refresh`` for the requests a step scheduled or preempted (``Policy.on_step_end``): their
-  computed tokens, output tokens, blocks and last-token time are re-read from the objects, so
-  the table follows whatever the executor really did;
-- ``remove`` on finish or rejection (``Policy.on_finish``).
-
-Live requests occupy rows ``0..n-1`` contiguously (a removal moves the last row into the hole), so
-a row number (a *slot*) is valid inside one decision only; across hooks requests are found by
-``req_id``.
-
-The true output length is stored only when a clairvoyant policy (the Oracle) writes it
-(``true_out``); it is not on ``Request`` and AccelGen never reads it.
+Live requests occupy rows ``0..n-1`` (a removal moves the last row into the hole), so a row
+number (a *slot*) is valid within one decision only; across hooks requests are found by
+``req_id``. The true output length is stored only by a clairvoyant policy (the Oracle).
 """
 
 from __future__ import annotations
@@ -87,15 +78,9 @@ class RequestTable:
         if self.capacity:
             rows[: self.n] = self.rows[: self.n]
         self.rows = rows
-        for name in REQUEST.names:
+        for name in REQUEST.names or ():
             setattr(self, name, rows[name])
         self.capacity = capacity
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __contains__(self, req_id: int) -> bool:
-        return req_id in self.slot_of
 
     # -- membership ----------------------------------------------------------------------------
     def add(self, r: Request) -> int:

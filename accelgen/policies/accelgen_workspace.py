@@ -1,26 +1,14 @@
-"""The arrays AccelGen's compiled decision works in (``accelgen_decision``), and how a policy
+"""The arrays AccelGen's compiled decision (``accelgen_decision``) works in, and how a policy
 runs one decision through them.
 
-Every quantity has a name: the decision's arrays are numpy record arrays (named fields), grouped
-in ``DecisionArrays``; numba compiles attribute access to them (``d.cand[s].slack``), and with
-the JIT off the same code runs on ``np.recarray`` rows. Nothing here imports numba: a process
-that runs the ahead-of-time compiled decision never loads it (``accelgen_compiled``).
-
-- ``requests``: the policy's ``RequestTable`` rows (its own record array, ``REQUEST``);
-- ``cand``: per request, what one decision computes about it (``CANDIDATE``);
-- ``lists``: slot lists (the batch, the victims, the sort orders, the selection pools) as
-  ``LISTS`` fields of one record array;
-- ``step``: the inputs of this decision, written by the policy (``STEP``);
-- ``ledger``: the plan and the batch under construction, written by the decision (``LEDGER``);
-- ``params``: what stays fixed between decisions: the policy's parameters, the KV geometry, the
-  budget clamps and the cost model's linear terms (``PARAMS``);
-- ``info``: the diagnostics (``INFO``, also the iteration log's ``info_*`` columns);
-- ``times``: per token budget, the cost model's forward time and, within one decision, the
-  latency of the full batch at that budget (``BUDGET_TIME``).
-
-Why one workspace kept between decisions: a decision allocates nothing, which matters in vLLM,
-where each step runs right after a forward pass has evicted the caches (``docs/vllm.md``,
-*Scheduler time*).
+Every quantity has a name: the arrays are numpy record arrays (``DecisionArrays``: the request
+table's rows, per-candidate columns, slot lists, the step's inputs, the ledger, the outcome, the
+cost model's question, the fixed parameters, the diagnostics, per-budget latencies); numba
+compiles attribute access to their fields (``d.cand[s].slack``), and with the JIT off the same
+code runs on ``np.recarray`` rows. The policy's side uses NamedTuples of the same fields
+(``Step``, ``Outcome``, ``Ask``). The workspace is kept between decisions so that a decision
+allocates nothing, which matters in vLLM, where each step runs right after a forward pass has
+evicted the caches (``docs/vllm.md``, *Scheduler time*). Nothing here imports numba.
 """
 
 from __future__ import annotations
@@ -76,6 +64,8 @@ LISTS = np.dtype([
     ("over", i8),  # the Oracle's over-admitted requests (excluded on the next pass)
     ("sort_tmp", i8),
 ], align=True)
+
+
 
 class Step(NamedTuple):
     """The inputs of one decision (written by the policy; ``STEP`` is its record)."""
@@ -152,12 +142,13 @@ PARAMS = np.dtype([
     ("cost_linear", b1), ("base_s", f8), ("per_token_s", f8), ("per_ctx_s", f8), ("per_attn_s", f8),
 ], align=True)
 
-INFO = np.dtype([(key, f8) for key in (
+INFO_KEYS = (
     "token_budget", "slo_min", "t_max", "budget_clamped_low", "budget_clamped_high",
     "n_candidates", "n_urgent", "n_late", "n_lost", "n_preempted", "n_scheduled", "n_decode",
     "n_prefill", "n_decode_skipped", "max_chunk", "n_cut_chunks", "n_groups", "era_active",
-    "progress_fallback", "chunk_mean", "kv_free_blocks")])
-INFO_INDEX = {key: i for i, key in enumerate(INFO.names)}
+    "progress_fallback", "chunk_mean", "kv_free_blocks")
+INFO = np.dtype([(key, f8) for key in INFO_KEYS])
+INFO_INDEX = {key: i for i, key in enumerate(INFO_KEYS)}
 
 BUDGET_TIME = np.dtype([
     ("forward", f8),  # forward_time(budget) (cost models without linear terms)
@@ -200,11 +191,12 @@ class Workspace:
     def __init__(self, table: RequestTable) -> None:
         self.capacity = table.capacity
         self.step = np.zeros(1, STEP)
-        self._outcome = np.zeros(len(OUTCOME.names), np.int64)
-        self._ask = np.zeros(len(ASK.names), np.float64)
-        self.info_values = np.zeros(len(INFO.names), np.float64)
+        self._outcome = np.zeros(len(Outcome._fields), np.int64)
+        self._ask = np.zeros(len(Ask._fields), np.float64)
+        self.info_values = np.zeros(len(INFO_KEYS), np.float64)
         self.params = _records(PARAMS, 1)
         self.times = _records(BUDGET_TIME, 1)
+        self._full_batch = self.times.view(np.ndarray)["full_batch"]
         self.arrays = DecisionArrays(
             table.rows, _records(CANDIDATE, self.capacity), _records(LISTS, self.capacity),
             self.step.view(np.recarray), _records(LEDGER, 1),
@@ -250,11 +242,11 @@ class Workspace:
         par.exact_kv = exact_kv
         self._terms = None
         self.use_cost(cost)
-        times = _records(BUDGET_TIME, cap + 2)
-        times.full_batch = math.nan
+        self.times = times = _records(BUDGET_TIME, cap + 2)
+        self._full_batch = times.view(np.ndarray)["full_batch"]
+        self._full_batch[:] = math.nan
         if not par.cost_linear:
             times.forward = [cost.forward_time(b) for b in range(cap + 2)]
-        self.times = times
         self.arrays = self.arrays._replace(times=times)
 
     def use_cost(self, cost: CostModel) -> None:
@@ -279,23 +271,19 @@ class Workspace:
 
     # -- one decision ------------------------------------------------------------------------
     def run(self, decide: Any, step: Step, cost: CostModel) -> Outcome:
-        """Run the compiled ``decide`` on ``step`` to completion. When it returns a token budget
-        it needs the latency of the full batch at that budget (described in ``ask``), which the
-        cost model gives; it then runs again from the start with that latency known (it is a
-        pure function of its inputs)."""
+        """Run the compiled ``decide`` on ``step`` to completion. While it returns a token budget,
+        it needs the latency of the full batch at that budget (described in ``ask``) from the
+        cost model, and runs again from the start with that latency known."""
         self.step[0] = step
         self._outcome[:] = 0
         arrays = self.arrays
-        need = decide(arrays)
-        if need >= 0:
-            full = self.times.full_batch
-            asked = []
-            while need >= 0:
-                a = Ask._make(self._ask.tolist())
-                full[need] = cost.iteration_time(BatchShape(
-                    int(a.prefill_tokens), int(a.prefill_tokens > 0), a.prefill_attn,
-                    int(a.decode_seqs), int(a.decode_ctx)))
-                asked.append(need)
-                need = decide(arrays)
-            full[asked] = math.nan
+        asked = []
+        while (need := decide(arrays)) >= 0:
+            a = Ask._make(self._ask.tolist())
+            self._full_batch[need] = cost.iteration_time(BatchShape(
+                int(a.prefill_tokens), int(a.prefill_tokens > 0), a.prefill_attn,
+                int(a.decode_seqs), int(a.decode_ctx)))
+            asked.append(need)
+        if asked:
+            self._full_batch[asked] = math.nan
         return Outcome._make(self._outcome.tolist())
