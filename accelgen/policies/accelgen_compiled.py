@@ -89,9 +89,12 @@ def load() -> tuple[str, DecideFn]:
     if mode not in ("auto", "aot", "jit", "python"):
         raise ValueError(f"{ENV}={mode!r}: expected auto, aot, jit or python")
     if mode == "python" or os.environ.get("NUMBA_DISABLE_JIT", "0") not in ("", "0"):
-        os.environ["NUMBA_DISABLE_JIT"] = "1"  # before numba is imported
+        os.environ["NUMBA_DISABLE_JIT"] = "1"  # read when numba is imported
         from accelgen.policies.accelgen_decision import decide
 
+        if hasattr(decide, "py_func"):
+            raise RuntimeError(f"{ENV}=python: numba was imported before; set "
+                               "NUMBA_DISABLE_JIT=1 when the process starts")
         return "python", decide
     if mode in ("auto", "aot"):
         path = aot_path()
@@ -104,9 +107,9 @@ def load() -> tuple[str, DecideFn]:
 
 
 def build(out: Path | None = None) -> Path:
-    """Compile the decision ahead of time (numba's ``pycc``; needs a C compiler). Written to a
-    temporary name and moved into place, so concurrent builds and readers never see half a
-    file."""
+    """Compile the decision ahead of time (numba's ``pycc``, for a generic CPU of this
+    architecture; needs a C compiler). Written to a temporary name and moved into place, so
+    concurrent builds and readers never see half a file; builds of earlier sources are removed."""
     import warnings
 
     from numba import typeof, types
@@ -128,6 +131,9 @@ def build(out: Path | None = None) -> Path:
         cc.compile()
         (built,) = Path(tmp).glob(name + "*")
         os.replace(built, out)
+    for stale in out.parent.glob("accelgen_decision_*"):  # builds of earlier sources
+        if stale.name != out.name:
+            stale.unlink(missing_ok=True)
     return out
 
 
