@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+import numpy as np
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
 from accelgen.policies.accelgen_compiled import load
@@ -107,15 +108,14 @@ class AccelGenPolicy(Policy):
 
     def explain(self, view: SchedulerView) -> dict[int, dict[str, float]]:
         """Per request (by id): slack, urgency, per-iteration SLO, N_ck, whether it counts toward
-        SLO_min, its deadline and whether it is lost, as the next decision would compute them
-        (plus the iteration's T_max and token budget): the decision's own columns after its
-        plan. Read-only; for notebooks, tests and the vLLM adapter's logs."""
+        SLO_min, its deadline, whether it is lost, T_max and the token budget: the next decision's
+        own columns after its plan. Read-only; for notebooks, tests and the adapter's logs."""
         ws = self._prepare(view)
         t = self._table
         if t.n == 0:
             return {}
         budget = float(self._decide(ws, view, plan_only=True).budget)
-        c, t_max = ws.cand, float(ws.ledger["t_max"])
+        c, t_max = ws.arrays.cand.view(np.ndarray), float(ws.arrays.ledger.t_max[0])
         return {int(t.req_id[s]): {
             "slack": float(c["slack"][s]), "urgent": float(c["urgent"][s]),
             "slo_iter": float(c["slo_iter"][s]), "n_chunks": float(c["n_chunks"][s]),
@@ -133,8 +133,10 @@ class AccelGenPolicy(Policy):
         if len(view.waiting) + len(view.running) != t.n or self.debug_verify:
             self._sync(view)
         ws = self._ws
-        if ws is None or not ws.fits(t):
-            ws = self._workspace()
+        if ws is None:
+            ws = self._ws = Workspace(t)
+        elif not ws.fits(t):
+            ws.follow(t)
         key = ws.configured
         if key and key[0] is view.cost and key[1] is view.pivot and key[2] is view.kv:
             ws.use_cost(view.cost)
@@ -157,14 +159,6 @@ class AccelGenPolicy(Policy):
             bad = t.mismatches()
             if bad:
                 raise AssertionError("AccelGen state out of sync: " + "; ".join(bad[:5]))
-
-    def _workspace(self) -> Workspace:
-        ws = self._ws
-        if ws is None:
-            ws = self._ws = Workspace(self._table)
-        else:
-            ws.follow(self._table)
-        return ws
 
     def _configure(self, ws: Workspace, view: SchedulerView) -> None:
         """The token budget's clamps (S_pf x budget_cap and the minimum) for a new cost model or
@@ -189,10 +183,8 @@ class AccelGenPolicy(Policy):
     def _decide(self, ws: Workspace, view: SchedulerView, plan_only: bool = False) -> Outcome:
         t, p = self._table, self.params
         owner = self._era_owner
-        if p.max_num_seqs is None:
-            admissions = NO_ADMISSION_CAP
-        else:
-            admissions = p.max_num_seqs - int(t.running[: t.n].sum())
+        admissions = (NO_ADMISSION_CAP if p.max_num_seqs is None
+                      else p.max_num_seqs - int(t.running[: t.n].sum()))
         lc = self._chunk_mean
         assert lc is not None
         step = Step(n=t.n, now=view.now, chunk_mean=lc,

@@ -1,14 +1,12 @@
 """Which build of AccelGen's decision (``accelgen_decision.decide``) a process runs.
 
-- **Ahead of time** (the default once built): the decision compiled into a C extension module
-  with numba's ``pycc``, under ``accelgen/policies/__pycache__/``, named after a digest of the
-  sources it was built from. Loading it takes milliseconds and does not import numba at all
-  (numba's own start-up, about 0.5 s before any compiled call, is what a JIT cache cannot
-  avoid). ``bash scripts/setup.sh`` builds it; so does
-  ``python -m accelgen.policies.accelgen_compiled build``.
+- **Ahead of time** (the default once built; ``bash scripts/setup.sh`` or ``python -m
+  accelgen.policies.accelgen_compiled build``): a C extension module compiled with numba's
+  ``pycc`` into ``__pycache__/``, named after a digest of its sources. It loads in milliseconds
+  without importing numba (numba's own start-up is what a JIT cache cannot avoid).
 - **JIT**: numba compiles the same functions on first use and caches them (``cache=True``), for
-  a source without a matching build (e.g. while editing the decision).
-- **Python**: with ``NUMBA_DISABLE_JIT=1`` the same functions run interpreted (a debugging path).
+  sources without a matching build (e.g. while editing the decision).
+- **Python**: ``NUMBA_DISABLE_JIT=1`` runs the same functions interpreted (for a debugger).
 
 ``ACCELGEN_DECISION=aot|jit|python`` forces one (``aot`` fails if no build matches).
 """
@@ -16,7 +14,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.machinery
 import importlib.metadata
 import importlib.util
 import os
@@ -55,12 +52,10 @@ def aot_path() -> Path:
 
 
 def _load_aot(path: Path) -> DecideFn:
-    name = path.name.split(".")[0]
-    loader = importlib.machinery.ExtensionFileLoader(name, str(path))
-    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
-    assert spec is not None
+    spec = importlib.util.spec_from_file_location(path.name.split(".")[0], path)
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
+    spec.loader.exec_module(module)
     fn: DecideFn = module.decide
     return fn
 

@@ -1,28 +1,19 @@
 """AccelGen's decision (SPEC 4, paper sections 4.2-4.4, Algorithms 1-2): the one implementation,
 compiled with numba, run by the simulator and by the vLLM plugin alike.
 
-``decide(d)`` forms one iteration's batch in the arrays ``d`` (``accelgen_workspace``). In order:
-
-1. ``_columns``: per candidate its remaining tokens, N_ck, time to its deadline, per-iteration
-   SLO, whether it is a decode, a long prompt (ERA), lost (decision 11), eligible; and the
-   running batch's shape (for T_max).
-2. ``_plan`` (the token budget, SPEC 4.2): ``_urgency`` at the last budget's T_max gives slack,
-   urgency, keys and SLO_min; ``_budget_for`` turns SLO_min into S_b; when the new budget's
-   T_max is longer, urgency is checked again at it.
-3. ``_form``: step 1 (``_add_urgent``, Algorithm 1, with preemption), step 2 (``_select``: slack
-   groups and ``_select_euclidean``, Algorithm 2), the deadlock breaker; ERA inside ``_add``.
-4. ``_diagnostics``.
-
-Variants are flags in ``d.params``: the ablations ``order`` / ``chunk`` / ``batch``, the budget rule
-(``budget_model``: a forward-time table bisected), ERA and its scope, and the Oracle's exact KV
-plan (``exact_kv``; its true output lengths are in the table).
+``decide(d)`` forms one iteration's batch in the arrays ``d`` (``accelgen_workspace``):
+``_columns`` (per candidate: remaining tokens, N_ck, deadline, per-iteration SLO, decode, long,
+lost, eligible; the running batch's shape), ``_plan`` (slack and urgency at the last budget's
+T_max, SLO_min, the token budget, SPEC 4.2), ``_form`` (step 1 with preemption, Algorithm 1;
+step 2, slack groups and Euclidean selection, Algorithm 2; the deadlock breaker; ERA in
+``_add``), ``_diagnostics``. Variants are flags in ``d.params``: the ablations, the budget rule,
+ERA and its scope, the Oracle's exact KV plan.
 
 A linear cost model (``CostModel.linear_terms``) is evaluated here (``linear_time``). For any
 other, ``decide`` returns the budget whose full-batch latency it needs (the batch in ``d.ask``)
 and the caller (``Workspace.run``) calls it again with the latency in ``d.times``: the decision
-is a pure function of its inputs, so it repeats the same steps up to there.
-
-It runs ahead-of-time compiled (``accelgen_compiled``), else through numba's JIT; with
+is a pure function of its inputs, so it repeats the same steps up to there. It runs
+ahead-of-time compiled (``accelgen_compiled``), else through numba's JIT; with
 ``NUMBA_DISABLE_JIT=1`` the same functions run as plain Python on the record arrays.
 """
 

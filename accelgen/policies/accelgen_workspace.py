@@ -180,12 +180,10 @@ def _records(dtype: np.dtype, n: int) -> np.recarray:
 
 class Workspace:
     """One policy's decision arrays, sized for its table (grown with it), and the loop that asks
-    the cost model what the compiled decision cannot compute itself.
-
-    The policy reads and writes them through plain ndarray views (a record's attribute access
-    from Python costs a microsecond or two): ``step`` is assigned whole as a ``Step``,
-    ``outcome`` and ``ask`` are read whole into their NamedTuples, ``info_values`` is the
-    diagnostics as a float array, ``slots``/``tokens``/``preempted``/``cut_chunks`` are the
+    the cost model what the compiled decision cannot compute itself. The policy uses plain
+    ndarray views (a record's attribute access from Python costs a microsecond or two):
+    ``step`` is assigned whole, ``outcome`` and ``ask`` read whole into their NamedTuples,
+    ``info_values`` is the diagnostics, ``slots``/``tokens``/``preempted``/``cut_chunks`` the
     output lists."""
 
     def __init__(self, table: RequestTable) -> None:
@@ -214,14 +212,6 @@ class Workspace:
     def fits(self, table: RequestTable) -> bool:
         """Whether these arrays are over the table's current rows."""
         return self.arrays.requests is table.rows
-
-    @property
-    def cand(self) -> np.ndarray:
-        return self.arrays.cand.view(np.ndarray)
-
-    @property
-    def ledger(self) -> np.void:
-        return self.arrays.ledger.view(np.ndarray)[0]
 
     # -- what stays the same between decisions -----------------------------------------------
     def configure(self, p: AccelGenParams, kv: KVView, pivot: Pivot, cost: CostModel,
