@@ -37,6 +37,7 @@ CANDIDATE = np.dtype([
     ("slack", f8),
     ("key", f8),  # queue order: slack (lost prompts last, FCFS), or arrival under /Order
     ("victim_key", f8),  # a running request's slack once preempted (largest preempted first)
+    ("next_blocks", i8), ("owed", i8), ("admission_blocks", i8),  # KV needs (-1: not yet known)
     ("is_decode", b1),
     ("online_decode", b1),
     ("is_long", b1),  # ERA: a long prompt
@@ -62,8 +63,15 @@ LISTS = np.dtype([
     ("dec_block", i8), ("dec_free", i8),  # decodes needing a new block / none
     ("fallback", i8),  # the deadlock breaker's candidates
     ("over", i8),  # the Oracle's over-admitted requests (excluded on the next pass)
-    ("sort_tmp", i8),
 ], align=True)
+
+
+class Scratch(NamedTuple):
+    """Contiguous arrays for sorting (keys gathered by position, a permutation, a buffer)."""
+
+    keys: np.ndarray
+    order: np.ndarray
+    tmp: np.ndarray
 
 
 
@@ -123,6 +131,7 @@ LEDGER = np.dtype([
     ("reserved", i8),  # free blocks promised to running requests
     ("admissions", i8),  # admissions left in this step
     ("n_urgent", i8), ("n_order", i8),
+    ("order_head", i8),  # order[:order_head] is no longer available
     ("n_victims", i8),  # -1 until the victims are first needed
     ("victim_head", i8),  # victims[:victim_head] were considered
     ("n_groups", i8), ("fallback", b1),
@@ -172,6 +181,11 @@ class DecisionArrays(NamedTuple):
     params: np.recarray
     info: np.recarray
     times: np.recarray
+    scratch: Scratch
+
+
+def _scratch(n: int) -> Scratch:
+    return Scratch(np.zeros(n, np.float64), np.zeros(n, np.int64), np.zeros(n, np.int64))
 
 
 def _records(dtype: np.dtype, n: int) -> np.recarray:
@@ -199,7 +213,8 @@ class Workspace:
             table.rows, _records(CANDIDATE, self.capacity), _records(LISTS, self.capacity),
             self.step.view(np.recarray), _records(LEDGER, 1),
             self._outcome.view(OUTCOME).view(np.recarray), self._ask.view(ASK).view(np.recarray),
-            self.params, self.info_values.view(INFO).view(np.recarray), self.times)
+            self.params, self.info_values.view(INFO).view(np.recarray), self.times,
+            _scratch(self.capacity))
         self._lists_views()
         self.configured: tuple[object, ...] = ()
         self._terms: LinearTerms | None = None
@@ -255,7 +270,8 @@ class Workspace:
         if table.capacity > self.capacity:
             self.capacity = table.capacity
             self.arrays = self.arrays._replace(cand=_records(CANDIDATE, table.capacity),
-                                               lists=_records(LISTS, table.capacity))
+                                               lists=_records(LISTS, table.capacity),
+                                               scratch=_scratch(table.capacity))
             self._lists_views()
         self.arrays = self.arrays._replace(requests=table.rows)
 
