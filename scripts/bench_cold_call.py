@@ -9,7 +9,7 @@ Runs the ``small`` preset of ``bench_plugin.py`` (real vLLM schedulers, fake out
 as a forward pass leaves the caches). Timed: the policy's whole ``schedule(view)``; the compiled
 decision (``accelgen_decision.decide``) as this process runs it (the ahead-of-time build, if
 built), through numba's JIT dispatcher and through the JIT's entry point; and for scale numba's
-dispatch of a trivial function of the same argument and a 30-iteration Python loop. The calls
+dispatch of a trivial function of the same arguments and a 30-iteration Python loop. The calls
 of each table row alternate, so that they share the machine's state. Medians, microseconds.
 
 Run:  .venv/bin/python scripts/bench_cold_call.py [--calls 3000] [--evict-mb 32] [--step 300]
@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 @numba.njit(cache=False)
-def _trivial(d: Any) -> Any:
+def _trivial(d: Any, *step: Any) -> Any:
     return d.step[0].n
 
 
@@ -90,10 +90,12 @@ def main(argv: list[str] | None = None) -> int:
 
     schedule()
     t = pol._table
-    arrays = pol._prepare(view).arrays  # its step holds the last decision's inputs
+    ws = pol._prepare(view)
+    arrays, step = ws.arrays, ws.step[0].item()  # the last decision's arrays and inputs
     build, decide = accelgen_compiled.load()
     jit_entry = accelgen_compiled._load_jit()
-    assert decide(arrays) == jit_entry(arrays) == jit_decide(arrays) == -1  # a linear cost model
+    # (-1: a linear cost model, nothing to ask)
+    assert decide(arrays, *step) == jit_entry(arrays, *step) == jit_decide(arrays, *step) == -1
     junk = np.ones(int(args.evict_mb * 2**20 / 8))
 
     def timed(fns: list[Callable[[], Any]], cold: bool) -> list[float]:
@@ -113,10 +115,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.calls} calls each, cold = after reading {args.evict_mb:g} MB")
     rows: list[tuple[str, list[tuple[str, Callable[[], Any]]]]] = [
         ("the policy", [("schedule(view)", schedule)]),
-        ("decide(arrays)", [(f"{build} build", lambda: decide(arrays)),
-                            ("JIT via the dispatcher", lambda: jit_decide(arrays)),
-                            ("JIT via the entry point", lambda: jit_entry(arrays))]),
-        ("for scale", [("trivial njit, same arg", lambda: _trivial(arrays)),
+        ("decide(arrays, *step)", [(f"{build} build", lambda: decide(arrays, *step)),
+                                   ("JIT via the dispatcher", lambda: jit_decide(arrays, *step)),
+                                   ("JIT via the entry point", lambda: jit_entry(arrays, *step))]),
+        ("for scale", [("trivial njit, same arg", lambda: _trivial(arrays, *step)),
                        ("python loop x30", _loop)]),
     ]
     for title, fns in rows:

@@ -23,11 +23,12 @@ import tempfile
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
+from typing import Any, get_type_hints
 
 from accelgen.policies.accelgen_table import RequestTable
-from accelgen.policies.accelgen_workspace import DecisionArrays, Workspace
+from accelgen.policies.accelgen_workspace import Step, Workspace
 
-DecideFn = Callable[[DecisionArrays], int]
+DecideFn = Callable[..., int]
 
 _HERE = Path(__file__).resolve().parent
 # Everything the compiled module is built from: the code, and the record layouts in its signature.
@@ -60,19 +61,23 @@ def _load_aot(path: Path) -> DecideFn:
     return fn
 
 
-def _sample_arrays() -> DecisionArrays:
-    return Workspace(RequestTable(capacity=1)).arrays
+def _signature() -> tuple[Any, ...]:
+    """``decide``'s argument types: the arrays, then the ``Step`` fields."""
+    from numba import typeof, types
+
+    kinds = {int: types.int64, float: types.float64, bool: types.boolean}
+    return (typeof(Workspace(RequestTable(capacity=1)).arrays),
+            *(kinds[t] for t in get_type_hints(Step).values()))
 
 
 def _load_jit() -> DecideFn:
-    from numba import typeof
-
     from accelgen.policies.accelgen_decision import decide
 
-    sig = (typeof(_sample_arrays()),)
+    sig = _signature()
     decide.compile(sig)
     # The compiled entry point, called directly: numba's dispatcher would resolve the argument
-    # types on every call (the arrays keep their types: same dtypes, same layout).
+    # types on every call (the arrays keep their types: same dtypes, same layout; the scalars
+    # are converted to the declared types).
     fn: DecideFn = decide.overloads[sig].entry_point
     return fn
 
@@ -107,7 +112,7 @@ def build(out: Path | None = None) -> Path:
     concurrent builds and readers never see half a file; builds of earlier sources are removed."""
     import warnings
 
-    from numba import typeof, types
+    from numba import types
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # pycc's pending deprecation
@@ -122,7 +127,7 @@ def build(out: Path | None = None) -> Path:
         cc = CC(name)
         cc.output_dir = tmp
         cc.use_nrt = False
-        cc.export("decide", types.int64(typeof(_sample_arrays())))(decide.py_func)
+        cc.export("decide", types.int64(*_signature()))(decide.py_func)
         cc.compile()
         (built,) = Path(tmp).glob(name + "*")
         os.replace(built, out)

@@ -889,14 +889,22 @@ def _diagnostics(d: Any) -> None:
 
 # -- the decision ------------------------------------------------------------------------------
 @_jit
-def decide(d: Any) -> int:
-    """One decision from the inputs in ``d.step`` (see the module docstring). Returns -1 when it
-    is complete (the batch in ``d.lists`` and ``d.outcome``, diagnostics in ``d.info``), or a
-    token budget whose full-batch latency the cost model must give first."""
+def decide(d: Any, n: int, now: float, chunk_mean: float, era_owner: int, prev_budget: int,
+           free_blocks: int, admissions_left: int, plan_only: bool) -> int:
+    """One decision (see the module docstring) over the table's first ``n`` rows at time
+    ``now``, with the running mean chunk length, the ERA owner's slot (-1: none), the previous
+    budget, the free KV blocks, the admissions left and whether to stop after the plan (the
+    ``Step`` fields). Returns -1 when it is complete (the batch in ``d.lists`` and
+    ``d.outcome``, diagnostics in ``d.info``), or a token budget whose full-batch latency the
+    cost model must give first."""
+    st = d.step[0]
+    st.n, st.now, st.chunk_mean, st.era_owner = n, now, chunk_mean, era_owner
+    st.prev_budget, st.free_blocks, st.admissions_left, st.plan_only = (
+        prev_budget, free_blocks, admissions_left, plan_only)
     while True:
         _columns(d)
         need = _plan(d)
-        if need >= 0 or d.step[0].plan_only:
+        if need >= 0 or plan_only:
             return need
         _form(d)
         if not (d.params[0].exact_kv and _over_admitted(d)):

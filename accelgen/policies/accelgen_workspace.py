@@ -76,7 +76,7 @@ class Scratch(NamedTuple):
 
 
 class Step(NamedTuple):
-    """The inputs of one decision (written by the policy; ``STEP`` is its record)."""
+    """The inputs of one decision: ``decide``'s arguments, kept in ``STEP``."""
 
     n: int  # live requests (rows of the table)
     now: float
@@ -217,6 +217,7 @@ class Workspace:
             _scratch(self.capacity))
         self._lists_views()
         self.configured: tuple[object, ...] = ()
+        self.exact_kv = False
         self._terms: LinearTerms | None = None
 
     def _lists_views(self) -> None:
@@ -244,7 +245,7 @@ class Workspace:
         par.late_is_urgent, par.lost_last = p.late_is_urgent, p.lost_last
         par.growth = kv.block_size if p.kv_growth_reserve is None else p.kv_growth_reserve
         par.block_size, par.total_blocks = kv.block_size, kv.num_total_blocks
-        par.exact_kv = exact_kv
+        par.exact_kv = self.exact_kv = exact_kv
         self._terms = None
         self.use_cost(cost)
         self.times = times = _records(BUDGET_TIME, cap + 2)
@@ -276,15 +277,16 @@ class Workspace:
         self.arrays = self.arrays._replace(requests=table.rows)
 
     # -- one decision ------------------------------------------------------------------------
-    def run(self, decide: Any, step: Step, cost: CostModel) -> Outcome:
-        """Run the compiled ``decide`` on ``step`` to completion. While it returns a token budget,
-        it needs the latency of the full batch at that budget (described in ``ask``) from the
-        cost model, and runs again from the start with that latency known."""
-        self.step[0] = step
-        self._outcome[:] = 0
+    def run(self, decide: Any, cost: CostModel, *step: Any) -> Outcome:
+        """Run the compiled ``decide`` on the inputs ``step`` (``Step``'s fields, in order) to
+        completion. While it returns a token budget, it needs the latency of the full batch at
+        that budget (described in ``ask``) from the cost model, and runs again from the start
+        with that latency known."""
+        if self.exact_kv:
+            self._outcome[:] = 0  # the Oracle's counters accumulate over its passes
         arrays = self.arrays
         asked = []
-        while (need := decide(arrays)) >= 0:
+        while (need := decide(arrays, *step)) >= 0:
             a = Ask._make(self._ask.tolist())
             self._full_batch[need] = cost.iteration_time(BatchShape(
                 int(a.prefill_tokens), int(a.prefill_tokens > 0), a.prefill_attn,
