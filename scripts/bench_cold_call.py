@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 @numba.njit(cache=False)
 def _trivial(d: Any, *step: Any) -> Any:
-    return d.step[0].n
+    return d.state[0].step.n
 
 
 def _loop() -> int:
@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     schedule()
     t = pol._table
     ws = pol._prepare(view)
-    arrays, step = ws.arrays, ws.step[0].item()  # the last decision's arrays and inputs
+    arrays = ws.arrays
+    step = arrays.state.view(np.ndarray)["step"][0].item()  # the last decision's inputs
     build, decide = accelgen_compiled.load()
     jit_entry = accelgen_compiled._load_jit()
     # (-1: a linear cost model, nothing to ask)

@@ -114,7 +114,7 @@ class AccelGenPolicy(Policy):
         if t.n == 0:
             return {}
         budget = float(self._decide(ws, view, plan_only=True).budget)
-        c, t_max = ws.arrays.cand.view(np.ndarray), float(ws.arrays.ledger.t_max[0])
+        c, t_max = ws.arrays.cand.view(np.ndarray), float(ws.arrays.state[0].ledger.t_max)
         return {int(t.req_id[s]): {
             "slack": float(c["slack"][s]), "urgent": float(c["urgent"][s]),
             "slo_iter": float(c["slo_iter"][s]), "n_chunks": float(c["n_chunks"][s]),

@@ -70,11 +70,24 @@ def _signature() -> tuple[Any, ...]:
             *(kinds[t] for t in get_type_hints(Step).values()))
 
 
+def _compile(compile_: Callable[[], object]) -> None:
+    """Run numba's compilation; once more after dropping the decision's JIT cache if that cache
+    cannot be read. (numba unpickles a cache index before checking that it is stale, and the
+    index of a signature names the workspace's classes: after such a class changes, reading it
+    fails.)"""
+    try:
+        compile_()
+    except (AttributeError, ImportError):
+        for stale in (_HERE / "__pycache__").glob("accelgen_decision.*.nb[ic]"):
+            stale.unlink(missing_ok=True)
+        compile_()
+
+
 def _load_jit() -> DecideFn:
     from accelgen.policies.accelgen_decision import decide
 
     sig = _signature()
-    decide.compile(sig)
+    _compile(lambda: decide.compile(sig))
     # The compiled entry point, called directly: numba's dispatcher would resolve the argument
     # types on every call (the arrays keep their types: same dtypes, same layout; the scalars
     # are converted to the declared types).
@@ -128,7 +141,7 @@ def build(out: Path | None = None) -> Path:
         cc.output_dir = tmp
         cc.use_nrt = False
         cc.export("decide", types.int64(*_signature()))(decide.py_func)
-        cc.compile()
+        _compile(cc.compile)
         (built,) = Path(tmp).glob(name + "*")
         os.replace(built, out)
     for stale in out.parent.glob("accelgen_decision_*"):  # builds of earlier sources

@@ -6,11 +6,11 @@ compiled with numba, run by the simulator and by the vLLM plugin alike.
 lost, eligible; the running batch's shape), ``_plan`` (slack and urgency at the last budget's
 T_max, SLO_min, the token budget, SPEC 4.2), ``_form`` (step 1 with preemption, Algorithm 1;
 step 2, slack groups and Euclidean selection, Algorithm 2; the deadlock breaker; ERA in
-``_add``), ``_diagnostics``. Variants are flags in ``d.params``: the ablations, the budget rule,
-ERA and its scope, the Oracle's exact KV plan.
+``_add``), ``_diagnostics``. Variants are flags in its parameters: the ablations, the budget
+rule, ERA and its scope, the Oracle's exact KV plan.
 
 A linear cost model (``CostModel.linear_terms``) is evaluated here (``linear_time``). For any
-other, ``decide`` returns the budget whose full-batch latency it needs (the batch in ``d.ask``)
+other, ``decide`` returns the budget whose full-batch latency it needs (the batch in ``d.state``'s ``ask``)
 and the caller (``Workspace.run``) calls it again with the latency in ``d.times``: the decision
 is a pure function of its inputs, so it repeats the same steps up to there. It runs
 ahead-of-time compiled (``accelgen_compiled``), else through numba's JIT; with
@@ -51,7 +51,7 @@ def slack(to_deadline: float, chunks: float, t_max: float) -> float:
 @_jit
 def _blocks_to_add(d: Any, s: int, c: int) -> int:
     """Blocks request ``s`` must add to hold KV for ``c`` more tokens."""
-    r, bs = d.requests[s], d.params[0].block_size
+    r, bs = d.requests[s], d.state[0].params.block_size
     return max((r.computed + c + bs - 1) // bs - r.blocks, 0)
 
 
@@ -70,17 +70,17 @@ def _owed(d: Any, s: int) -> int:
     """Blocks promised to running ``s``: its remaining prompt or next token, plus growth."""
     c = d.cand[s]
     if c.owed < 0:
-        c.owed = _blocks_to_add(d, s, c.rem + d.params[0].growth)
+        c.owed = _blocks_to_add(d, s, c.rem + d.state[0].params.growth)
     return c.owed
 
 
 @_jit
 def _owed_after(d: Any, s: int, c: int) -> int:
     """Blocks owed to ``s`` after it ran ``c`` tokens (the rest, or its next token, + growth)."""
-    r, bs, rem = d.requests[s], d.params[0].block_size, d.cand[s].rem
+    r, bs, rem = d.requests[s], d.state[0].params.block_size, d.cand[s].rem
     done = r.computed + c
     held = max(r.blocks, (done + bs - 1) // bs)
-    nxt = (rem - c if c < rem else 1) + d.params[0].growth
+    nxt = (rem - c if c < rem else 1) + d.state[0].params.growth
     return max(0, (done + nxt + bs - 1) // bs - held)
 
 
@@ -88,7 +88,7 @@ def _owed_after(d: Any, s: int, c: int) -> int:
 def _admission_need(d: Any, s: int) -> int:
     """Blocks a prompt holding no KV needs to start: all of it, its first token and the growth
     reserve, the reserve capped at the KV's size (a request that fits alone can always start)."""
-    c, par = d.cand[s], d.params[0]
+    c, par = d.cand[s], d.state[0].params
     if c.admission_blocks < 0:
         c.admission_blocks = max(_blocks_to_add(d, s, c.rem + 1), min(
             _blocks_to_add(d, s, c.rem + 1 + par.growth), par.total_blocks))
@@ -98,29 +98,29 @@ def _admission_need(d: Any, s: int) -> int:
 @_jit
 def _admissible(d: Any) -> int:
     """Free blocks owed to no running request."""
-    return d.ledger[0].kv_free - d.ledger[0].reserved
+    return d.state[0].ledger.kv_free - d.state[0].ledger.reserved
 
 
 @_jit
 def _prompt_room(d: Any, s: int) -> int:
     """Tokens running prompt ``s`` may add: its last block's room plus the free blocks owed to
     nobody else."""
-    r, bs = d.requests[s], d.params[0].block_size
-    spare = min(d.ledger[0].kv_free, _admissible(d) + _owed(d, s))
+    r, bs = d.requests[s], d.state[0].params.block_size
+    spare = min(d.state[0].ledger.kv_free, _admissible(d) + _owed(d, s))
     return max(0, r.blocks * bs - r.computed) + max(0, spare) * bs
 
 
 @_jit
 def _final_blocks(d: Any, s: int) -> int:
     """(Oracle) Blocks ``s`` holds at its last forward pass: prompt + true output - 1 tokens."""
-    r, bs = d.requests[s], d.params[0].block_size
+    r, bs = d.requests[s], d.state[0].params.block_size
     return (r.prompt + r.true_out - 1 + bs - 1) // bs
 
 
 # -- 1. per-candidate columns ------------------------------------------------------------------
 @_jit
 def _columns(d: Any) -> None:
-    st, par, led, out = d.step[0], d.params[0], d.ledger[0], d.outcome[0]
+    st, par, led, out = d.state[0].step, d.state[0].params, d.state[0].ledger, d.state[0].outcome
     # ERA: the owner keeps it until its prefill completes (scope prefill) or it finishes (scope
     # request); a preempted owner holds no KV and releases it too.
     owner = st.era_owner if par.era else -1
@@ -160,7 +160,7 @@ def _oracle_admission(d: Any) -> None:
     """(Oracle, exact KV plan) A request is admitted only if its final KV fits in the free KV not
     promised to the final KV of the running requests, so no preemption is ever needed; requests
     an earlier pass over-admitted stay out."""
-    st, out = d.step[0], d.outcome[0]
+    st, out = d.state[0].step, d.state[0].outcome
     promised = 0
     for i in range(st.n):
         if d.requests[i].running:
@@ -181,7 +181,7 @@ def _urgency(d: Any, t_max: float) -> float:
     """Slack, urgency, counted and key of every candidate at ``t_max``; returns SLO_min, the
     tightest per-iteration SLO among the urgent requests and the head slack group (inf if
     none)."""
-    st, par = d.step[0], d.params[0]
+    st, par = d.state[0].step, d.state[0].params
     best, k1, any_rest = math.inf, math.inf, False
     for i in range(st.n):
         c = d.cand[i]
@@ -218,7 +218,7 @@ def _urgency(d: Any, t_max: float) -> float:
 @_jit
 def _forward_time(d: Any, budget: int) -> float:
     """The cost model's ``forward_time(budget)`` (a prefill-only iteration)."""
-    par = d.params[0]
+    par = d.state[0].params
     if par.cost_linear:
         return _linear_time(par, budget, 0, budget * (0 + (budget + 1) / 2))
     return d.times[budget].forward
@@ -229,8 +229,8 @@ def _t_max(d: Any, budget: int) -> float:
     """T_max, the paper's "maximum batch execution time" at ``budget`` tokens: every running
     decode with its KV context plus a prompt chunk filling the rest of the budget at the longest
     running prompt's context (decision 10), never less than ``forward_time(budget)``. NaN when
-    the cost model has to be asked (the batch is then in ``d.ask``)."""
-    par, led = d.params[0], d.ledger[0]
+    the cost model has to be asked (the batch is then in ``ask``)."""
+    par, led = d.state[0].params, d.state[0].ledger
     n = min(led.n_decodes, budget)
     ctx = led.decode_ctx if n == led.n_decodes else led.decode_ctx * n // max(led.n_decodes, 1)
     prefill = budget - n if budget > n else 0
@@ -240,7 +240,7 @@ def _t_max(d: Any, budget: int) -> float:
     else:
         full = d.times[budget].full_batch
         if math.isnan(full):
-            ask = d.ask[0]
+            ask = d.state[0].ask
             ask.prefill_tokens, ask.prefill_attn, ask.decode_seqs, ask.decode_ctx = (
                 prefill, attn, n, ctx)
             return math.nan
@@ -272,7 +272,7 @@ def _budget_for(d: Any, slo: float) -> tuple[int, bool, bool]:
     """(S_b, clamped low, clamped high) for the tightest per-iteration SLO: ``paper``:
     S_pf x SLO_min / T_pf; ``model``: the largest forward size whose latency fits SLO_min;
     clamped to [min_budget, cap]."""
-    par = d.params[0]
+    par = d.state[0].params
     if not math.isfinite(slo):  # nothing constrains it
         return par.cap, False, slo > 0
     raw = 0
@@ -295,7 +295,7 @@ def _plan(d: Any) -> int:
     budget for that SLO_min, and when the new budget's T_max is longer, urgency again at it (a
     larger budget means longer iterations). Returns -1, or a budget whose full-batch latency
     the cost model must give first."""
-    st, led, out = d.step[0], d.ledger[0], d.outcome[0]
+    st, led, out = d.state[0].step, d.state[0].ledger, d.state[0].outcome
     t_prev = _t_max(d, st.prev_budget)
     if math.isnan(t_prev):
         return st.prev_budget
@@ -355,24 +355,25 @@ def _merge_sort(idx: Any, m: int, keys: Any, tmp: Any, descending: bool) -> None
 @_jit
 def _sort_slots(d: Any, idx: Any, m: int, keys: Any, descending: bool) -> None:
     """Sort the slots ``idx[:m]`` by ``keys[slot]`` (a candidate column), stably. The keys are
-    gathered into ``d.scratch`` first: sorting contiguous numbers is about twice as fast as
-    reaching into the records."""
-    sc = d.scratch
+    gathered into contiguous scratch first (``d.scratch``: keys, a permutation of positions, a
+    merge buffer): sorting contiguous numbers is about twice as fast as reaching into the
+    candidates' records."""
+    n = d.scratch.size // 3
+    sorted_keys, order, tmp = d.scratch[:n].view(np.float64), d.scratch[n:2 * n], d.scratch[2 * n:]
     for p in range(m):
-        sc.keys[p] = keys[idx[p]]
-        sc.order[p] = p
-    _merge_sort(sc.order, m, sc.keys, sc.tmp, descending)
+        sorted_keys[p], order[p] = keys[idx[p]], p
+    _merge_sort(order, m, sorted_keys, tmp, descending)
     for p in range(m):
-        sc.tmp[p] = idx[sc.order[p]]
+        tmp[p] = idx[order[p]]
     for p in range(m):
-        idx[p] = sc.tmp[p]
+        idx[p] = tmp[p]
 
 
 # -- the batch ledger --------------------------------------------------------------------------
 @_jit
 def _add(d: Any, s: int, c: int) -> None:
     """``s`` joins the batch with ``c`` tokens."""
-    led, out, cs = d.ledger[0], d.outcome[0], d.cand[s]
+    led, out, cs = d.state[0].ledger, d.state[0].outcome, d.cand[s]
     if d.requests[s].running:
         led.reserved -= _owed(d, s)
     else:
@@ -386,23 +387,23 @@ def _add(d: Any, s: int, c: int) -> None:
     if not cs.is_decode and c < cs.rem:
         d.lists[out.n_cut].cut_chunks = c
         out.n_cut += 1
-    if d.params[0].era and cs.is_long and out.era_owner < 0:
+    if d.state[0].params.era and cs.is_long and out.era_owner < 0:
         out.era_owner = s  # ERA: no other long prompt starts while this one is in prefill
-        for i in range(d.step[0].n):
+        for i in range(d.state[0].step.n):
             if d.cand[i].is_long:
                 d.cand[i].available = False
 
 
 @_jit
 def _era_blocked(d: Any, s: int) -> bool:
-    owner = d.outcome[0].era_owner
-    return d.params[0].era and d.cand[s].is_long and 0 <= owner != s
+    owner = d.state[0].outcome.era_owner
+    return d.state[0].params.era and d.cand[s].is_long and 0 <= owner != s
 
 
 # -- preemption --------------------------------------------------------------------------------
 @_jit
 def _preempt(d: Any, v: int) -> None:
-    led, out = d.ledger[0], d.outcome[0]
+    led, out = d.state[0].ledger, d.state[0].outcome
     d.lists[out.n_preempted].preempted = v
     out.n_preempted += 1
     # As vLLM V1: nothing else is admitted in a step that preempted, so blocks freed for an
@@ -422,7 +423,7 @@ def _room(d: Any, kind: int, s: int) -> int:
     decode's next one), tokens (a running prompt's chunk)."""
     if kind == _FOR_ADMISSION:
         return _admissible(d)
-    return d.ledger[0].kv_free if kind == _FOR_DECODE else _prompt_room(d, s)
+    return d.state[0].ledger.kv_free if kind == _FOR_DECODE else _prompt_room(d, s)
 
 
 @_jit
@@ -431,12 +432,12 @@ def _free_kv(d: Any, kind: int, need: int, s: int, min_key: float) -> None:
     ``need`` (Algorithm 1, lines 2-4), only those whose slack once preempted exceeds
     ``min_key``. The victims are sorted once, when first needed (most decisions preempt
     nobody); the Oracle's exact plan has none."""
-    led, lists = d.ledger[0], d.lists
+    led, lists = d.state[0].ledger, d.lists
     if _room(d, kind, s) >= need:
         return
     if led.n_victims < 0:
         led.n_victims = 0
-        for i in range(0 if d.params[0].exact_kv else d.step[0].n):
+        for i in range(0 if d.state[0].params.exact_kv else d.state[0].step.n):
             if d.requests[i].running:
                 lists[led.n_victims].victims = i
                 led.n_victims += 1
@@ -457,8 +458,8 @@ def _victim_min_key(d: Any, s: int) -> float:
     group (gamma) and not urgent once preempted (T_max)."""
     if d.requests[s].running:
         return d.cand[s].victim_key
-    floor = d.ledger[0].t_max if d.params[0].order else -math.inf
-    return max(d.cand[s].key + d.params[0].gamma, floor)
+    floor = d.state[0].ledger.t_max if d.state[0].params.order else -math.inf
+    return max(d.cand[s].key + d.state[0].params.gamma, floor)
 
 
 @_jit
@@ -466,7 +467,7 @@ def _force(d: Any, s: int, min_key: float, oversize: bool) -> bool:
     """Add ``s`` with the largest chunk the budget allows, preempting running requests whose
     slack once preempted exceeds ``min_key`` if its KV does not fit. ``oversize`` lets a whole
     prompt exceed the budget (the /Chunk starvation guard)."""
-    led, c, chunk = d.ledger[0], d.cand[s], d.params[0].chunk
+    led, c, chunk = d.state[0].ledger, d.cand[s], d.state[0].params.chunk
     tokens = 1 if c.is_decode else (c.rem if oversize or not chunk else min(c.rem, led.budget_left))
     if tokens < 1 or (not c.is_decode and not chunk and not oversize and c.rem > led.budget_left):
         return False
@@ -496,7 +497,7 @@ def _add_urgent(d: Any) -> None:
     each chunk cut where the budget ends (a prompt's demand is elastic under dynamic chunking,
     so cutting it is the smallest way to remove a budget deficit). When KV runs out, running
     requests with a larger slack are preempted."""
-    led, lists = d.ledger[0], d.lists
+    led, lists = d.state[0].ledger, d.lists
     # Decodes whose next token fits now (no new block, or one while blocks are free) join at
     # once; the others (``short``) preempt for theirs.
     limit, free, seen, with_block, n_short = led.budget_left, led.kv_free, 0, 0, 0
@@ -534,7 +535,7 @@ def _oversize_head(d: Any) -> int:
     first prompt in queue order it runs whole as the only prompt of the batch (decodes still
     join), so it cannot starve. Returns its slot, or -1."""
     h, best = -1, math.inf
-    for i in range(0 if d.params[0].chunk else d.step[0].n):
+    for i in range(0 if d.state[0].params.chunk else d.state[0].step.n):
         c = d.cand[i]
         if not c.eligible or c.is_decode:
             continue
@@ -543,14 +544,14 @@ def _oversize_head(d: Any) -> int:
             break
         if h < 0 or c.key < best:
             h, best = i, c.key
-    return h if h >= 0 and d.cand[h].rem > d.outcome[0].budget else -1
+    return h if h >= 0 and d.cand[h].rem > d.state[0].outcome.budget else -1
 
 
 # -- 3b. step 2: SelectRequests (Algorithm 2) --------------------------------------------------
 @_jit
 def _feasible(d: Any, s: int) -> bool:
     """``s`` could still join with its smallest piece of work (a whole prompt under /Chunk)."""
-    led, c, chunk = d.ledger[0], d.cand[s], d.params[0].chunk
+    led, c, chunk = d.state[0].ledger, d.cand[s], d.state[0].params.chunk
     if not d.requests[s].running:
         return (led.admissions >= 1 and _admission_need(d, s) <= _admissible(d)
                 and (chunk or c.rem <= led.budget_left))
@@ -566,7 +567,7 @@ def _feasible(d: Any, s: int) -> bool:
 def _next_group(d: Any) -> int:
     """The next slack group into ``lists.group``: the feasible available candidates whose key is
     within gamma of the smallest, in key order. Returns its size (0: none)."""
-    led, lists, gn, limit = d.ledger[0], d.lists, 0, 0.0
+    led, lists, gn, limit = d.state[0].ledger, d.lists, 0, 0.0
     for j in range(led.order_head, led.n_order):
         s = lists[j].order
         c = d.cand[s]
@@ -577,7 +578,7 @@ def _next_group(d: Any) -> int:
         if not _feasible(d, s):
             continue
         if gn == 0:
-            limit = c.key + d.params[0].gamma
+            limit = c.key + d.state[0].params.gamma
         elif c.key > limit:
             break
         lists[gn].group = s
@@ -589,7 +590,7 @@ def _next_group(d: Any) -> int:
 def _select(d: Any) -> None:
     """Step 2: SelectRequests on the head slack group, then on the following groups while budget
     and KV are left (forward size = S_b while work is available; decision 6)."""
-    led, out, par = d.ledger[0], d.outcome[0], d.params[0]
+    led, out, par = d.state[0].ledger, d.state[0].outcome, d.state[0].params
     while led.budget_left > 0:
         gn = _next_group(d)
         if gn == 0:
@@ -622,8 +623,8 @@ def _select(d: Any) -> None:
 @_jit
 def _prompt_chunk(d: Any, s: int) -> int:
     """Chunk of running prompt ``s`` that fits the budget and its KV room (0: none)."""
-    rem, left, room = d.cand[s].rem, d.ledger[0].budget_left, _prompt_room(d, s)
-    if d.params[0].chunk:
+    rem, left, room = d.cand[s].rem, d.state[0].ledger.budget_left, _prompt_room(d, s)
+    if d.state[0].params.chunk:
         return min(rem, left, room)
     return rem if rem <= left and rem <= room else 0
 
@@ -633,7 +634,7 @@ def _best_fresh(d: Any, fl: int) -> tuple[int, int]:
     """The closest of the first ``fl`` prompts holding no KV (sorted by remaining length), as
     (index, chunk), index -1 if none: one at least A_c long that may be admitted, cut to A_c
     (the smallest key among them); else the longest that fits whole (smaller key on ties)."""
-    led, par = d.ledger[0], d.params[0]
+    led, par = d.state[0].ledger, d.state[0].params
     if fl == 0 or led.admissions < 1:
         return -1, 0
     rem, key, a_c = d.lists.fresh_rem[:fl], d.lists.fresh_key, led.budget_left
@@ -679,7 +680,7 @@ def _select_euclidean(d: Any, gn: int) -> None:
     coordinates grow with c, so among prompts that fit whole the longest is closest (a
     bisection), and one at least A_c long, cut to A_c, closer still. The few running prompts are
     compared one by one."""
-    led, out, lists, bs = d.ledger[0], d.outcome[0], d.lists, d.params[0].block_size
+    led, out, lists, bs = d.state[0].ledger, d.state[0].outcome, d.lists, d.state[0].params.block_size
     fl = pn = nb = na = 0  # pool sizes: fresh prompts, running prompts, decodes (block / none)
     for j in range(gn):
         s = lists[j].group
@@ -726,7 +727,7 @@ def _select_euclidean(d: Any, gn: int) -> None:
         if best_kind == 0:
             s = lists[best_j].fresh
             _add(d, s, best_c)
-            long_out = out.era_owner == s and d.params[0].era  # other long prompts leave too
+            long_out = out.era_owner == s and d.state[0].params.era  # other long prompts leave too
             w = 0 if long_out else best_j
             for i in range(w, fl):
                 if i != best_j and not (long_out and d.cand[lists[i].fresh].is_long):
@@ -759,7 +760,7 @@ def _select_euclidean(d: Any, gn: int) -> None:
 def _fill_in_order(d: Any, gn: int) -> None:
     """/Batch: take the group's candidates in key order, skipping those that do not fit; a
     prompt is cut where the budget or the free KV ends."""
-    led, chunk = d.ledger[0], d.params[0].chunk
+    led, chunk = d.state[0].ledger, d.state[0].params.chunk
     for j in range(gn):
         if led.budget_left <= 0:
             return
@@ -788,13 +789,13 @@ def _ensure_progress(d: Any) -> None:
     lists, m = d.lists, 0
     for running in (True, False):
         first = m
-        for i in range(d.step[0].n):
+        for i in range(d.state[0].step.n):
             if d.cand[i].available and d.requests[i].running == running:
                 lists[m].fallback = i
                 m += 1
         _sort_slots(d, lists.fallback[first:], m - first, d.cand.key, False)
     for j in range(m):
-        if _force(d, lists[j].fallback, -math.inf, not d.params[0].chunk):
+        if _force(d, lists[j].fallback, -math.inf, not d.state[0].params.chunk):
             _select(d)  # the preemption may have made room for more
             return
 
@@ -802,7 +803,8 @@ def _ensure_progress(d: Any) -> None:
 @_jit
 def _form(d: Any) -> None:
     """Step 1, step 2 and the deadlock breaker, on the plan in the ledger."""
-    st, par, led, out, lists = d.step[0], d.params[0], d.ledger[0], d.outcome[0], d.lists
+    g, lists = d.state[0], d.lists
+    st, par, led, out = g.step, g.params, g.ledger, g.outcome
     led.budget_left, led.kv_free, led.admissions = out.budget, st.free_blocks, st.admissions_left
     led.reserved = out.n_sched = out.n_preempted = out.n_cut = 0
     led.n_groups = led.victim_head = led.order_head = 0
@@ -847,7 +849,7 @@ def _form(d: Any) -> None:
 def _over_admitted(d: Any) -> bool:
     """(Oracle) Fresh admissions, in batch order, whose final KV no longer fits after the earlier
     ones: noted for the next pass, which excludes them. False if there are none."""
-    out = d.outcome[0]
+    out = d.state[0].outcome
     left, before = out.oracle_admissible, out.oracle_n_over
     for j in range(out.n_sched):
         s = d.lists[j].slots
@@ -865,7 +867,7 @@ def _over_admitted(d: Any) -> bool:
 # -- 4. diagnostics ----------------------------------------------------------------------------
 @_jit
 def _diagnostics(d: Any) -> None:
-    st, led, out, info = d.step[0], d.ledger[0], d.outcome[0], d.info[0]
+    st, led, out, info = d.state[0].step, d.state[0].ledger, d.state[0].outcome, d.state[0].info
     n_late = n_lost = n_dec = max_chunk = 0
     for i in range(st.n):
         n_late += d.cand[i].slack < 0.0
@@ -895,9 +897,9 @@ def decide(d: Any, n: int, now: float, chunk_mean: float, era_owner: int, prev_b
     ``now``, with the running mean chunk length, the ERA owner's slot (-1: none), the previous
     budget, the free KV blocks, the admissions left and whether to stop after the plan (the
     ``Step`` fields). Returns -1 when it is complete (the batch in ``d.lists`` and
-    ``d.outcome``, diagnostics in ``d.info``), or a token budget whose full-batch latency the
+    ``d.state``'s ``outcome``, diagnostics in its ``info``), or a token budget whose full-batch latency the
     cost model must give first."""
-    st = d.step[0]
+    st = d.state[0].step
     st.n, st.now, st.chunk_mean, st.era_owner = n, now, chunk_mean, era_owner
     st.prev_budget, st.free_blocks, st.admissions_left, st.plan_only = (
         prev_budget, free_blocks, admissions_left, plan_only)
@@ -907,6 +909,6 @@ def decide(d: Any, n: int, now: float, chunk_mean: float, era_owner: int, prev_b
         if need >= 0 or plan_only:
             return need
         _form(d)
-        if not (d.params[0].exact_kv and _over_admitted(d)):
+        if not (d.state[0].params.exact_kv and _over_admitted(d)):
             _diagnostics(d)
             return -1

@@ -66,12 +66,7 @@ LISTS = np.dtype([
 ], align=True)
 
 
-class Scratch(NamedTuple):
-    """Contiguous arrays for sorting (keys gathered by position, a permutation, a buffer)."""
 
-    keys: np.ndarray
-    order: np.ndarray
-    tmp: np.ndarray
 
 
 
@@ -168,24 +163,22 @@ BUDGET_TIME = np.dtype([
 NO_ADMISSION_CAP = 1 << 60
 
 
+# One record of everything that is not per request (one array for the compiled call to take).
+STATE = np.dtype([("step", STEP), ("ledger", LEDGER), ("outcome", OUTCOME), ("ask", ASK),
+                  ("params", PARAMS), ("info", INFO)], align=True)
+
+
 class DecisionArrays(NamedTuple):
-    """What the compiled decision reads and writes (see the module docstring)."""
+    """What the compiled decision reads and writes (see the module docstring). Few arrays: in
+    vLLM each one handed to compiled code costs a fraction of a microsecond, cache misses
+    included, at every step."""
 
-    requests: np.recarray
-    cand: np.recarray
-    lists: np.recarray
-    step: np.recarray
-    ledger: np.recarray
-    outcome: np.recarray
-    ask: np.recarray
-    params: np.recarray
-    info: np.recarray
-    times: np.recarray
-    scratch: Scratch
-
-
-def _scratch(n: int) -> Scratch:
-    return Scratch(np.zeros(n, np.float64), np.zeros(n, np.int64), np.zeros(n, np.int64))
+    requests: np.recarray  # the table's rows (REQUEST)
+    cand: np.recarray  # CANDIDATE per request
+    lists: np.recarray  # LISTS
+    state: np.recarray  # STATE: step, ledger, outcome, ask, params, info
+    times: np.recarray  # BUDGET_TIME per token budget
+    scratch: np.ndarray  # int64 x 3 x capacity: sort keys (float64 bits), a permutation, a buffer
 
 
 def _records(dtype: np.dtype, n: int) -> np.recarray:
@@ -194,31 +187,32 @@ def _records(dtype: np.dtype, n: int) -> np.recarray:
 
 class Workspace:
     """One policy's decision arrays, sized for its table (grown with it), and the loop that asks
-    the cost model what the compiled decision cannot compute itself. The policy uses plain
-    ndarray views (a record's attribute access from Python costs a microsecond or two):
-    ``step`` is assigned whole, ``outcome`` and ``ask`` read whole into their NamedTuples,
-    ``info_values`` is the diagnostics, ``slots``/``tokens``/``preempted``/``cut_chunks`` the
-    output lists."""
+    the cost model what the compiled decision cannot compute itself. The policy reads the
+    all-int64 outcome, the all-float64 ask and diagnostics through plain array views of the
+    state record (a record's attribute access from Python costs a microsecond or two), and the
+    output lists ``slots``/``tokens``/``preempted``/``cut_chunks`` through field views."""
 
     def __init__(self, table: RequestTable) -> None:
         self.capacity = table.capacity
-        self.step = np.zeros(1, STEP)
-        self._outcome = np.zeros(len(Outcome._fields), np.int64)
-        self._ask = np.zeros(len(Ask._fields), np.float64)
-        self.info_values = np.zeros(len(INFO_KEYS), np.float64)
-        self.params = _records(PARAMS, 1)
+        state = np.zeros(1, STATE)
+        self._outcome = self._part(state, "outcome", np.int64)
+        self._ask = self._part(state, "ask", np.float64)
+        self.info_values = self._part(state, "info", np.float64)
         self.times = _records(BUDGET_TIME, 1)
         self._full_batch = self.times.view(np.ndarray)["full_batch"]
         self.arrays = DecisionArrays(
             table.rows, _records(CANDIDATE, self.capacity), _records(LISTS, self.capacity),
-            self.step.view(np.recarray), _records(LEDGER, 1),
-            self._outcome.view(OUTCOME).view(np.recarray), self._ask.view(ASK).view(np.recarray),
-            self.params, self.info_values.view(INFO).view(np.recarray), self.times,
-            _scratch(self.capacity))
+            state.view(np.recarray), self.times, np.zeros(3 * self.capacity, np.int64))
         self._lists_views()
         self.configured: tuple[object, ...] = ()
         self.exact_kv = False
         self._terms: LinearTerms | None = None
+
+    @staticmethod
+    def _part(state: np.ndarray, name: str, dtype: type) -> np.ndarray:
+        """A sub-record of ``state`` whose fields all have ``dtype``, as a plain array."""
+        sub, offset = STATE.fields[name][:2]  # type: ignore[index]
+        return state.view(np.uint8)[offset:offset + sub.itemsize].view(dtype)
 
     def _lists_views(self) -> None:
         lists = self.arrays.lists.view(np.ndarray)
@@ -235,7 +229,7 @@ class Workspace:
         """The fixed inputs: parameters, KV geometry, budget clamps, and what the cost model
         offers compiled code (``CostModel.linear_terms``; otherwise a table of forward times over
         the budgets the decision can choose, 0..cap + 1)."""
-        par = self.params[0]
+        par = self.arrays.state[0].params
         par.order, par.chunk, par.batch = p.order, p.chunk, p.batch
         par.gamma, par.spill_groups = p.gamma, p.spill_groups
         par.budget_model = p.budget_rule == "model"
@@ -261,7 +255,7 @@ class Workspace:
         if terms is self._terms:
             return
         self._terms = terms
-        par = self.params[0]
+        par = self.arrays.state[0].params
         par.cost_linear = terms is not None
         if terms is not None:
             par.base_s, par.per_token_s, par.per_ctx_s, par.per_attn_s = terms
@@ -272,7 +266,7 @@ class Workspace:
             self.capacity = table.capacity
             self.arrays = self.arrays._replace(cand=_records(CANDIDATE, table.capacity),
                                                lists=_records(LISTS, table.capacity),
-                                               scratch=_scratch(table.capacity))
+                                               scratch=np.zeros(3 * table.capacity, np.int64))
             self._lists_views()
         self.arrays = self.arrays._replace(requests=table.rows)
 
