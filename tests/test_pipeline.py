@@ -101,9 +101,29 @@ def test_bad_config_names_the_key(case):
     assert key in str(err.value), str(err.value)
 
 
-@pytest.mark.parametrize("case", ["unknown policy", "negative rate", "missing trace file"])
+# Errors only the grid's expansion shows (a derived workload), raised when the Grid is built.
+BAD_GRID = {
+    "long-prompt shares of a non-synthetic workload": (
+        {"workload_variants": {"small": {"kind": "vidur_csv",
+                                         "path": "tests/fixtures/workloads/vidur.csv",
+                                         "sampling": "sequential", "num_requests": None}}},
+        "experiments.sensitivity.long_fractions: needs a synthetic workload"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_GRID), ids=list(BAD_GRID))
+def test_bad_derived_workload_names_the_key(case):
+    over, key = BAD_GRID[case]
+    cfg = pc.load(pc.deep_merge(quick_dict(), over))
+    with pytest.raises(pc.PipelineConfigError) as err:
+        Grid(cfg)
+    assert str(err.value).startswith("invalid pipeline config:") and key in str(err.value)
+
+
+@pytest.mark.parametrize("case", ["unknown policy", "negative rate", "missing trace file",
+                                  *BAD_GRID])
 def test_bad_config_stops_snakemake_before_any_job(case, tmp_path):
-    over, key = BAD[case]
+    over, key = {**BAD, **BAD_GRID}[case]
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(pc.deep_merge(quick_dict(), over)))
     res = snakemake("-n", "--configfile", str(bad))
@@ -133,7 +153,7 @@ def test_dry_run_plans_the_grid(path):
     grid = Grid(pc.load_file(path))
     assert counts.get("simulate") == len(grid.runs())
     assert counts.get("trace") == len(grid.traces())
-    assert counts.get("aggregate") == len(grid.figures) + 1  # + headline.csv
+    assert counts.get("aggregate") == len(grid.figures) + 1  # + claims.csv
     fidelity = int(grid.cfg.fidelity_on)  # notebook_fidelity (rules/fidelity.smk)
     assert sum(v for k, v in counts.items() if k.startswith("notebook_")) == \
         len(grid.groups()) + fidelity
