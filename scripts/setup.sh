@@ -16,4 +16,8 @@ fi
 if [[ "${1:-}" == "--gpu" ]]; then
   bash scripts/install_gpu.sh .venv
 fi
+# AccelGen's decision compiled ahead of time, for the numba and numpy just installed (fresh processes then start deciding at once);
+# without a C compiler it is compiled by numba's JIT on first use instead.
+.venv/bin/python -m accelgen.policies.accelgen_compiled build \
+  || echo "setup: AccelGen's decision not built ahead of time; numba's JIT will compile it"
 echo "setup: .venv ready ($(.venv/bin/python --version))"

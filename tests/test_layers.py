@@ -18,10 +18,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "accelgen"
 
 # Circles that exist on this branch and belong to other work: each is an expected failure
 # (strict: once it is gone, its test fails until the entry is removed here).
-KNOWN_CIRCLES: dict[frozenset[str], str] = {
-    frozenset({"accelgen.policies.accelgen", "accelgen.policies.accelgen_kernel"}):
-        "issue 16, the one AccelGen decision",
-}
+KNOWN_CIRCLES: dict[frozenset[str], str] = {}
 
 # package -> packages it must never import. sim and vllm_integration are the two backends (they
 # write through results, which imports neither); pipeline and profiling sit on top of both.

@@ -42,9 +42,12 @@ from typing import Any, NoReturn
 import numpy as np
 import pandas as pd
 
+from accelgen.vllm_integration.llvmlite_guard import refuse_dunder_lookups
 from accelgen.vllm_integration.version import check_vllm_version
 
 check_vllm_version()
+# Engines started later in this process (a second one, or after the JIT decision) need it.
+refuse_dunder_lookups()
 
 # vLLM imports follow the version check on purpose: on another version they may not even exist.
 from vllm.v1.core.sched.interface import PauseState  # noqa: E402
@@ -60,6 +63,7 @@ from vllm.v1.request import Request as VRequest  # noqa: E402
 from vllm.v1.request import RequestStatus  # noqa: E402
 
 from accelgen.costmodel.base import BatchShape  # noqa: E402
+from accelgen.costmodel.linear import OnlineLinearCostModel  # noqa: E402
 from accelgen.kvcache import KVQueries  # noqa: E402
 from accelgen.policies.base import Decision, Pivot, Policy, SchedulerView  # noqa: E402
 from accelgen.policies.registry import make_policy  # noqa: E402
@@ -67,7 +71,6 @@ from accelgen.request import Request, Status, length_cap_reason, served_output_l
 from accelgen.results import IterationLog, requests_frame  # noqa: E402
 from accelgen.vllm_integration.config import (  # noqa: E402
     AdapterConfig,
-    OnlineLinearCostModel,
     SLOError,
     build_cost_model,
     build_pivot,
