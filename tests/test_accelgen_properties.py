@@ -28,6 +28,7 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("accelgen", {"era_scope": "prefill", "long_prompt_threshold": 200}),
     ("accelgen", {"long_prompt_threshold": 200}),
     ("accelgen", {"budget_rule": "model"}),
+    ("accelgen", {"budget_rule": "paper"}),
     ("accelgen", {"late_is_urgent": True}),
     ("accelgen", {"kv_growth_reserve": 0, "gamma": 0.0}),
     ("accelgen", {"spill_groups": False, "max_num_seqs": 3}),
@@ -69,3 +70,18 @@ def test_invariants_hold(name: str, params: dict[str, Any], trace, num_blocks: i
             assert r.status.name == "FINISHED", (name, params, r.req_id, r.reject_reason)
     if inner.params.era:
         assert policy.most_long <= 1
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(trace=mixed_slo_traces, num_blocks=st.integers(min_value=8, max_value=80))
+def test_batch_budget_iterations_fit_slo_min(trace, num_blocks: int) -> None:
+    """Budget rule ``batch`` (default): when the cost model is the simulator's, no iteration
+    takes longer than the SLO_min it was planned for, unless the budget was at its minimum (then
+    nothing could save that token)."""
+    reqs, outs = trace_requests(trace)
+    res = run_sim(reqs, outs, make_policy("accelgen"), num_blocks=num_blocks, block_size=16,
+                  s_pf=128)
+    its = res.iterations.to_frame()
+    planned = its[(its["info_budget_clamped_low"] == 0) & (its["info_slo_min"] < 1e9)]
+    late = planned[planned["latency"] > planned["info_slo_min"] + 1e-12]
+    assert late.empty, late[["latency", "info_slo_min", "info_token_budget"]].head()

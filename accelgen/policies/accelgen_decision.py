@@ -271,13 +271,13 @@ def _largest_fitting(d: Any, t: float, limit: int) -> int:
 def _budget_for(d: Any, slo: float) -> tuple[int, bool, bool]:
     """(S_b, clamped low, clamped high) for the tightest per-iteration SLO: ``paper``:
     S_pf x SLO_min / T_pf; ``model``: the largest forward size whose latency fits SLO_min;
-    clamped to [min_budget, cap]."""
+    ``batch``: that, as the start of ``_fit_batch``; clamped to [min_budget, cap]."""
     par = d.state[0].params
     if not math.isfinite(slo):  # nothing constrains it
         return par.cap, False, slo > 0
     raw = 0
     if slo > 0:
-        if par.budget_model:  # one past the cap tells "at least the cap" from "the cap"
+        if par.budget_model or par.budget_batch:  # one past the cap: "at least the cap"
             raw = _largest_fitting(d, slo, par.cap + 1)
         else:
             x = par.s_pf * slo / par.t_pf
@@ -289,12 +289,39 @@ def _budget_for(d: Any, slo: float) -> tuple[int, bool, bool]:
     return raw, False, False
 
 
+BATCH_FIT_ROUNDS = 4  # T_max's composition changes little between rounds: 1-2 suffice
+
+
+@_jit
+def _fit_batch(d: Any, slo: float, tokens: int) -> tuple[int, bool]:
+    """Budget rule ``batch``: shrink ``tokens`` until T_max, the latency of the batch being
+    formed (running decodes with their contexts, the prompt chunk at its context, the fixed
+    cost), fits SLO_min, not only a prefill-only forward of that size. Each round takes the
+    largest S with ``forward_time(S) <= SLO_min - (T_max - forward_time)`` at the current size:
+    the composition's extra time shrinks with the chunk, so a round never overshoots. Returns
+    the budget (or -1 - the budget whose T_max the cost model must give first) and whether it
+    is the minimum."""
+    par = d.state[0].params
+    for _ in range(BATCH_FIT_ROUNDS):
+        if tokens <= par.min_budget:
+            return par.min_budget, True
+        t = _t_max(d, tokens)
+        if math.isnan(t):
+            return -1 - tokens, False
+        if t <= slo:
+            return tokens, False
+        extra = t - _forward_time(d, tokens)
+        tokens = min(_largest_fitting(d, slo - extra, tokens - 1), tokens - 1)
+    return max(tokens, par.min_budget), tokens <= par.min_budget
+
+
 @_jit
 def _plan(d: Any) -> int:
     """SLO_min, token budget and T_max (into the ledger): urgency at the last budget's T_max, the
     budget for that SLO_min, and when the new budget's T_max is longer, urgency again at it (a
-    larger budget means longer iterations). Returns -1, or a budget whose full-batch latency
-    the cost model must give first."""
+    larger budget means longer iterations); rule ``batch`` then fits the budget to the batch's
+    own latency. Returns -1, or a budget whose full-batch latency the cost model must give
+    first."""
     st, led, out = d.state[0].step, d.state[0].ledger, d.state[0].outcome
     t_prev = _t_max(d, st.prev_budget)
     if math.isnan(t_prev):
@@ -310,6 +337,12 @@ def _plan(d: Any) -> int:
             slo_min = min(slo_min, _urgency(d, t_new))
             tokens, low, high = _budget_for(d, slo_min)
             t_max = t_new
+    if d.state[0].params.budget_batch and math.isfinite(slo_min):
+        fitted, at_min = _fit_batch(d, slo_min, tokens)
+        if fitted < 0:
+            return -1 - fitted
+        if fitted < tokens:
+            tokens, low, high = fitted, at_min, False
     led.t_max, led.slo_min, led.clamped_low, led.clamped_high = t_max, slo_min, low, high
     out.budget = tokens
     return -1
