@@ -73,8 +73,7 @@ class AccelGenPolicy(Policy):
         super().__init__(params, **overrides)
         self._table = RequestTable()
         self._ws: Workspace | None = None
-        # The token budget's clamps, fixed per cost model and pivot: (cost, S_pf, T_pf, cap,
-        # min_budget).
+        # The budget's clamps per cost model and pivot: (cost, S_pf, T_pf, cap, min_budget).
         self._budget: tuple[object, int, float, int, int] | None = None
         self._prev_budget = 0
         self._chunk_mean: float | None = None  # L_c, starts at S_pf
@@ -91,9 +90,7 @@ class AccelGenPolicy(Policy):
         self._table.remove(req.req_id)
 
     def on_step_end(self, view: SchedulerView, decision: Decision, latency: float) -> None:
-        touched = [r for r, _ in decision.scheduled]
-        touched.extend(decision.preempted)
-        self._table.refresh(touched)
+        self._table.refresh([r for r, _ in decision.scheduled] + decision.preempted)
         if self._chunk_mean is not None:
             w = self.params.chunk_mean_weight
             for c in self._pending_cuts:
@@ -117,17 +114,13 @@ class AccelGenPolicy(Policy):
             return {}
         budget = float(self._decide(ws, view, plan_only=True).budget)
         c, t_max = ws.arrays.cand.view(np.ndarray), float(ws.arrays.state[0].ledger.t_max)
-        return {int(t.req_id[s]): {
-            "slack": float(c["slack"][s]), "urgent": float(c["urgent"][s]),
-            "slo_iter": float(c["slo_iter"][s]), "n_chunks": float(c["n_chunks"][s]),
-            "counted": float(c["counted"][s]), "deadline": float(t.deadline[s]),
-            "lost": float(c["lost"][s]), "t_max": t_max, "token_budget": budget}
-            for s in range(t.n)}
+        cols = ("slack", "urgent", "slo_iter", "n_chunks", "counted", "lost")
+        return {int(t.req_id[s]): {**{k: float(c[k][s]) for k in cols}, "deadline": float(t.deadline[s]),
+                                   "t_max": t_max, "token_budget": budget} for s in range(t.n)}
 
     def _prepare(self, view: SchedulerView) -> Workspace:
-        """Everything a decision reads besides the view: the table in sync with it, the
-        workspace configured for the cost model, pivot and KV, L_c, and the JCT plan of offline
-        requests that have none yet."""
+        """Everything a decision reads besides the view: the table in sync with it, the workspace
+        configured for its cost model, pivot and KV, L_c, and the JCT plans still to make."""
         t = self._table
         # (the usual case checked inline: this runs every step, and in vLLM right after a
         # forward pass, when every call costs cache misses)
@@ -137,7 +130,7 @@ class AccelGenPolicy(Policy):
         if ws is None:
             ws = self._ws = Workspace(t)
             self._decide_fn = load()[1]  # this process's build of the decision
-        elif not ws.fits(t):
+        elif ws.arrays.requests is not t.rows:  # the table grew
             ws.follow(t)
         key = ws.configured
         if key and key[0] is view.cost and key[1] is view.pivot and key[2] is view.kv:
@@ -163,9 +156,8 @@ class AccelGenPolicy(Policy):
                 raise AssertionError("AccelGen state out of sync: " + "; ".join(bad[:5]))
 
     def _configure(self, ws: Workspace, view: SchedulerView) -> None:
-        """The token budget's clamps (S_pf x budget_cap and the minimum) for a new cost model or
-        pivot, and the workspace's fixed inputs. A refitted cost model (the vLLM adapter's
-        online one comes with a new pivot) keeps the last budget."""
+        """The token budget's clamps (S_pf x budget_cap, the minimum) and the workspace's fixed
+        inputs for a new cost model or pivot (an online model's refit keeps the last budget)."""
         p, cost, pivot, kv = self.params, view.cost, view.pivot, view.kv
         b = self._budget
         if b is None or not (b[0] is cost and b[1] == pivot.s_pf and b[2] == pivot.t_pf):

@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, cast, get_type_hints
 
 from accelgen.policies.accelgen_table import RequestTable
 from accelgen.policies.accelgen_workspace import Step, Workspace
@@ -57,8 +57,7 @@ def _load_aot(path: Path) -> DecideFn:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    fn: DecideFn = module.decide
-    return fn
+    return cast(DecideFn, module.decide)
 
 
 def _signature() -> tuple[Any, ...]:
@@ -91,8 +90,7 @@ def _load_jit() -> DecideFn:
     # The compiled entry point, called directly: numba's dispatcher would resolve the argument
     # types on every call (the arrays keep their types: same dtypes, same layout; the scalars
     # are converted to the declared types).
-    fn: DecideFn = decide.overloads[sig].entry_point
-    return fn
+    return cast(DecideFn, decide.overloads[sig].entry_point)
 
 
 @cache
@@ -150,15 +148,8 @@ def build(out: Path | None = None) -> Path:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if args != ["build"]:
-        print("usage: python -m accelgen.policies.accelgen_compiled build", file=sys.stderr)
-        return 2
-    path = build()
-    print(f"accelgen_compiled: built {path} ({path.stat().st_size // 1024} KiB)")
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    if sys.argv[1:] != ["build"]:
+        raise SystemExit("usage: python -m accelgen.policies.accelgen_compiled build")
+    built = build()
+    print(f"accelgen_compiled: built {built} ({built.stat().st_size // 1024} KiB)")

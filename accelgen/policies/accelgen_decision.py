@@ -2,19 +2,15 @@
 compiled with numba, run by the simulator and by the vLLM plugin alike.
 
 ``decide(d)`` forms one iteration's batch in the arrays ``d`` (``accelgen_workspace``):
-``_columns`` (per candidate: remaining tokens, N_ck, deadline, per-iteration SLO, decode, long,
-lost, eligible; the running batch's shape), ``_plan`` (slack and urgency at the last budget's
-T_max, SLO_min, the token budget, SPEC 4.2), ``_form`` (step 1 with preemption, Algorithm 1;
-step 2, slack groups and Euclidean selection, Algorithm 2; the deadlock breaker; ERA in
-``_add``), ``_diagnostics``. Variants are flags in its parameters: the ablations, the budget
-rule, ERA and its scope, the Oracle's exact KV plan.
+``_columns`` (per candidate), ``_plan`` (slack, urgency, SLO_min, ``token_budget``), ``_form``
+(step 1 with preemption, Algorithm 1; step 2, slack groups and Euclidean selection, Algorithm 2;
+the deadlock breaker; ERA in ``_add``), ``_diagnostics``. Variants are flags in its parameters:
+the ablations, the budget rule, ERA and its scope, the Oracle's exact KV plan.
 
 A linear cost model (``CostModel.linear_terms``) is evaluated here (``linear_time``). For any
-other, ``decide`` returns the budget whose full-batch latency it needs (the batch in ``d.state``'s ``ask``)
-and the caller (``Workspace.run``) calls it again with the latency in ``d.times``: the decision
-is a pure function of its inputs, so it repeats the same steps up to there. It runs
-ahead-of-time compiled (``accelgen_compiled``), else through numba's JIT; with
-``NUMBA_DISABLE_JIT=1`` the same functions run as plain Python on the record arrays.
+other, ``decide`` returns the budget whose full-batch latency it needs (the batch in ``ask``);
+``Workspace.run`` calls it again with that latency in ``d.times`` (a pure function of its inputs,
+it repeats the same steps up to there). Builds: ``accelgen_compiled``.
 """
 
 from __future__ import annotations
@@ -157,9 +153,8 @@ def _columns(d: Any) -> None:
 
 @_jit
 def _oracle_admission(d: Any) -> None:
-    """(Oracle, exact KV plan) A request is admitted only if its final KV fits in the free KV not
-    promised to the final KV of the running requests, so no preemption is ever needed; requests
-    an earlier pass over-admitted stay out."""
+    """(Oracle, exact KV plan) Only requests whose final KV fits in the free KV not promised to the
+    running requests' final KV are eligible (no preemption is ever needed); nor the over-admitted."""
     st, out = d.state[0].step, d.state[0].outcome
     promised = 0
     for i in range(st.n):
@@ -178,9 +173,8 @@ def _oracle_admission(d: Any) -> None:
 # -- 2. urgency and the token budget -----------------------------------------------------------
 @_jit
 def _urgency(d: Any, t_max: float) -> float:
-    """Slack, urgency, counted and key of every candidate at ``t_max``; returns SLO_min, the
-    tightest per-iteration SLO among the urgent requests and the head slack group (inf if
-    none)."""
+    """Slack, urgency, counted and key of every candidate at ``t_max``. Returns SLO_min: the
+    tightest per-iteration SLO among the urgent requests and the head slack group (or inf)."""
     st, par = d.state[0].step, d.state[0].params
     best, k1, any_rest = math.inf, math.inf, False
     for i in range(st.n):
@@ -226,10 +220,9 @@ def _forward_time(d: Any, budget: int) -> float:
 
 @_jit
 def _t_max(d: Any, budget: int) -> float:
-    """T_max, the paper's "maximum batch execution time" at ``budget`` tokens: every running
-    decode with its KV context plus a prompt chunk filling the rest of the budget at the longest
-    running prompt's context (decision 10), never less than ``forward_time(budget)``. NaN when
-    the cost model has to be asked (the batch is then in ``ask``)."""
+    """T_max, the paper's "maximum batch execution time" at ``budget`` tokens: every running decode
+    with its context plus a chunk filling the budget at the longest running prompt's context
+    (decision 10), at least ``forward_time(budget)``. NaN: ask the cost model (batch in ``ask``)."""
     par, led = d.state[0].params, d.state[0].ledger
     n = min(led.n_decodes, budget)
     ctx = led.decode_ctx if n == led.n_decodes else led.decode_ctx * n // max(led.n_decodes, 1)
@@ -268,10 +261,12 @@ def _largest_fitting(d: Any, t: float, limit: int) -> int:
 
 
 @_jit
-def _budget_for(d: Any, slo: float) -> tuple[int, bool, bool]:
-    """(S_b, clamped low, clamped high) for the tightest per-iteration SLO: ``paper``:
-    S_pf x SLO_min / T_pf; ``model``: the largest forward size whose latency fits SLO_min;
-    ``batch``: that, as the start of ``_fit_batch``; clamped to [min_budget, cap]."""
+def token_budget(d: Any, slo: float) -> tuple[int, bool, bool]:
+    """The token budget S_b for the tightest per-iteration SLO (SPEC 4.2), with whether it was
+    clamped low and high: ``batch``: the largest budget whose T_max (the batch being formed)
+    fits SLO_min (``_fit_batch``); ``paper``: S_pf x SLO_min / T_pf; ``model``: the largest
+    forward size whose latency fits SLO_min; clamped to [min_budget, cap]. The one place the
+    rule lives. A negative budget -1 - S: the cost model must first give T_max at S."""
     par = d.state[0].params
     if not math.isfinite(slo):  # nothing constrains it
         return par.cap, False, slo > 0
@@ -284,9 +279,12 @@ def _budget_for(d: Any, slo: float) -> tuple[int, bool, bool]:
             raw = int(x) if x < 4e18 else 4 * 10 ** 18
     if raw < par.min_budget:
         return par.min_budget, True, False
-    if raw > par.cap:
-        return par.cap, False, True
-    return raw, False, False
+    tokens, high = (par.cap, True) if raw > par.cap else (raw, False)
+    if par.budget_batch:
+        fitted, at_min = _fit_batch(d, slo, tokens)
+        if fitted < tokens:  # (or an ask: negative)
+            return fitted, at_min, False
+    return tokens, False, high
 
 
 BATCH_FIT_ROUNDS = 4  # T_max's composition changes little between rounds: 1-2 suffice
@@ -317,17 +315,17 @@ def _fit_batch(d: Any, slo: float, tokens: int) -> tuple[int, bool]:
 
 @_jit
 def _plan(d: Any) -> int:
-    """SLO_min, token budget and T_max (into the ledger): urgency at the last budget's T_max, the
-    budget for that SLO_min, and when the new budget's T_max is longer, urgency again at it (a
-    larger budget means longer iterations); rule ``batch`` then fits the budget to the batch's
-    own latency. Returns -1, or a budget whose full-batch latency the cost model must give
-    first."""
+    """SLO_min, token budget and T_max (into the ledger): urgency at the last budget's T_max, its
+    budget, and when the new budget's T_max is longer, urgency again at it (a larger budget means
+    longer iterations). Returns -1, or a budget whose latency the cost model must give first."""
     st, led, out = d.state[0].step, d.state[0].ledger, d.state[0].outcome
     t_prev = _t_max(d, st.prev_budget)
     if math.isnan(t_prev):
         return st.prev_budget
     slo_min = _urgency(d, t_prev)
-    tokens, low, high = _budget_for(d, slo_min)
+    tokens, low, high = token_budget(d, slo_min)
+    if tokens < 0:
+        return -1 - tokens
     t_max = t_prev
     if tokens != st.prev_budget:
         t_new = _t_max(d, tokens)
@@ -335,14 +333,10 @@ def _plan(d: Any) -> int:
             return tokens
         if t_new > t_prev:
             slo_min = min(slo_min, _urgency(d, t_new))
-            tokens, low, high = _budget_for(d, slo_min)
+            tokens, low, high = token_budget(d, slo_min)
+            if tokens < 0:
+                return -1 - tokens
             t_max = t_new
-    if d.state[0].params.budget_batch and math.isfinite(slo_min):
-        fitted, at_min = _fit_batch(d, slo_min, tokens)
-        if fitted < 0:
-            return -1 - fitted
-        if fitted < tokens:
-            tokens, low, high = fitted, at_min, False
     led.t_max, led.slo_min, led.clamped_low, led.clamped_high = t_max, slo_min, low, high
     out.budget = tokens
     return -1
@@ -350,21 +344,19 @@ def _plan(d: Any) -> int:
 
 # -- sorting -----------------------------------------------------------------------------------
 @_jit
-def _before(a: Any, b: Any, descending: bool) -> bool:
-    """``a`` strictly before ``b`` in numpy's sort order (NaN last), or in the reverse order."""
-    if descending:
-        return a > b or (b != b and a == a)
+def _before(a: Any, b: Any) -> bool:
+    """``a`` strictly before ``b`` in numpy's sort order (NaN last)."""
     return a < b or (b != b and a == a)
 
 
 @_jit
-def _merge_sort(idx: Any, m: int, keys: Any, tmp: Any, descending: bool) -> None:
+def _merge_sort(idx: Any, m: int, keys: Any, tmp: Any) -> None:
     """Sort ``idx[:m]`` by ``keys[idx]``, stably (numpy's ``kind="stable"`` order), in place with
     ``tmp`` as the merge buffer: insertion-sorted runs of 16, then bottom-up merges."""
     for lo in range(0, m, 16):
         for i in range(lo + 1, min(lo + 16, m)):
             x, j = idx[i], i - 1
-            while j >= lo and _before(keys[x], keys[idx[j]], descending):
+            while j >= lo and _before(keys[x], keys[idx[j]]):
                 idx[j + 1] = idx[j]
                 j -= 1
             idx[j + 1] = x
@@ -374,7 +366,7 @@ def _merge_sort(idx: Any, m: int, keys: Any, tmp: Any, descending: bool) -> None
             mid, hi = min(lo + width, m), min(lo + 2 * width, m)
             i, j = lo, mid
             for o in range(lo, hi):  # the left run's element first on ties
-                if j < hi and (i == mid or _before(keys[src[j]], keys[src[i]], descending)):
+                if j < hi and (i == mid or _before(keys[src[j]], keys[src[i]])):
                     dst[o] = src[j]
                     j += 1
                 else:
@@ -387,15 +379,14 @@ def _merge_sort(idx: Any, m: int, keys: Any, tmp: Any, descending: bool) -> None
 
 @_jit
 def _sort_slots(d: Any, idx: Any, m: int, keys: Any, descending: bool) -> None:
-    """Sort the slots ``idx[:m]`` by ``keys[slot]`` (a candidate column), stably. The keys are
-    gathered into contiguous scratch first (``d.scratch``: keys, a permutation of positions, a
-    merge buffer): sorting contiguous numbers is about twice as fast as reaching into the
-    candidates' records."""
+    """Sort the slots ``idx[:m]`` by ``keys[slot]`` (a candidate column; ``descending``: negated,
+    NaN still last), stably, with the keys gathered into ``d.scratch`` first: sorting contiguous
+    numbers is about twice as fast as reaching into the candidates' records."""
     n = d.scratch.size // 3
     sorted_keys, order, tmp = d.scratch[:n].view(np.float64), d.scratch[n:2 * n], d.scratch[2 * n:]
     for p in range(m):
-        sorted_keys[p], order[p] = keys[idx[p]], p
-    _merge_sort(order, m, sorted_keys, tmp, descending)
+        sorted_keys[p], order[p] = -keys[idx[p]] if descending else keys[idx[p]], p
+    _merge_sort(order, m, sorted_keys, tmp)
     for p in range(m):
         tmp[p] = idx[order[p]]
     for p in range(m):
@@ -462,9 +453,8 @@ def _room(d: Any, kind: int, s: int) -> int:
 @_jit
 def _free_kv(d: Any, kind: int, need: int, s: int, min_key: float) -> None:
     """Preempt (recompute) the running requests with the largest slack until ``s`` has room for
-    ``need`` (Algorithm 1, lines 2-4), only those whose slack once preempted exceeds
-    ``min_key``. The victims are sorted once, when first needed (most decisions preempt
-    nobody); the Oracle's exact plan has none."""
+    ``need`` (Algorithm 1, lines 2-4), only those whose slack once preempted exceeds ``min_key``.
+    Victims are sorted when first needed (most decisions preempt nobody); the exact plan has none."""
     led, lists = d.state[0].ledger, d.lists
     if _room(d, kind, s) >= need:
         return
@@ -497,9 +487,8 @@ def _victim_min_key(d: Any, s: int) -> float:
 
 @_jit
 def _force(d: Any, s: int, min_key: float, oversize: bool) -> bool:
-    """Add ``s`` with the largest chunk the budget allows, preempting running requests whose
-    slack once preempted exceeds ``min_key`` if its KV does not fit. ``oversize`` lets a whole
-    prompt exceed the budget (the /Chunk starvation guard)."""
+    """Add ``s`` with the largest chunk the budget allows, preempting running requests whose slack
+    once preempted exceeds ``min_key`` for its KV. ``oversize``: the /Chunk starvation guard."""
     led, c, chunk = d.state[0].ledger, d.cand[s], d.state[0].params.chunk
     tokens = 1 if c.is_decode else (c.rem if oversize or not chunk else min(c.rem, led.budget_left))
     if tokens < 1 or (not c.is_decode and not chunk and not oversize and c.rem > led.budget_left):
@@ -525,11 +514,10 @@ def _force(d: Any, s: int, min_key: float, oversize: bool) -> bool:
 # -- 3a. step 1: urgent requests (Algorithm 1) -------------------------------------------------
 @_jit
 def _add_urgent(d: Any) -> None:
-    """All urgent requests join, in ascending slack. Urgent decodes come first (one token each;
-    beyond the budget the largest-slack ones are left out); urgent prompts then share the rest,
-    each chunk cut where the budget ends (a prompt's demand is elastic under dynamic chunking,
-    so cutting it is the smallest way to remove a budget deficit). When KV runs out, running
-    requests with a larger slack are preempted."""
+    """All urgent requests join, in ascending slack: decodes first (one token each; beyond the
+    budget the largest-slack ones are left out), then prompts, each chunk cut where the budget ends
+    (a prompt's demand is elastic under dynamic chunking, so cutting it is the smallest way to
+    remove a budget deficit). When KV runs out, running requests with a larger slack are preempted."""
     led, lists = d.state[0].ledger, d.lists
     # Decodes whose next token fits now (no new block, or one while blocks are free) join at
     # once; the others (``short``) preempt for theirs.
@@ -638,7 +626,7 @@ def _select(d: Any) -> None:
                 m = c.slo_iter
         if m < led.slo_min:
             led.slo_min = m
-            tokens, low, _ = _budget_for(d, m)
+            tokens, low, _ = token_budget(d, m)
             if tokens < out.budget:
                 led.budget_left -= out.budget - tokens
                 out.budget, led.clamped_low = tokens, low
@@ -807,18 +795,16 @@ def _fill_in_order(d: Any, gn: int) -> None:
         elif d.requests[s].running:
             tokens = _prompt_chunk(d, s)
         elif led.admissions >= 1 and _admission_need(d, s) <= _admissible(d):
-            left = led.budget_left
-            tokens = min(c.rem, left) if chunk else (c.rem if c.rem <= left else 0)
+            tokens = min(c.rem, led.budget_left) if chunk else (c.rem if c.rem <= led.budget_left else 0)
         if tokens >= 1:
             _add(d, s, tokens)
 
 
 @_jit
 def _ensure_progress(d: Any) -> None:
-    """Nothing fits (KV full and every candidate needs a block; decision 7): run the first
-    running request in key order, preempting the largest-key running requests for its KV; only
-    when nothing runs, the first waiting one. Running requests go first so that the victims,
-    which must then fit whole to come back, cannot swap places with it."""
+    """Nothing fits (KV full, every candidate needs a block; decision 7): run the first running
+    request in key order, preempting the largest-key ones for its KV (the first waiting one only
+    when nothing runs), so that the victims, which must then fit whole, cannot swap places with it."""
     lists, m = d.lists, 0
     for running in (True, False):
         first = m
@@ -926,12 +912,9 @@ def _diagnostics(d: Any) -> None:
 @_jit
 def decide(d: Any, n: int, now: float, chunk_mean: float, era_owner: int, prev_budget: int,
            free_blocks: int, admissions_left: int, plan_only: bool) -> int:
-    """One decision (see the module docstring) over the table's first ``n`` rows at time
-    ``now``, with the running mean chunk length, the ERA owner's slot (-1: none), the previous
-    budget, the free KV blocks, the admissions left and whether to stop after the plan (the
-    ``Step`` fields). Returns -1 when it is complete (the batch in ``d.lists`` and
-    ``d.state``'s ``outcome``, diagnostics in its ``info``), or a token budget whose full-batch latency the
-    cost model must give first."""
+    """One decision on the inputs ``Step`` names. Returns -1 when it is complete (the batch in
+    ``d.lists`` and the ``outcome``, diagnostics in ``info``), or a token budget whose full-batch
+    latency the cost model must give first."""
     st = d.state[0].step
     st.n, st.now, st.chunk_mean, st.era_owner = n, now, chunk_mean, era_owner
     st.prev_budget, st.free_blocks, st.admissions_left, st.plan_only = (

@@ -1,19 +1,18 @@
 """AccelGen's mirror of the live requests: one record per request, read by the compiled decision.
 
-Reading a handful of attributes from ~1,256 Python objects per decision would cost hundreds of
-microseconds, so the table keeps what the decision reads in a numpy record array (``REQUEST``;
-``table.prompt`` etc. are views of one field), updated only where the state can change: ``add``
-on arrival, ``refresh`` of the requests a step scheduled or preempted (re-read from the objects,
-so the table follows whatever the executor really did), ``remove`` on finish or rejection.
-
-Live requests occupy rows ``0..n-1`` (a removal moves the last row into the hole), so a row
-number (a *slot*) is valid within one decision only; across hooks requests are found by
-``req_id``. The true output length is stored only by a clairvoyant policy (the Oracle).
+Reading attributes from ~1,256 Python objects per decision would cost hundreds of microseconds,
+so the table keeps what the decision reads in a numpy record array (``REQUEST``; ``table.prompt``
+etc. are views of one field), updated only where the state can change: ``add`` on arrival,
+``refresh`` of the requests a step scheduled or preempted (re-read from the objects: the table
+follows what the executor really did), ``remove`` on finish or rejection. Live requests occupy
+rows ``0..n-1`` (a removal moves the last row into the hole), so a row number (a *slot*) is valid
+within one decision only; across hooks requests are found by ``req_id``.
 """
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -45,25 +44,8 @@ class RequestTable:
     """Rows of ``REQUEST`` indexed by slot; ``objs[slot]`` is the request itself."""
 
     rows: np.recarray
-    # Views of one field of ``rows`` each (``self.prompt`` etc.), set by ``_alloc``.
-    req_id: np.ndarray
-    prompt: np.ndarray
-    n_out: np.ndarray
-    computed: np.ndarray
-    blocks: np.ndarray
-    pred_out: np.ndarray
-    true_out: np.ndarray
-    arrival: np.ndarray
-    ttft: np.ndarray
-    tbt: np.ndarray
-    jct: np.ndarray
-    last_tok: np.ndarray
-    deadline: np.ndarray
-    off_first: np.ndarray
-    off_step: np.ndarray
-    running: np.ndarray
-    online: np.ndarray
-    lost: np.ndarray
+    if TYPE_CHECKING:  # self.prompt etc.: a view of one field of ``rows`` each (``_alloc``)
+        def __getattr__(self, field: str) -> np.ndarray: ...
 
     def __init__(self, capacity: int = 1024) -> None:
         self.n = 0
@@ -106,7 +88,7 @@ class RequestTable:
         self.off_step[s] = math.nan
         if not r.online:
             self.num_unplanned += 1
-        self._read(s, r)
+        self._read(np.array([s]), [r])
         return s
 
     def remove(self, req_id: int) -> None:
@@ -131,18 +113,19 @@ class RequestTable:
             self.remove(rid)
         for r in reqs:
             if r.req_id in self.slot_of:
-                self._read(self.slot_of[r.req_id], r)
+                self._read(np.array([self.slot_of[r.req_id]]), [r])
             else:
                 self.add(r)
 
     # -- dynamic fields ------------------------------------------------------------------------
-    def _read(self, s: int, r: Request) -> None:
-        self.n_out[s] = r.num_output_tokens
-        self.computed[s] = r.num_computed_tokens
-        self.blocks[s] = r.num_blocks
-        self.running[s] = r.status == Status.RUNNING
-        self.last_tok[s] = r.last_token_time
-        self._set_deadline(np.array([s]))
+    def _read(self, slots: np.ndarray, reqs: list[Request]) -> None:
+        """Re-read the dynamic fields of ``reqs`` (in ``slots``) from the objects."""
+        self.n_out[slots] = [r.num_output_tokens for r in reqs]
+        self.computed[slots] = [r.num_computed_tokens for r in reqs]
+        self.blocks[slots] = [r.num_blocks for r in reqs]
+        self.running[slots] = [r.status == Status.RUNNING for r in reqs]
+        self.last_tok[slots] = [r.last_token_time for r in reqs]
+        self._set_deadline(slots)
 
     def refresh(self, reqs: list[Request]) -> None:
         """Re-read the dynamic fields of ``reqs`` (those a step changed) in one vectorised pass."""
@@ -151,15 +134,10 @@ class RequestTable:
             return
         slots = np.fromiter((self.slot_of[r.req_id] for r in live), dtype=np.int64, count=len(live))
         old_out, old_deadline = self.n_out[slots], self.deadline[slots]  # copies (fancy index)
-        self.n_out[slots] = [r.num_output_tokens for r in live]
-        self.computed[slots] = [r.num_computed_tokens for r in live]
-        self.blocks[slots] = [r.num_blocks for r in live]
-        self.running[slots] = [r.status == Status.RUNNING for r in live]
-        self.last_tok[slots] = [r.last_token_time for r in live]
+        self._read(slots, live)
         # A token emitted after its deadline loses the request's request-level SLO for good.
         self.lost[slots] |= (self.online[slots] & (self.n_out[slots] > old_out)
                              & (self.last_tok[slots] > old_deadline))
-        self._set_deadline(slots)
 
     def _set_deadline(self, slots: np.ndarray) -> None:
         """Deadline of the next output (SPEC 4.1): the first token by arrival + TTFT SLO, a later
@@ -198,10 +176,8 @@ class RequestTable:
         bad = []
         for s in range(self.n):
             r = self.objs[s]
-            want = (r.num_output_tokens, r.num_computed_tokens, r.num_blocks,
-                    r.status == Status.RUNNING)
-            got = (int(self.n_out[s]), int(self.computed[s]), int(self.blocks[s]),
-                   bool(self.running[s]))
+            want = (r.num_output_tokens, r.num_computed_tokens, r.num_blocks, r.status == Status.RUNNING)
+            got = (int(self.n_out[s]), int(self.computed[s]), int(self.blocks[s]), bool(self.running[s]))
             if want != got or self.slot_of.get(r.req_id) != s:
                 bad.append(f"req {r.req_id}: table {got} vs request {want}")
         return bad

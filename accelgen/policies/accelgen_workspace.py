@@ -1,14 +1,12 @@
 """The arrays AccelGen's compiled decision (``accelgen_decision``) works in, and how a policy
 runs one decision through them.
 
-Every quantity has a name: the arrays are numpy record arrays (``DecisionArrays``: the request
-table's rows, per-candidate columns, slot lists, the step's inputs, the ledger, the outcome, the
-cost model's question, the fixed parameters, the diagnostics, per-budget latencies); numba
-compiles attribute access to their fields (``d.cand[s].slack``), and with the JIT off the same
-code runs on ``np.recarray`` rows. The policy's side uses NamedTuples of the same fields
-(``Step``, ``Outcome``, ``Ask``). The workspace is kept between decisions so that a decision
-allocates nothing, which matters in vLLM, where each step runs right after a forward pass has
-evicted the caches (``docs/vllm.md``, *Scheduler time*). Nothing here imports numba.
+Every quantity has a name: the arrays are numpy record arrays (``DecisionArrays``), whose fields
+numba compiles as attributes (``d.cand[s].slack``; with the JIT off the same code runs on
+``np.recarray`` rows); the policy's side uses NamedTuples of the same fields (``Step``,
+``Outcome``, ``Ask``). The workspace is kept between decisions so that a decision allocates
+nothing: in vLLM each step runs right after a forward pass has evicted the caches
+(``docs/vllm.md``, *Scheduler time*). Nothing here imports numba.
 """
 
 from __future__ import annotations
@@ -64,10 +62,6 @@ LISTS = np.dtype([
     ("fallback", i8),  # the deadlock breaker's candidates
     ("over", i8),  # the Oracle's over-admitted requests (excluded on the next pass)
 ], align=True)
-
-
-
-
 
 
 class Step(NamedTuple):
@@ -187,10 +181,9 @@ def _records(dtype: np.dtype, n: int) -> np.recarray:
 
 class Workspace:
     """One policy's decision arrays, sized for its table (grown with it), and the loop that asks
-    the cost model what the compiled decision cannot compute itself. The policy reads the
-    all-int64 outcome, the all-float64 ask and diagnostics through plain array views of the
-    state record (a record's attribute access from Python costs a microsecond or two), and the
-    output lists ``slots``/``tokens``/``preempted``/``cut_chunks`` through field views."""
+    the cost model what the compiled decision cannot compute itself. The policy reads the outcome,
+    the ask and the diagnostics through plain array views of the state record (a record's
+    attribute access from Python costs a microsecond or two), the output lists through field views."""
 
     def __init__(self, table: RequestTable) -> None:
         self.capacity = table.capacity
@@ -219,16 +212,11 @@ class Workspace:
         self.slots, self.tokens = lists["slots"], lists["tokens"]
         self.preempted, self.cut_chunks = lists["preempted"], lists["cut_chunks"]
 
-    def fits(self, table: RequestTable) -> bool:
-        """Whether these arrays are over the table's current rows."""
-        return self.arrays.requests is table.rows
-
     # -- what stays the same between decisions -----------------------------------------------
     def configure(self, p: AccelGenParams, kv: KVView, pivot: Pivot, cost: CostModel,
                   min_budget: int, cap: int, exact_kv: bool) -> None:
-        """The fixed inputs: parameters, KV geometry, budget clamps, and what the cost model
-        offers compiled code (``CostModel.linear_terms``; otherwise a table of forward times over
-        the budgets the decision can choose, 0..cap + 1)."""
+        """The fixed inputs: parameters, KV geometry, budget clamps, and what the cost model offers
+        compiled code (``CostModel.linear_terms``; else forward times of the budgets 0..cap + 1)."""
         par = self.arrays.state[0].params
         par.order, par.chunk, par.batch = p.order, p.chunk, p.batch
         par.gamma, par.spill_groups = p.gamma, p.spill_groups
@@ -272,10 +260,9 @@ class Workspace:
 
     # -- one decision ------------------------------------------------------------------------
     def run(self, decide: Any, cost: CostModel, *step: Any) -> Outcome:
-        """Run the compiled ``decide`` on the inputs ``step`` (``Step``'s fields, in order) to
-        completion. While it returns a token budget, it needs the latency of the full batch at
-        that budget (described in ``ask``) from the cost model, and runs again from the start
-        with that latency known."""
+        """Run the compiled ``decide`` on ``step`` (``Step``'s fields, in order) to completion:
+        while it returns a token budget, it needs the latency of the full batch at that budget
+        (``ask``) from the cost model, and runs again from the start with it known."""
         if self.exact_kv:
             self._outcome[:] = 0  # the Oracle's counters accumulate over its passes
         arrays = self.arrays

@@ -1,24 +1,17 @@
 """The Oracle: CLAIRVOYANT AccelGen (an upper reference, not a deployable scheduler).
 
 It reads what no real scheduler can know: every request's true output length and the arrival
-times of the whole trace (``clairvoyant = True`` makes the simulator fill
-``view.true_output_len`` and ``view.next_arrivals``; the vLLM backend grants neither, so the Oracle
-refuses to run there). Two parts, as in the paper ("knows the remaining time for job completion,
-the arrival times and output lengths of all requests, and schedules the chunking and batching to
-maximize the goodput"; the authors searched schedules with the Vidur simulator):
+times of the whole trace (``clairvoyant = True``: the simulator fills ``view.true_output_len`` and
+``view.next_arrivals``; vLLM grants neither, so the Oracle refuses to run there). Two parts, as in
+the paper (the authors searched schedules with the Vidur simulator):
 
-1. ``OraclePolicy``: AccelGen's decision (slack order, dynamic chunking, multi-resource batching,
-   ERA; the same compiled decision, ``accelgen_decision``) with exact knowledge as its inputs:
+1. ``OraclePolicy``: AccelGen's one decision (``accelgen_decision``) with exact inputs:
    - exact KV planning (``kv_plan: exact``): a request is admitted only if its *final* KV
-     (prompt + true output - 1 tokens, the last sampled token is never fed back) fits in the free
-     KV not already promised to the final KV of every running request. Running requests can
-     therefore always grow to completion: no preemption is ever needed, and none is made;
-   - exact JCT estimates: the offline JCT plan uses the true output length as S_g instead of the
-     dataset mean.
-2. The search over AccelGen's parameters that keeps the schedule with the best goodput, run on
-   the real trace (so it knows every arrival): the simulator's ``oracle_search`` module (the
-   ``oracle`` command, and ``simulate --policy oracle``), next to the simulator it drives; a
-   policy never imports the simulator.
+     (prompt + true output - 1 tokens) fits in the free KV not promised to the final KV of the
+     running requests, so running requests always grow to completion and none is preempted;
+   - exact JCT estimates: the offline JCT plan uses the true output length as S_g.
+2. The search over AccelGen's parameters for the best goodput on the real trace (so it knows
+   every arrival): the simulator's ``oracle_search`` module, next to the simulator it drives.
 """
 
 from __future__ import annotations
