@@ -82,6 +82,8 @@ def test_batch_budget_iterations_fit_slo_min(trace, num_blocks: int) -> None:
     res = run_sim(reqs, outs, make_policy("accelgen"), num_blocks=num_blocks, block_size=16,
                   s_pf=128)
     its = res.iterations.to_frame()
+    if len(its) == 0:  # every request rejected up front (larger than the KV)
+        return
     planned = its[(its["info_budget_clamped_low"] == 0) & (its["info_slo_min"] < 1e9)]
     late = planned[planned["latency"] > planned["info_slo_min"] + 1e-12]
     assert late.empty, late[["latency", "info_slo_min", "info_token_budget"]].head()
