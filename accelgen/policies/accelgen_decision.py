@@ -608,14 +608,15 @@ def _next_group(d: Any) -> int:
 
 
 @_jit
-def _select(d: Any) -> None:
+def _select(d: Any) -> int:
     """Step 2: SelectRequests on the head slack group, then on the following groups while budget
-    and KV are left (forward size = S_b while work is available; decision 6)."""
+    and KV are left (forward size = S_b while work is available; decision 6). Returns -1, or a
+    budget whose latency the cost model must give first (a group lowered SLO_min)."""
     led, out, par = d.state[0].ledger, d.state[0].outcome, d.state[0].params
     while led.budget_left > 0:
         gn = _next_group(d)
         if gn == 0:
-            return
+            return -1
         led.n_groups += 1
         # Members of a later group may have a tighter per-iteration SLO: the batch's budget
         # follows the tightest one that joins.
@@ -627,18 +628,21 @@ def _select(d: Any) -> None:
         if m < led.slo_min:
             led.slo_min = m
             tokens, low, _ = token_budget(d, m)
+            if tokens < 0:
+                return -1 - tokens
             if tokens < out.budget:
                 led.budget_left -= out.budget - tokens
                 out.budget, led.clamped_low = tokens, low
                 if led.budget_left <= 0:
-                    return
+                    return -1
         before = out.n_sched
         if par.batch:
             _select_euclidean(d, gn)
         else:
             _fill_in_order(d, gn)
         if not par.spill_groups or out.n_sched == before:
-            return
+            return -1
+    return -1
 
 
 @_jit
@@ -801,7 +805,7 @@ def _fill_in_order(d: Any, gn: int) -> None:
 
 
 @_jit
-def _ensure_progress(d: Any) -> None:
+def _ensure_progress(d: Any) -> int:
     """Nothing fits (KV full, every candidate needs a block; decision 7): run the first running
     request in key order, preempting the largest-key ones for its KV (the first waiting one only
     when nothing runs), so that the victims, which must then fit whole, cannot swap places with it."""
@@ -815,13 +819,14 @@ def _ensure_progress(d: Any) -> None:
         _sort_slots(d, lists.fallback[first:], m - first, d.cand.key, False)
     for j in range(m):
         if _force(d, lists[j].fallback, -math.inf, not d.state[0].params.chunk):
-            _select(d)  # the preemption may have made room for more
-            return
+            return _select(d)  # the preemption may have made room for more
+    return -1
 
 
 @_jit
-def _form(d: Any) -> None:
-    """Step 1, step 2 and the deadlock breaker, on the plan in the ledger."""
+def _form(d: Any) -> int:
+    """Step 1, step 2 and the deadlock breaker, on the plan in the ledger. Returns -1, or a
+    budget whose latency the cost model must give first."""
     g, lists = d.state[0], d.lists
     st, par, led, out = g.step, g.params, g.ledger, g.outcome
     led.budget_left, led.kv_free, led.admissions = out.budget, st.free_blocks, st.admissions_left
@@ -858,10 +863,11 @@ def _form(d: Any) -> None:
             lists[led.n_order].order = i
             led.n_order += 1
     _sort_slots(d, lists.order, led.n_order, d.cand.key, False)
-    _select(d)
-    if out.n_sched == 0:
+    need = _select(d)
+    if need < 0 and out.n_sched == 0:
         led.fallback = True
-        _ensure_progress(d)
+        need = _ensure_progress(d)
+    return need
 
 
 @_jit
@@ -924,7 +930,9 @@ def decide(d: Any, n: int, now: float, chunk_mean: float, era_owner: int, prev_b
         need = _plan(d)
         if need >= 0 or plan_only:
             return need
-        _form(d)
+        need = _form(d)
+        if need >= 0:
+            return need
         if not (d.state[0].params.exact_kv and _over_admitted(d)):
             _diagnostics(d)
             return -1
