@@ -36,7 +36,9 @@ class AccelGenParams(PolicyParams):
     gamma: NonNegativeFloat = 0.75  # s: head group = slack within s_1 + gamma (paper)
     spill_groups: bool = True  # continue with the next group while budget is left
     # Token budget.
-    budget_rule: Literal["paper", "model"] = "paper"  # S_pf x SLO_min / T_pf, or the cost model
+    # batch: the largest budget whose batch (decodes, chunk, their contexts) fits SLO_min;
+    # paper: S_pf x SLO_min / T_pf; model: the largest prefill-only forward that fits SLO_min
+    budget_rule: Literal["batch", "paper", "model"] = "batch"
     min_budget: PositiveInt | None = None  # tokens; default one KV block
     budget_cap: PositiveFloat = 1.0  # S_b <= S_pf x budget_cap
     # Exclusive Request Allocation.

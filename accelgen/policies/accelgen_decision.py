@@ -263,23 +263,54 @@ def _largest_fitting(d: Any, t: float, limit: int) -> int:
 @_jit
 def token_budget(d: Any, slo: float) -> tuple[int, bool, bool]:
     """The token budget S_b for the tightest per-iteration SLO (SPEC 4.2), with whether it was
-    clamped low and high: ``paper``: S_pf x SLO_min / T_pf; ``model``: the largest forward size
-    whose latency fits SLO_min; clamped to [min_budget, cap]. The one place the rule lives."""
+    clamped low and high: ``batch``: the largest budget whose T_max (the batch being formed)
+    fits SLO_min (``_fit_batch``); ``paper``: S_pf x SLO_min / T_pf; ``model``: the largest
+    forward size whose latency fits SLO_min; clamped to [min_budget, cap]. The one place the
+    rule lives. A negative budget -1 - S: the cost model must first give T_max at S."""
     par = d.state[0].params
     if not math.isfinite(slo):  # nothing constrains it
         return par.cap, False, slo > 0
     raw = 0
     if slo > 0:
-        if par.budget_model:  # one past the cap tells "at least the cap" from "the cap"
+        if par.budget_model or par.budget_batch:  # one past the cap: "at least the cap"
             raw = _largest_fitting(d, slo, par.cap + 1)
         else:
             x = par.s_pf * slo / par.t_pf
             raw = int(x) if x < 4e18 else 4 * 10 ** 18
     if raw < par.min_budget:
         return par.min_budget, True, False
-    if raw > par.cap:
-        return par.cap, False, True
-    return raw, False, False
+    tokens, high = (par.cap, True) if raw > par.cap else (raw, False)
+    if par.budget_batch:
+        fitted, at_min = _fit_batch(d, slo, tokens)
+        if fitted < tokens:  # (or an ask: negative)
+            return fitted, at_min, False
+    return tokens, False, high
+
+
+BATCH_FIT_ROUNDS = 4  # T_max's composition changes little between rounds: 1-2 suffice
+
+
+@_jit
+def _fit_batch(d: Any, slo: float, tokens: int) -> tuple[int, bool]:
+    """Budget rule ``batch``: shrink ``tokens`` until T_max, the latency of the batch being
+    formed (running decodes with their contexts, the prompt chunk at its context, the fixed
+    cost), fits SLO_min, not only a prefill-only forward of that size. Each round takes the
+    largest S with ``forward_time(S) <= SLO_min - (T_max - forward_time)`` at the current size:
+    the composition's extra time shrinks with the chunk, so a round never overshoots. Returns
+    the budget (or -1 - the budget whose T_max the cost model must give first) and whether it
+    is the minimum."""
+    par = d.state[0].params
+    for _ in range(BATCH_FIT_ROUNDS):
+        if tokens <= par.min_budget:
+            return par.min_budget, True
+        t = _t_max(d, tokens)
+        if math.isnan(t):
+            return -1 - tokens, False
+        if t <= slo:
+            return tokens, False
+        extra = t - _forward_time(d, tokens)
+        tokens = min(_largest_fitting(d, slo - extra, tokens - 1), tokens - 1)
+    return max(tokens, par.min_budget), tokens <= par.min_budget
 
 
 @_jit
@@ -293,6 +324,8 @@ def _plan(d: Any) -> int:
         return st.prev_budget
     slo_min = _urgency(d, t_prev)
     tokens, low, high = token_budget(d, slo_min)
+    if tokens < 0:
+        return -1 - tokens
     t_max = t_prev
     if tokens != st.prev_budget:
         t_new = _t_max(d, tokens)
@@ -301,6 +334,8 @@ def _plan(d: Any) -> int:
         if t_new > t_prev:
             slo_min = min(slo_min, _urgency(d, t_new))
             tokens, low, high = token_budget(d, slo_min)
+            if tokens < 0:
+                return -1 - tokens
             t_max = t_new
     led.t_max, led.slo_min, led.clamped_low, led.clamped_high = t_max, slo_min, low, high
     out.budget = tokens
@@ -573,14 +608,15 @@ def _next_group(d: Any) -> int:
 
 
 @_jit
-def _select(d: Any) -> None:
+def _select(d: Any) -> int:
     """Step 2: SelectRequests on the head slack group, then on the following groups while budget
-    and KV are left (forward size = S_b while work is available; decision 6)."""
+    and KV are left (forward size = S_b while work is available; decision 6). Returns -1, or a
+    budget whose latency the cost model must give first (a group lowered SLO_min)."""
     led, out, par = d.state[0].ledger, d.state[0].outcome, d.state[0].params
     while led.budget_left > 0:
         gn = _next_group(d)
         if gn == 0:
-            return
+            return -1
         led.n_groups += 1
         # Members of a later group may have a tighter per-iteration SLO: the batch's budget
         # follows the tightest one that joins.
@@ -592,18 +628,21 @@ def _select(d: Any) -> None:
         if m < led.slo_min:
             led.slo_min = m
             tokens, low, _ = token_budget(d, m)
+            if tokens < 0:
+                return -1 - tokens
             if tokens < out.budget:
                 led.budget_left -= out.budget - tokens
                 out.budget, led.clamped_low = tokens, low
                 if led.budget_left <= 0:
-                    return
+                    return -1
         before = out.n_sched
         if par.batch:
             _select_euclidean(d, gn)
         else:
             _fill_in_order(d, gn)
         if not par.spill_groups or out.n_sched == before:
-            return
+            return -1
+    return -1
 
 
 @_jit
@@ -766,7 +805,7 @@ def _fill_in_order(d: Any, gn: int) -> None:
 
 
 @_jit
-def _ensure_progress(d: Any) -> None:
+def _ensure_progress(d: Any) -> int:
     """Nothing fits (KV full, every candidate needs a block; decision 7): run the first running
     request in key order, preempting the largest-key ones for its KV (the first waiting one only
     when nothing runs), so that the victims, which must then fit whole, cannot swap places with it."""
@@ -780,13 +819,14 @@ def _ensure_progress(d: Any) -> None:
         _sort_slots(d, lists.fallback[first:], m - first, d.cand.key, False)
     for j in range(m):
         if _force(d, lists[j].fallback, -math.inf, not d.state[0].params.chunk):
-            _select(d)  # the preemption may have made room for more
-            return
+            return _select(d)  # the preemption may have made room for more
+    return -1
 
 
 @_jit
-def _form(d: Any) -> None:
-    """Step 1, step 2 and the deadlock breaker, on the plan in the ledger."""
+def _form(d: Any) -> int:
+    """Step 1, step 2 and the deadlock breaker, on the plan in the ledger. Returns -1, or a
+    budget whose latency the cost model must give first."""
     g, lists = d.state[0], d.lists
     st, par, led, out = g.step, g.params, g.ledger, g.outcome
     led.budget_left, led.kv_free, led.admissions = out.budget, st.free_blocks, st.admissions_left
@@ -823,10 +863,11 @@ def _form(d: Any) -> None:
             lists[led.n_order].order = i
             led.n_order += 1
     _sort_slots(d, lists.order, led.n_order, d.cand.key, False)
-    _select(d)
-    if out.n_sched == 0:
+    need = _select(d)
+    if need < 0 and out.n_sched == 0:
         led.fallback = True
-        _ensure_progress(d)
+        need = _ensure_progress(d)
+    return need
 
 
 @_jit
@@ -889,7 +930,9 @@ def decide(d: Any, n: int, now: float, chunk_mean: float, era_owner: int, prev_b
         need = _plan(d)
         if need >= 0 or plan_only:
             return need
-        _form(d)
+        need = _form(d)
+        if need >= 0:
+            return need
         if not (d.state[0].params.exact_kv and _over_admitted(d)):
             _diagnostics(d)
             return -1

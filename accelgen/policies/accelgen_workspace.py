@@ -129,7 +129,7 @@ LEDGER = np.dtype([
 PARAMS = np.dtype([
     ("order", b1), ("chunk", b1), ("batch", b1),  # the three methods (ablations)
     ("gamma", f8), ("spill_groups", b1),
-    ("budget_model", b1),  # budget rule `model` (else `paper`)
+    ("budget_model", b1), ("budget_batch", b1),  # budget rule `model`, `batch` (else `paper`)
     ("min_budget", i8), ("cap", i8), ("s_pf", i8), ("t_pf", f8),
     ("era", b1), ("era_whole_request", b1), ("long_threshold", i8),
     ("late_is_urgent", b1), ("lost_last", b1),
@@ -220,7 +220,7 @@ class Workspace:
         par = self.arrays.state[0].params
         par.order, par.chunk, par.batch = p.order, p.chunk, p.batch
         par.gamma, par.spill_groups = p.gamma, p.spill_groups
-        par.budget_model = p.budget_rule == "model"
+        par.budget_model, par.budget_batch = p.budget_rule == "model", p.budget_rule == "batch"
         par.min_budget, par.cap, par.s_pf, par.t_pf = min_budget, cap, pivot.s_pf, pivot.t_pf
         par.era, par.era_whole_request = p.era, p.era_scope == "request"
         par.long_threshold = p.long_prompt_threshold
