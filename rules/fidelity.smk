@@ -46,6 +46,7 @@ if PIPE.fidelity_on:
             " {params.renice} > {log} 2>&1 || {{ tail -n 8 {log} >&2; exit 1; }}"
 
     rule fidelity_report:
+        localrule: True
         input:
             FIDELITY_DIR,
         output:
@@ -63,7 +64,7 @@ if PIPE.fidelity_on:
     rule notebook_fidelity:
         localrule: True
         input:
-            notebook="notebooks/fidelity.ipynb",
+            notebook=notebook_input("fidelity"),
             runs=FIDELITY_DIR,
             csv=f"{FIGS}/fidelity.csv",
         output:
@@ -71,6 +72,7 @@ if PIPE.fidelity_on:
             f"{FIGS}/fidelity.pdf",
         params:
             figures_dir=output_dir,
+            code=notebook_code("fidelity"),
         log:
             notebook=f"{LOGS}/notebooks/fidelity.ipynb",
             stderr=f"{LOGS}/notebooks/fidelity.log",

