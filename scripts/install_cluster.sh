@@ -26,9 +26,12 @@ trap 'rm -f "$constraints"' EXIT
 "$VPY" -m pip list --format=freeze --exclude-editable > "$constraints"
 
 if ((dry_run)); then
-  "$VPY" -m pip install --dry-run -e ".[cluster]" --constraint "$constraints" \
-    | grep -E '^(Would install|ERROR)' || true
-  exit "${PIPESTATUS[0]}"
+  if ! out=$("$VPY" -m pip install --dry-run -e ".[cluster]" --constraint "$constraints" 2>&1); then
+    echo "$out" >&2
+    exit 1
+  fi
+  grep '^Would install' <<<"$out"
+  exit 0
 fi
 
 before=$("$VPY" -m pip check 2>&1 || true)

@@ -4,8 +4,10 @@ everything before any job runs, the generated schema, and incremental re-runs on
 from __future__ import annotations
 
 import copy
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -184,3 +186,108 @@ def test_rerun_does_nothing_and_deleting_a_result_reruns_only_its_dependents(tmp
     counts.pop("results", None)  # the target rule itself
     assert counts == {"simulate": 1, "aggregate": 1}, res.stdout[-3000:]
     assert "system=sarathi" not in res.stdout  # the other simulation is left alone
+
+
+# ----------------------------------------------------------------------------------------------
+def project_venv(dest: Path) -> Path:
+    """A venv inside a working copy, as `.venv` is, whose packages are this interpreter's (a .pth
+    file): its interpreter path moves with the working copy. Returns its python."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(dest)], check=True)
+    site = next(dest.glob("lib/python*/site-packages"))
+    lines = "".join(f"import site; site.addsitedir({d!r})\n" for d in sys.path
+                    if d.endswith("site-packages"))
+    (site / "zz_test_packages.pth").write_text(lines)
+    return dest / "bin" / "python"
+
+
+def test_a_moved_checkout_plans_nothing_and_lab_saves_rerun_nothing(tmp_path):
+    """Results made in one place are up to date after the checkout (with its .venv) moves;
+    saving a notebook with outputs (JupyterLab's autosave) re-runs nothing; a code change in a
+    notebook re-runs that notebook."""
+    first = tmp_path / "checkout"
+    first.mkdir()
+    for name in ("Snakefile", "environment.yml"):
+        shutil.copy2(ROOT / name, first / name)
+    for name in ("rules", "config", "notebooks", "profiles/default"):
+        shutil.copytree(ROOT / name, first / name)
+    python = project_venv(first / ".venv")
+    (first / "tiny.yaml").write_text(yaml.safe_dump(tiny_config()))
+
+    def plan(where: Path, *targets: str, cores: str | None = None) -> subprocess.CompletedProcess:
+        args = ["--cores", cores] if cores else ["-n"]
+        return subprocess.run(
+            [str(where / ".venv/bin/python"), "-m", "snakemake", *args, "--configfile",
+             "tiny.yaml", "--", *(targets or ("results", "fig04"))], cwd=where,
+            capture_output=True, text=True, timeout=600)
+
+    res = plan(first, cores="2")
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    assert python.exists()
+    # The notebook saved after a run without the save hook (e.g. by another editor): the
+    # executed copy's outputs and kernel details in the tracked file.
+    tracked = first / "notebooks/measurement.ipynb"
+    nb = json.loads(tracked.read_text())
+    run = json.loads((first / "logs/citest/notebooks/measurement.ipynb").read_text())
+    by_id = {c["id"]: c for c in run["cells"]}
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code":
+            cell.update(outputs=by_id[cell["id"]]["outputs"],
+                        execution_count=by_id[cell["id"]]["execution_count"])
+    nb["metadata"] = run["metadata"]
+    assert sum(len(c.get("outputs", [])) for c in nb["cells"]) >= 4
+    tracked.write_text(json.dumps(nb, indent=1))
+    res = plan(first)
+    assert "Nothing to be done" in res.stdout + res.stderr, res.stdout[-3000:]
+
+    moved = tmp_path / "renamed"
+    first.rename(moved)
+    res = plan(moved)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "Nothing to be done" in res.stdout + res.stderr, res.stdout[-3000:]
+
+    nb = json.loads((moved / "notebooks/measurement.ipynb").read_text())
+    setup = next(c for c in nb["cells"] if "P.setup()" in "".join(c["source"]))
+    setup["source"] = [*setup["source"], "\nprint('edited')"]
+    (moved / "notebooks/measurement.ipynb").write_text(json.dumps(nb))
+    counts = job_counts(plan(moved).stdout)
+    assert counts.get("notebook_measurement") == 1, counts
+    assert not {"simulate", "trace", "aggregate"} & set(counts), counts
+
+
+# Jobs that take minutes to hours; every other rule takes seconds and runs on the submit host of
+# a cluster (`localrule: True`), where queueing it would cost more than running it.
+CLUSTER_RULES = {"sim": {"simulate", "fidelity_run"}, "vllm": {"replay", "fidelity_run"}}
+
+
+@pytest.mark.parametrize("backend", sorted(CLUSTER_RULES))
+def test_only_long_jobs_go_to_the_cluster(backend):
+    from snakemake.api import SnakemakeApi
+    from snakemake.settings.types import (
+        ConfigSettings,
+        OutputSettings,
+        ResourceSettings,
+        StorageSettings,
+    )
+
+    cwd = Path.cwd()
+    os.chdir(ROOT)
+    try:
+        with SnakemakeApi(OutputSettings()) as api:
+            workflow = api.workflow(
+                snakefile=ROOT / "Snakefile", resource_settings=ResourceSettings(),
+                config_settings=ConfigSettings(config={"backend": backend}),
+                storage_settings=StorageSettings())._workflow
+            remote = {r.name for r in workflow.rules
+                      if not (r.name in workflow._localrules or r.norun)}
+    finally:
+        os.chdir(cwd)
+    assert remote == CLUSTER_RULES[backend]
+
+
+def test_slurm_profile_resources_apply_to_cluster_rules():
+    profile = yaml.safe_load((ROOT / "profiles" / "slurm" / "config.yaml").read_text())
+    assert set(profile["set-resources"]) <= set().union(*CLUSTER_RULES.values())
+    defaults = profile["default-resources"]
+    # Placeholders that work as they are: empty = the plugin's and the cluster's defaults.
+    assert defaults["slurm_account"] == "" and defaults["slurm_partition"] == ""
+    assert {"mem_mb", "runtime", "cpus_per_task"} <= set(defaults)

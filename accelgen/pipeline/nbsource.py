@@ -29,6 +29,7 @@ from typing import Any
 # collapsed/scrolled view state); `tags` (e.g. papermill's `parameters`) and the rest are kept.
 RUN_CELL_METADATA = ("execution", "papermill", "ExecuteTime", "collapsed", "scrolled")
 RUN_NOTEBOOK_METADATA = ("papermill", "widgets")
+INJECTED = "injected-parameters"  # the tag of the cell papermill adds for `-p NAME VALUE`
 
 
 def strip_outputs(nb: dict[str, Any]) -> dict[str, Any]:
@@ -80,11 +81,13 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
 
 
 def code_digest(path: str | os.PathLike[str]) -> str:
-    """Digest of a notebook's kernel and cells (type, tags, source): outputs, execution counts
-    and metadata written by running it (JupyterLab, papermill) leave it unchanged."""
+    """Digest of a notebook's kernel and cells (type, tags, source): outputs, execution counts,
+    metadata and the parameters cell papermill injects, all written by running it (JupyterLab,
+    papermill), leave it unchanged."""
     nb = json.loads(Path(path).read_text())
-    cells = [{"type": c.get("cell_type"), "tags": sorted(c.get("metadata", {}).get("tags", [])),
-              "source": "".join(c.get("source", []))} for c in nb.get("cells", [])]
+    cells = [{"type": c.get("cell_type"), "tags": sorted(tags), "source": "".join(c["source"])}
+             for c in nb.get("cells", [])
+             if INJECTED not in (tags := c.get("metadata", {}).get("tags", []))]
     text = json.dumps({"kernel": nb.get("metadata", {}).get("kernelspec", {}).get("name"),
                        "cells": cells}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
