@@ -26,6 +26,7 @@ from accelgen.pipeline import config as pc
 from accelgen.pipeline.__main__ import main as pipeline_main
 from accelgen.pipeline.grid import FIGURES, Grid
 from accelgen.pipeline.nbsource import code_digest, strip_outputs
+from accelgen.pipeline.notebooks import CONFIG_ENV, pipeline_outputs
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -268,13 +269,34 @@ def test_a_notebook_finds_the_outputs_of_the_config_named_at_lab_start(tiny_figu
     for ext in ("png", "pdf"):
         assert (paper_dir / f"fig10_ablation.{ext}").stat().st_size > 1000, ext
     assert not (clone / "paper_figures" / "fig10_ablation.png").exists()
-    # Without the CSV, the message names the config to run the target with.
-    (paper_dir / "fig10_ablation.csv").unlink()
-    res = papermill(clone / "notebooks" / "ablation.ipynb", tmp_path / "out2.ipynb",
-                    "config", "config/paper.yaml", cwd=clone)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert ("run `snakemake --cores all --configfile config/paper.yaml fig10` first"
-            in printed(tmp_path / "out2.ipynb"))
+
+
+def test_config_parameter_resolves_outputs_and_names_the_command(tmp_path, monkeypatch, capsys):
+    """The notebooks' `config` parameter (accelgen.figures.plots.use_config): the config's
+    figures_dir, a partial config extending config/quick.yaml as under Snakemake, and a
+    missing CSV named with the command for that config."""
+    from accelgen.figures import plots as P
+
+    clone = fresh_clone(tmp_path / "clone")
+    monkeypatch.chdir(clone)
+    monkeypatch.delenv(CONFIG_ENV, raising=False)
+    monkeypatch.setattr(P, "_outputs", None)  # restored afterwards
+    assert P.use_config(None, None) == "paper_figures"
+    assert P.use_config("config/paper.yaml", None) == "paper_figures/paper"
+    assert P.use_config("config/paper.yaml", "elsewhere") == "elsewhere"
+    (clone / "mine.yaml").write_text("name: mine\n")
+    out = pipeline_outputs("mine.yaml")
+    assert (out.name, out.figures_dir, out.results_root) == ("mine", "paper_figures",
+                                                             "results/mine")
+    monkeypatch.setenv(CONFIG_ENV, "config/paper.yaml")
+    figures_dir = P.use_config(None, None)
+    assert figures_dir == "paper_figures/paper"
+    capsys.readouterr()
+    assert P.load(figures_dir, "extra_pivots") is None
+    assert ("paper_figures/paper/extra_pivots.csv: missing (run `snakemake --cores all "
+            "--configfile config/paper.yaml extra_pivots` first)") in capsys.readouterr().out
+    grid = Grid(pc.load_file(ROOT / "config" / "paper.yaml"))
+    assert pipeline_outputs("config/paper.yaml").results_root == grid.results_root
 
 
 def test_tracked_notebooks_carry_no_outputs():

@@ -160,34 +160,6 @@ def tiny_config() -> dict:
     return data
 
 
-def test_rerun_does_nothing_and_deleting_a_result_reruns_only_its_dependents(tmp_path):
-    work = tmp_path / "work"
-    work.mkdir()
-    for name in ("config", "notebooks"):
-        (work / name).symlink_to(ROOT / name)
-    cfg = tmp_path / "tiny.yaml"
-    cfg.write_text(yaml.safe_dump(tiny_config()))
-    common = ["-s", str(ROOT / "Snakefile"), "-d", str(work), "--configfile", str(cfg)]
-    # `results` (every trace and simulation: part of the default target) + one figure's CSV.
-    targets = ["results", "figs/fig04_slo_attainment.csv"]
-    res = snakemake(*common, "--cores", "2", *targets, cwd=work)
-    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
-    assert (work / targets[1]).exists()
-
-    again = snakemake(*common, "-n", *targets, cwd=work)
-    assert again.returncode == 0
-    assert "Nothing to be done" in again.stdout + again.stderr, again.stdout[-3000:]
-
-    run_dir = work / "results/citest/runs/tiny/opt-13b/vllm/seed0"
-    (run_dir / "summary.json").unlink()
-    res = snakemake(*common, "-n", *targets, cwd=work)
-    assert res.returncode == 0
-    counts = job_counts(res.stdout)
-    counts.pop("results", None)  # the target rule itself
-    assert counts == {"simulate": 1, "aggregate": 1}, res.stdout[-3000:]
-    assert "system=sarathi" not in res.stdout  # the other simulation is left alone
-
-
 # ----------------------------------------------------------------------------------------------
 def project_venv(dest: Path) -> Path:
     """A venv inside a working copy, as `.venv` is, whose packages are this interpreter's (a .pth
@@ -200,10 +172,10 @@ def project_venv(dest: Path) -> Path:
     return dest / "bin" / "python"
 
 
-def test_a_moved_checkout_plans_nothing_and_lab_saves_rerun_nothing(tmp_path):
-    """Results made in one place are up to date after the checkout (with its .venv) moves;
-    saving a notebook with outputs (JupyterLab's autosave) re-runs nothing; a code change in a
-    notebook re-runs that notebook."""
+def test_reruns_follow_changes_not_saves_or_moves(tmp_path):
+    """On a tiny grid run in a checkout with its own .venv: a re-run does nothing; a notebook
+    saved with outputs re-runs nothing; after the checkout moves, nothing; a code change in a
+    notebook re-runs that notebook; a deleted result re-runs exactly what depends on it."""
     first = tmp_path / "checkout"
     first.mkdir()
     for name in ("Snakefile", "environment.yml"):
@@ -223,6 +195,8 @@ def test_a_moved_checkout_plans_nothing_and_lab_saves_rerun_nothing(tmp_path):
     res = plan(first, cores="2")
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     assert python.exists()
+    res = plan(first)
+    assert "Nothing to be done" in res.stdout + res.stderr, res.stdout[-3000:]
     # The notebook saved after a run without the save hook (e.g. by another editor): the
     # executed copy's outputs and kernel details in the tracked file.
     tracked = first / "notebooks/measurement.ipynb"
@@ -252,6 +226,13 @@ def test_a_moved_checkout_plans_nothing_and_lab_saves_rerun_nothing(tmp_path):
     counts = job_counts(plan(moved).stdout)
     assert counts.get("notebook_measurement") == 1, counts
     assert not {"simulate", "trace", "aggregate"} & set(counts), counts
+
+    (moved / "results/citest/runs/tiny/opt-13b/vllm/seed0/summary.json").unlink()
+    res = plan(moved, "results", "figs/fig04_slo_attainment.csv")
+    counts = job_counts(res.stdout)
+    counts.pop("results", None)  # the target rule itself
+    assert counts == {"simulate": 1, "aggregate": 1}, res.stdout[-3000:]
+    assert "system=sarathi" not in res.stdout  # the other simulation is left alone
 
 
 # Jobs that take minutes to hours; every other rule takes seconds and runs on the submit host of
