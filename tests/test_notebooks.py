@@ -280,7 +280,7 @@ def test_config_parameter_resolves_outputs_and_names_the_command(tmp_path, monke
     clone = fresh_clone(tmp_path / "clone")
     monkeypatch.chdir(clone)
     monkeypatch.delenv(CONFIG_ENV, raising=False)
-    monkeypatch.setattr(P, "_outputs", None)  # restored afterwards
+    monkeypatch.setattr(P, "_config", None)  # restored afterwards
     assert P.use_config(None, None) == "paper_figures"
     assert P.use_config("config/paper.yaml", None) == "paper_figures/paper"
     assert P.use_config("config/paper.yaml", "elsewhere") == "elsewhere"

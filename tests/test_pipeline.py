@@ -240,29 +240,29 @@ def test_reruns_follow_changes_not_saves_or_moves(tmp_path):
 CLUSTER_RULES = {"sim": {"simulate", "fidelity_run"}, "vllm": {"replay", "fidelity_run"}}
 
 
+# The rules a cluster executor would submit (not local, not target-only), from Snakemake's parsed
+# workflow. In a subprocess: a parsed workflow left in this process confuses vLLM's module scan.
+REMOTE_RULES = """
+import json, sys
+from pathlib import Path
+from snakemake.api import SnakemakeApi
+from snakemake.settings.types import (ConfigSettings, OutputSettings, ResourceSettings,
+                                      StorageSettings)
+with SnakemakeApi(OutputSettings()) as api:
+    workflow = api.workflow(snakefile=Path("Snakefile"), resource_settings=ResourceSettings(),
+                            config_settings=ConfigSettings(config=json.loads(sys.argv[1])),
+                            storage_settings=StorageSettings())._workflow
+    print(json.dumps(sorted(r.name for r in workflow.rules
+                            if not (r.name in workflow._localrules or r.norun))))
+"""
+
+
 @pytest.mark.parametrize("backend", sorted(CLUSTER_RULES))
 def test_only_long_jobs_go_to_the_cluster(backend):
-    from snakemake.api import SnakemakeApi
-    from snakemake.settings.types import (
-        ConfigSettings,
-        OutputSettings,
-        ResourceSettings,
-        StorageSettings,
-    )
-
-    cwd = Path.cwd()
-    os.chdir(ROOT)
-    try:
-        with SnakemakeApi(OutputSettings()) as api:
-            workflow = api.workflow(
-                snakefile=ROOT / "Snakefile", resource_settings=ResourceSettings(),
-                config_settings=ConfigSettings(config={"backend": backend}),
-                storage_settings=StorageSettings())._workflow
-            remote = {r.name for r in workflow.rules
-                      if not (r.name in workflow._localrules or r.norun)}
-    finally:
-        os.chdir(cwd)
-    assert remote == CLUSTER_RULES[backend]
+    res = subprocess.run([sys.executable, "-c", REMOTE_RULES, json.dumps({"backend": backend})],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert set(json.loads(res.stdout.splitlines()[-1])) == CLUSTER_RULES[backend]
 
 
 def test_slurm_profile_resources_apply_to_cluster_rules():

@@ -15,11 +15,11 @@ import pandas as pd
 
 from accelgen.figures.style import color, system_order
 from accelgen.pipeline.grid import FIGURES
-from accelgen.pipeline.notebooks import DEFAULT_CONFIG, PipelineOutputs, pipeline_outputs
+from accelgen.pipeline.notebooks import chosen_config, pipeline_outputs, snakemake_command
 
 ERRBAR_NOTE = "bars: mean; whiskers: 5th-95th percentile"
-# The pipeline config a notebook plots (set by use_config; used in messages).
-_outputs: PipelineOutputs | None = None
+# The pipeline config a notebook plots (set by use_config; named in messages).
+_config: str | None = None
 
 
 def setup() -> None:
@@ -48,9 +48,9 @@ def use_config(config: str | None = None, figures_dir: str | None = None) -> str
     pipeline passes its own), else that of the pipeline config ``config`` (None:
     ``$ACCELGEN_CONFIG``, else config/quick.yaml; accelgen.pipeline.notebooks). Messages about
     missing CSVs then name the command with that config."""
-    global _outputs
-    _outputs = pipeline_outputs(config)
-    return str(figures_dir) if figures_dir else _outputs.figures_dir
+    global _config
+    _config = chosen_config(config)
+    return str(figures_dir) if figures_dir else pipeline_outputs(_config).figures_dir
 
 
 def wanted(figures: str, fig_id: str) -> bool:
@@ -62,8 +62,7 @@ def load(figures_dir: str, fig_id: str) -> pd.DataFrame | None:
     path = Path(figures_dir) / f"{fig_id}.csv"
     if not path.exists():
         target = next((key for key, fid, *_ in FIGURES if fid == fig_id), fig_id)
-        cmd = (_outputs or pipeline_outputs(DEFAULT_CONFIG)).snakemake(target)
-        print(f"{path}: missing (run `{cmd}` first)")
+        print(f"{path}: missing (run `{snakemake_command(_config, target)}` first)")
         return None
     return pd.read_csv(path)
 

@@ -36,16 +36,19 @@ class PipelineOutputs:
     def results_root(self) -> str:  # as accelgen.pipeline.grid.Grid.results_root
         return f"results/{self.name}"
 
-    @property
-    def logs_root(self) -> str:
-        return f"logs/{self.name}"
 
-    def snakemake(self, *targets: str) -> str:
-        """The command that makes ``targets`` with this config."""
-        args = ["snakemake", "--cores", "all"]
-        if Path(self.config) != Path(DEFAULT_CONFIG):
-            args += ["--configfile", self.config]
-        return shlex.join([*args, *targets])
+def chosen_config(config: str | os.PathLike[str] | None = None) -> str:
+    """``config``, else ``$ACCELGEN_CONFIG``, else config/quick.yaml."""
+    return str(config) if config else os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG
+
+
+def snakemake_command(config: str | os.PathLike[str] | None, *targets: str) -> str:
+    """The command that makes ``targets`` with ``config`` (as :func:`chosen_config`)."""
+    chosen = chosen_config(config)
+    args = ["snakemake", "--cores", "all"]
+    if Path(chosen) != Path(DEFAULT_CONFIG):
+        args += ["--configfile", chosen]
+    return shlex.join([*args, *targets])
 
 
 def _read(path: Path) -> dict:
@@ -64,7 +67,7 @@ def pipeline_outputs(config: str | os.PathLike[str] | None = None,
     """Where the pipeline writes the outputs of ``config`` (None: ``$ACCELGEN_CONFIG``, else
     ``config/quick.yaml``). Only ``name`` and ``figures_dir`` are read, so a config whose inputs
     are not on this machine still resolves."""
-    chosen = str(config) if config else os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG
+    chosen = chosen_config(config)
     base = Path(root)
     data = _read(base / DEFAULT_CONFIG)
     if Path(chosen) != Path(DEFAULT_CONFIG):
