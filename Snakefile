@@ -17,7 +17,9 @@ configfile: "config/quick.yaml"
 
 
 include: "rules/common.smk"
+include: "rules/download.smk"
 include: "rules/workloads.smk"
+include: "rules/profile.smk"
 include: "rules/simulate.smk"
 include: "rules/vllm.smk"
 include: "rules/fidelity.smk"

@@ -12,13 +12,16 @@ import sys
 
 # (module, description) of every sub-command; imported lazily so `accelgen --help` stays fast.
 COMMANDS: dict[str, str] = {
+    "download": "accelgen.workloads.download_cli",
     "trace": "accelgen.workloads.cli",
     "pivot": "accelgen.costmodel.cli",
+    "calibrate": "accelgen.costmodel.calibrate_cli",
     "simulate": "accelgen.sim.cli",
     "profile": "accelgen.profiling.cli",
     "replay": "accelgen.vllm_integration.cli",
-    "fidelity": "accelgen.profiling.fidelity_cli",
-    "oracle": "accelgen.policies.oracle",
+    "fidelity": "accelgen.fidelity.cli",
+    "oracle": "accelgen.sim.oracle_cli",
+    "capacity": "accelgen.costmodel.capacity_cli",
 }
 
 

@@ -8,10 +8,17 @@ the top-level experiment settings of one simulated run.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    model_validator,
+)
 
 
 class StrictModel(BaseModel):
@@ -31,6 +38,9 @@ class ModelProfile(StrictModel):
     vocab_size: PositiveInt = 50272
     dtype_bytes: PositiveInt = 2
     max_model_len: PositiveInt = 2048
+    # The LM head shares the input embedding's weights (OPT: yes; Llama-2/3: no). Only the
+    # weight bytes of `kv_cache_gb: auto` depend on it.
+    tie_word_embeddings: bool = True
 
     @property
     def head_dim(self) -> int:
@@ -63,6 +73,29 @@ class HardwareProfile(StrictModel):
     interconnect_bandwidth: PositiveFloat  # bytes/s between GPUs (NVLink) for TP/PP traffic
 
 
+Seconds = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+
+
+class CalibratedTerms(StrictModel):
+    """The free terms of the calibrated cost model (``accelgen.costmodel.calibrated``), in
+    seconds, for the whole model on one GPU; ``accelgen calibrate`` fits them to measured
+    iteration latencies. A deployment's TP degree divides the work terms, and its layout scales
+    the communication term (see the model's docstring)."""
+
+    overhead_s: Seconds = 0.0  # per iteration (engine CPU work, launches, sampling)
+    weights_s: Seconds = 0.0  # weight streaming: the floor of the linear layers
+    # How sharply that floor turns into compute (the roofline's exponent; no floor: unused).
+    transition_p: float = Field(default=2.0, ge=1.0, le=16.0, allow_inf_nan=False)
+    prefill_token_s: Seconds = 0.0  # per prefill token (linear layers)
+    prefill_seq_s: Seconds = 0.0  # per prefill chunk (the engine's work per new sequence)
+    decode_token_s: Seconds = 0.0  # per decode sequence (linear layers, its sampling)
+    causal_pair_s: Seconds = 0.0  # per query-key pair inside the new prefill chunks
+    context_pair_s: Seconds = 0.0  # per query-key pair against a chunk's prior context
+    context_token_s: Seconds = 0.0  # per context token a decode reads (KV)
+    comm_token_s: Seconds = 0.0  # per token per activation transfer (TP/PP)
+    source: str = ""  # what the terms were fitted on
+
+
 class Deployment(StrictModel):
     """A model served on a number of GPUs with a KV-cache budget."""
 
@@ -70,11 +103,15 @@ class Deployment(StrictModel):
     hardware: str = "a100"
     tp: PositiveInt = 1
     pp: PositiveInt = 1
-    kv_cache_gb: PositiveFloat = 12.0  # GiB of KV cache per GPU (paper: 12 GB on OPT-13B)
+    # GiB of KV cache per GPU (paper: 12 GB on OPT-13B), or "auto": what vLLM's
+    # gpu_memory_utilization 0.9 leaves after weights and an activation reserve
+    # (accelgen.costmodel.profiles.auto_kv; docs/costmodel.md).
+    kv_cache_gb: PositiveFloat | Literal["auto"] = 12.0
     block_size: PositiveInt = 32
     max_model_len: PositiveInt | None = None  # default: the model profile's
-    cost_model: Literal["analytic", "profile"] = "analytic"
+    cost_model: Literal["analytic", "profile", "calibrated"] = "analytic"
     profile_csv: Path | None = None  # for cost_model == "profile"
+    calibration: CalibratedTerms | None = None  # for cost_model == "calibrated"
     pivot_tolerance: PositiveFloat = 0.03
 
     @property
@@ -85,6 +122,9 @@ class Deployment(StrictModel):
     def _profile_needs_csv(self) -> Deployment:
         if self.cost_model == "profile" and self.profile_csv is None:
             raise ValueError("cost_model 'profile' needs profile_csv")
+        if self.cost_model == "calibrated" and self.calibration is None:
+            raise ValueError("cost_model 'calibrated' needs calibration (the terms `accelgen "
+                             "calibrate` writes)")
         return self
 
 
@@ -95,7 +135,9 @@ class SimOptions(StrictModel):
     max_iterations: PositiveInt | None = None
     progress: bool = True
     swap_space_gb: float = Field(64.0, ge=0.0)  # host memory for swapped KV (FastServe)
-    swap_overlap: bool = False  # swaps overlap the iteration's compute (FastServe's proactive copies)
+    # Host transfers run on copy streams beside the iteration's compute, as FastServe's proactive
+    # swapping does (its paper, section 5): an iteration takes max(compute, transfer).
+    swap_overlap: bool = True
 
 
 class PolicySpec(StrictModel):
@@ -112,6 +154,22 @@ class ExperimentConfig(StrictModel):
     seed: int = 0
 
 
+def kv_cache_gb_arg(text: str) -> float | str:
+    """argparse type of ``--kv-cache-gb``: a number of GiB or ``auto``."""
+    import argparse
+
+    if text == "auto":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not (value > 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a positive number of GiB or 'auto', "
+                                         f"got {text!r}")
+    return value
+
+
 def load_yaml(path: Path | str) -> dict[str, Any]:
     path = Path(path)
     try:
@@ -125,3 +183,14 @@ def load_yaml(path: Path | str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: top level must be a mapping, got {type(data).__name__}")
     return data
+
+
+def parse_params(items: list[str] | None) -> dict[str, Any]:
+    """``["gamma=0.5", "era_scope=request"]`` -> ``{"gamma": 0.5, "era_scope": "request"}``."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--param expects KEY=VALUE, got {item!r}")
+        out[key.strip()] = yaml.safe_load(value)
+    return out

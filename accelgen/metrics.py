@@ -1,7 +1,8 @@
 """Every metric of the artifact, defined once (SPEC section 7).
 
-Inputs are the results tables written by ``accelgen.sim.recorder`` (simulator) or the vLLM replay
-runner: ``requests`` (one row per request, ``token_times`` list column) and ``iterations``.
+Inputs are the results tables of ``accelgen.results`` (written alike by the simulator and the vLLM
+replay runner): ``requests`` (one row per request, ``token_times`` list column) and
+``iterations``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,16 @@ import pandas as pd
 from accelgen.config import HardwareProfile, ModelProfile
 
 PCTS = (5, 50, 95, 99)
+
+# Requests that were served to their end: ``finished``, or ``cut`` (the engine stopped the output
+# at max_model_len, as vLLM's ``finish_reason: length`` does). Both count as served in every
+# metric (their tokens were delivered on the times recorded); ``summary`` counts them apart.
+SERVED_STATUSES = ("finished", "cut")
+
+
+def served(requests: pd.DataFrame) -> np.ndarray:
+    """Mask of the requests served to their end (``SERVED_STATUSES``)."""
+    return requests["status"].isin(SERVED_STATUSES).to_numpy()
 
 
 def _stats(x: np.ndarray | pd.Series, prefix: str) -> dict[str, float]:
@@ -33,14 +44,16 @@ def per_request(requests: pd.DataFrame) -> pd.DataFrame:
 
     Adds: ttft, jct, tpot, norm_latency, tokens_met (tokens that met their deadline: first token
     vs TTFT SLO, later tokens vs TBT SLO after the previous token), tbt_max, slo_met (online: every
-    token met; offline: JCT met), jct_met (against ``jct_slo``).
-    Rejected requests miss every SLO.
+    token met; offline: JCT met), jct_met (against ``jct_slo``), ttft_met (first token within the
+    TTFT SLO), tbt_met (every later token within the TBT SLO), distserve_met (DistServe's
+    looser request-level rule: TTFT and mean TPOT within their SLOs).
+    Rejected requests miss every SLO; cut ones are judged on the tokens they were served.
     """
     df = requests.copy()
-    finished = (df["status"] == "finished").to_numpy()
+    done = served(df)
     df["ttft"] = df["first_token_time"] - df["arrival"]
     df["jct"] = df["finish_time"] - df["arrival"]
-    df.loc[~finished, "jct"] = np.nan
+    df.loc[~done, "jct"] = np.nan
     n_out = df["num_output_tokens"].to_numpy()
     with np.errstate(invalid="ignore", divide="ignore"):
         df["tpot"] = np.where(n_out > 1, (df["finish_time"] - df["first_token_time"]) / (n_out - 1),
@@ -63,10 +76,15 @@ def per_request(requests: pd.DataFrame) -> pd.DataFrame:
         tokens_met[i] = met
     df["tokens_met"] = tokens_met
     df["tbt_max"] = tbt_max
-    df["jct_met"] = finished & (df["jct"].to_numpy() <= df["jct_slo"].to_numpy())
+    df["jct_met"] = done & (df["jct"].to_numpy() <= df["jct_slo"].to_numpy())
     online = df["online"].to_numpy(dtype=bool)
-    all_tokens = finished & (tokens_met == n_out)
+    all_tokens = done & (tokens_met == n_out)
     df["slo_met"] = np.where(online, all_tokens, df["jct_met"].to_numpy())
+    ttft_met = ttft <= ttft_slo  # NaN (never started) compares False
+    df["ttft_met"] = ttft_met
+    df["tbt_met"] = done & (tokens_met - ttft_met.astype(np.int64) == np.maximum(n_out - 1, 0))
+    tpot = df["tpot"].to_numpy(dtype=np.float64)
+    df["distserve_met"] = done & ttft_met & ((n_out <= 1) | (tpot <= tbt_slo))
     return df
 
 
@@ -76,9 +94,9 @@ def tbt_samples(requests: pd.DataFrame) -> np.ndarray:
 
 
 def span(requests: pd.DataFrame) -> tuple[float, float]:
-    """First arrival to last completion of a finished request (rejections do not extend it)."""
+    """First arrival to last completion of a served request (rejections do not extend it)."""
     start = float(requests["arrival"].min())
-    done = requests.loc[requests["status"] == "finished", "finish_time"].to_numpy(np.float64)
+    done = requests.loc[served(requests), "finish_time"].to_numpy(np.float64)
     end = float(done.max()) if done.size else start
     return start, end
 
@@ -115,12 +133,16 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, *, s_pf: int,
               num_gpus: int = 1, goodput_window: float = 1.0) -> dict[str, Any]:
     pr = per_request(requests)
     its = iteration_metrics(iterations, s_pf, model, hardware, num_gpus)
-    fin = pr[pr["status"] == "finished"]
+    fin = pr[served(pr)]
     n = len(pr)
+    status = pr["status"]
     out: dict[str, Any] = {
         "num_requests": n,
-        "num_finished": len(fin),
-        "num_rejected": int((pr["status"] == "rejected").sum()),
+        # Every request ends in exactly one of these (unfinished: none yet, e.g. a horizon).
+        "num_finished": int((status == "finished").sum()),
+        "num_cut": int((status == "cut").sum()),
+        "num_rejected": int((status == "rejected").sum()),
+        "num_unfinished": int((status == "unfinished").sum()),
         "num_iterations": len(its),
         "num_preemptions": int(pr["num_preemptions"].sum()),
     }
@@ -141,6 +163,10 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, *, s_pf: int,
     out["jct_attainment"] = float(pr["jct_met"].mean()) if n else math.nan
     out["ttft_attainment"] = (float((online["ttft"] <= online["ttft_slo"]).mean())
                               if len(online) else math.nan)
+    # SPEC 11: TBT-only attainment and DistServe's request-level variant (online requests).
+    out["tbt_attainment"] = float(online["tbt_met"].mean()) if len(online) else math.nan
+    out["slo_attainment_distserve"] = (float(online["distserve_met"].mean()) if len(online)
+                                       else math.nan)
     gp = goodput_series(pr, goodput_window) if n else np.zeros(1)
     out["goodput_rps"] = float(gp.mean())
     out.update(_stats(pr["ttft"], "ttft"))
@@ -180,3 +206,31 @@ def capacity(rates: np.ndarray, attainment: np.ndarray, target: float = 0.9) -> 
         if a[i] < target:
             return float(r[i - 1] + (a[i - 1] - target) / (a[i - 1] - a[i]) * (r[i] - r[i - 1]))
     return float(r[-1])
+
+
+def sweep_capacity(rates: np.ndarray, attainment: np.ndarray,
+                   target: float = 0.9) -> tuple[float, str]:
+    """Capacity from one rate sweep (SPEC 11): the highest rate with attainment >= ``target``,
+    interpolated linearly towards the next swept rate (where attainment fell below it).
+
+    Returns ``(rate, where)``: ``where`` is ``"interpolated"``; ``"above_sweep"`` when even the
+    highest swept rate meets the target (the rate is then that rate: a lower bound);
+    ``"below_sweep"`` when even the lowest does not (rate 0: below the sweep). NaN attainments
+    (no requests) are ignored.
+    """
+    r = np.asarray(rates, dtype=np.float64)
+    a = np.asarray(attainment, dtype=np.float64)
+    keep = np.isfinite(r) & np.isfinite(a)
+    r, a = r[keep], a[keep]
+    if r.size == 0:
+        return math.nan, "no_data"
+    order = np.argsort(r, kind="stable")
+    r, a = r[order], a[order]
+    ok = np.flatnonzero(a >= target)
+    if ok.size == 0:
+        return 0.0, "below_sweep"
+    i = int(ok[-1])
+    if i == r.size - 1:
+        return float(r[i]), "above_sweep"
+    frac = (a[i] - target) / (a[i] - a[i + 1])
+    return float(r[i] + frac * (r[i + 1] - r[i])), "interpolated"

@@ -16,13 +16,16 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
+import numpy as np
+
 
 class Status(IntEnum):
     WAITING = 0  # never started, or preempted (recompute)
     RUNNING = 1  # admitted, holds KV blocks
     SWAPPED = 2  # KV lives in host memory (FastServe)
-    FINISHED = 3
-    REJECTED = 4
+    FINISHED = 3  # emitted its whole output
+    REJECTED = 4  # never served, or given up on (``reject_reason`` says why)
+    CUT = 5  # served, but its output was cut short (at max_model_len; ``reject_reason`` says so)
 
 
 @dataclass(slots=True, eq=False)
@@ -78,3 +81,19 @@ class Request:
     @property
     def is_done(self) -> bool:
         return self.status >= Status.FINISHED
+
+
+def served_output_len(prompt_len: np.ndarray, output_len: np.ndarray,
+                      max_model_len: int) -> np.ndarray:
+    """Tokens each request emits: its output, stopped where prompt + output reaches
+    ``max_model_len``, as a real engine's length limit stops a sequence (vLLM:
+    ``num_tokens >= max_model_len``). One rule for the simulator and the replay runner."""
+    prompt = np.asarray(prompt_len, dtype=np.int64)
+    return np.minimum(np.asarray(output_len, dtype=np.int64),
+                      np.maximum(max_model_len - prompt, 0))
+
+
+def length_cap_reason(prompt_len: int, output_len: int, served: int, max_model_len: int) -> str:
+    """The recorded reason of a request whose output stopped at ``max_model_len``."""
+    return (f"length_cap: output cut at {served} of {output_len} tokens (prompt {prompt_len} + "
+            f"output reached max_model_len {max_model_len})")

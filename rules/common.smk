@@ -2,6 +2,7 @@
 # rules (named functions, no lambdas). All grid logic lives in accelgen.pipeline.grid.
 
 import os
+import re
 import shlex
 import sys
 
@@ -16,11 +17,11 @@ from accelgen.pipeline.nbsource import code_digest
 #    policy`); 2) the JSON schema generated from them (config/schema.json).
 try:
     PIPE = pipeline_config.load(config)
+    GRID = Grid(PIPE)  # also checks the workloads the grid derives
 except pipeline_config.PipelineConfigError as exc:
     raise WorkflowError(f"{exc}") from None
 validate(config, "../config/schema.json", set_default=False)
 
-GRID = Grid(PIPE)
 # Jobs run the interpreter that runs Snakemake (the project's venv), not whatever is on PATH. Its
 # path reaches them through the environment (set here) and not through the shell commands, since
 # Snakemake re-runs every job whose command text changed, e.g. after the checkout was moved.
@@ -64,6 +65,9 @@ def trace_inputs(wildcards):
     scenario = GRID.variant_scenario.get(wildcards.variant)
     if scenario is not None:
         inputs["scenario"] = GRID.scenario_csv(scenario)
+    # Downloaded datasets (kind: datasets) and the profile behind the TTFT SLOs (profile stage).
+    inputs["raw"] = GRID.raw_inputs(wildcards.variant)
+    inputs["profile"] = GRID.deployment_inputs(wildcards.deployment)
     return inputs
 
 
@@ -76,12 +80,39 @@ def deployment_spec(wildcards):
     return GRID.deployment_spec_json(wildcards.deployment)
 
 
+def deployment_inputs(wildcards):
+    return GRID.deployment_inputs(wildcards.deployment)
+
+
 def system_args(wildcards):
     return _quote(GRID.system_args(wildcards.system))
 
 
 def replay_args(wildcards):
     return _quote(GRID.replay_args(wildcards.system))
+
+
+def replay_engine(wildcards):
+    engine = GRID.engine_json(wildcards.deployment)
+    return _quote(["--engine", engine]) if engine else ""
+
+
+def deployment_gpus(wildcards):
+    """GPUs of a real-engine job of the deployment (the SLURM executor's `gpu` resource)."""
+    return GRID.gpus(wildcards.deployment)
+
+
+# ---- download and profile stages (rules/download.smk, rules/profile.smk) ---------------------
+def download_name(wildcards, output):
+    return GRID.downloads()[output[0]]
+
+
+def download_spec(wildcards, output):
+    return GRID.download_spec_json(GRID.downloads()[output[0]])
+
+
+def profile_args(wildcards):
+    return _quote(GRID.profile_args(wildcards.deployment))
 
 
 # ---- figures --------------------------------------------------------------------------------

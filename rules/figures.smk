@@ -1,6 +1,6 @@
 # Per-figure aggregation (results -> <figures_dir>/<figure>.csv), one papermill notebook per
 # figure group (CSVs -> <figure>.png/.pdf; the executed notebook is kept as the log), and one
-# target rule per figure (fig01 ... fig12, extra_*, headline; see docs/ARTIFACT.md).
+# target rule per figure (fig01 ... fig15, extra_*, claims; see docs/ARTIFACT.md).
 
 import re
 
@@ -74,7 +74,15 @@ rule results:
         GRID.run_summaries(),
 
 
+# The paper's claims beside ours in both regimes, with verdicts (SPEC 11; docs/ARTIFACT.md).
+rule claims:
+    localrule: True
+    input:
+        GRID.figure_file("claims", "csv"),
+
+
+# The former headline table's target, now the claims table.
 rule headline:
     localrule: True
     input:
-        GRID.figure_file("headline", "csv"),
+        GRID.figure_file("claims", "csv"),

@@ -3,6 +3,8 @@
 
 rule deployment_config:
     localrule: True
+    input:
+        deployment_inputs,  # a profiled deployment's table (rules/profile.smk)
     output:
         f"{RESULTS}/deployments/{{deployment}}.yaml",
     params:
@@ -39,6 +41,6 @@ if PIPE.backend == "sim":
             "../environment.yml"
         shell:
             # params.system: `-m accelgen.cli simulate --policy P --param ...`, or the Oracle's
-            # parameter search `-m accelgen.policies.oracle --grid ...` (systems.<name>.search).
+            # parameter search `-m accelgen.cli oracle --grid ...` (systems.<name>.search).
             f"{PY} {{params.system}} --trace {{input.trace}} --config {{input.experiment}}"
             " --seed {wildcards.seed} --out $(dirname {output.summary}) > {log} 2>&1"

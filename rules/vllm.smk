@@ -15,6 +15,7 @@ if PIPE.backend == "vllm":
             iterations=f"{RUN_DIR}/iterations.parquet",
         params:
             system=replay_args,
+            engine=replay_engine,  # the deployment's `engine:` (real weights, TP)
             extra=PIPE.vllm.extra_args,
         log:
             f"{LOGS}/runs/{{variant}}/{{deployment}}/{{system}}/seed{{seed}}.log",
@@ -23,6 +24,7 @@ if PIPE.backend == "vllm":
         threads: 2
         resources:
             engine=1,
+            gpu=deployment_gpus,
             mem_mb=8000,
             runtime=240,
         conda:
@@ -30,4 +32,5 @@ if PIPE.backend == "vllm":
         shell:
             f"{ACCELGEN} replay --backend vllm --trace {{input.trace}}"
             " --config {input.experiment} {params.system} --seed {wildcards.seed}"
-            " --out $(dirname {output.summary}) --no-progress {params.extra} > {log} 2>&1"
+            " --out $(dirname {output.summary}) --no-progress {params.engine} {params.extra}"
+            " > {log} 2>&1"

@@ -49,11 +49,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from accelgen.config import Deployment, ExperimentConfig, PolicySpec, SimOptions, load_yaml
+from accelgen.config import Deployment, ExperimentConfig, PolicySpec, SimOptions, load_yaml, parse_params
 from accelgen.costmodel.factory import effective_max_model_len, make_cost_model
 from accelgen.costmodel.profiles import DEPLOYMENTS
 from accelgen.metrics import per_request
-from accelgen.sim.cli import parse_params
 from accelgen.sim.runner import simulate
 from accelgen.workloads.build import build_trace
 from accelgen.workloads.config import WorkloadConfig

@@ -35,7 +35,7 @@ BLOCKS = 24
 def run(system: str, trace: pd.DataFrame, out: Path, policy_params: dict[str, Any],
         blocks: int = BLOCKS) -> dict[str, Any]:
     from accelgen import metrics
-    from accelgen.sim.recorder import read_results
+    from accelgen.results import read_results
     from accelgen.vllm_integration.replay import ReplayConfig, replay_to_dir
 
     cfg = ReplayConfig(

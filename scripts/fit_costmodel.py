@@ -10,6 +10,10 @@ folder at run time.
 
 Every residual is computed through ``AnalyticCostModel.breakdown`` itself (one-layer model
 profiles of the profiled shapes), so the fitted constants mean exactly what the model does.
+
+``--write-points FILE`` also writes the whole-iteration points of a 13B-class model (40 layers,
+hidden 5120) composed from the same folder, in the points format of ``accelgen calibrate``: the
+package carries them as ``accelgen/costmodel/data/a100_13b_class.csv``.
 """
 
 from __future__ import annotations
@@ -119,14 +123,68 @@ def mape(pred: np.ndarray, ref: np.ndarray) -> float:
     return float(np.mean(np.abs(pred / ref - 1)) * 100)
 
 
+# Fresh prefill sizes taken from the derived table (whole iterations, no prior context).
+POINT_PREFILL_SIZES = (8, 16, 32, 64, 96, 128, 192, 256, 320, 384, 512, 640, 768, 1024, 1280,
+                       1536, 2048, 2560, 3072, 4096)
+LAYERS_13B, HEAD_SCALE = 40, 40 / 32  # 13B class: 40 layers of 40 heads; Vidur's points: 32
+
+
+def write_points(root: Path, out: Path) -> int:
+    """Whole-iteration A100 latencies of a 13B-class model (TP 1) composed from the calibration
+    folder: fresh prefills from the derived table; chunks over prior context and decode batches
+    as the linear-op time of that many tokens (internlm-20b, 40 layers) plus 40 layers of
+    Vidur's Llama-2-7B attention point scaled by 40/32 heads. Returns the number of points."""
+    derived = pd.read_csv(root / "derived_cost_13b_class_a100_tp1.csv").set_index("num_tokens")
+    lin = load_linear(root)
+    lin = lin[(lin.src == "internlm-20b") & (lin.num_tensor_parallel_workers == 1)]
+    lin = lin.sort_values("num_tokens")
+
+    def linear_s(tokens: int) -> float:
+        return float(np.interp(tokens, lin.num_tokens, lin.t)) * LAYERS_13B
+
+    rows = [("prefill", n, 1, 0, 0, 0, derived.loc[n, "prefill_iter_ms_total"] * 1e-3)
+            for n in POINT_PREFILL_SIZES]
+    pf = pd.read_csv(root / "attention_points_llama2_7b_tp1.csv")
+    for chunk, kv, ms in pf[pf.kv > 0].itertuples(index=False):
+        rows.append(("prefill", int(chunk), 1, int(kv), 0, 0,
+                     linear_s(int(chunk)) + LAYERS_13B * HEAD_SCALE * ms * 1e-3))
+    dec = pd.read_csv(root / "decode_attention_points_llama2_7b_tp1.csv")
+    for batch, kv, ms in dec.itertuples(index=False):
+        rows.append(("decode", 0, 0, 0, int(batch), int(batch * kv),
+                     linear_s(int(batch)) + LAYERS_13B * HEAD_SCALE * ms * 1e-3))
+    header = [
+        "Whole-iteration latencies of a 13B-class model (40 layers, hidden 5120, 40 heads) on",
+        "one A100-80GB, TP 1, composed from Vidur's published A100 profiles (github.com/microsoft/",
+        "vidur, data/profiling/compute/a100/, MIT) as collected in calibration/a100_13b_class:",
+        "- prefill rows with prefill_ctx 0: its derived table (internlm-20b linear ops x 40 layers",
+        "  plus prefill attention scaled to 40 heads), prefill_iter_ms_total;",
+        "- prefill rows with prefill_ctx > 0 and decode rows: the internlm-20b linear-op time of",
+        "  that many tokens (x 40 layers) plus 40 layers of Vidur's Llama-2-7B attention point",
+        "  (chunk, kv) or (batch, kv per sequence), scaled by 40/32 heads.",
+        "GPU kernel times only: no engine CPU work, sampling, embedding or LM head.",
+        "Written by: python scripts/fit_costmodel.py --calibration <folder> --write-points <file>",
+    ]
+    with out.open("w") as fh:
+        fh.writelines(f"# {line}\n" for line in header)
+        fh.write("kind,prefill_tokens,prefill_seqs,prefill_ctx,decode_seqs,decode_ctx,latency_s\n")
+        for r in rows:
+            fh.write(",".join(str(v) for v in r[:-1]) + f",{r[-1]:.6g}\n")
+    return len(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calibration", type=Path, required=True,
                     help="folder with Vidur A100 profiles (calibration/a100_13b_class)")
     ap.add_argument("--linear-tp", default="1",
                     help="comma-separated TP degrees of the linear-op rows to fit on (default 1)")
+    ap.add_argument("--write-points", type=Path, metavar="FILE",
+                    help="also write the composed whole-iteration points (accelgen calibrate)")
     args = ap.parse_args(argv)
     root: Path = args.calibration
+    if args.write_points is not None:
+        n = write_points(root, args.write_points)
+        print(f"wrote {args.write_points} ({n} points)")
     tps = [int(x) for x in args.linear_tp.split(",")]
 
     lin = load_linear(root)

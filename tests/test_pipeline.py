@@ -103,9 +103,29 @@ def test_bad_config_names_the_key(case):
     assert key in str(err.value), str(err.value)
 
 
-@pytest.mark.parametrize("case", ["unknown policy", "negative rate", "missing trace file"])
+# Errors only the grid's expansion shows (a derived workload), raised when the Grid is built.
+BAD_GRID = {
+    "long-prompt shares of a non-synthetic workload": (
+        {"workload_variants": {"small": {"kind": "vidur_csv",
+                                         "path": "tests/fixtures/workloads/vidur.csv",
+                                         "sampling": "sequential", "num_requests": None}}},
+        "experiments.sensitivity.long_fractions: needs a synthetic workload"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_GRID), ids=list(BAD_GRID))
+def test_bad_derived_workload_names_the_key(case):
+    over, key = BAD_GRID[case]
+    cfg = pc.load(pc.deep_merge(quick_dict(), over))
+    with pytest.raises(pc.PipelineConfigError) as err:
+        Grid(cfg)
+    assert str(err.value).startswith("invalid pipeline config:") and key in str(err.value)
+
+
+@pytest.mark.parametrize("case", ["unknown policy", "negative rate", "missing trace file",
+                                  *BAD_GRID])
 def test_bad_config_stops_snakemake_before_any_job(case, tmp_path):
-    over, key = BAD[case]
+    over, key = {**BAD, **BAD_GRID}[case]
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(pc.deep_merge(quick_dict(), over)))
     res = snakemake("-n", "--configfile", str(bad))
@@ -135,7 +155,7 @@ def test_dry_run_plans_the_grid(path):
     grid = Grid(pc.load_file(path))
     assert counts.get("simulate") == len(grid.runs())
     assert counts.get("trace") == len(grid.traces())
-    assert counts.get("aggregate") == len(grid.figures) + 1  # + headline.csv
+    assert counts.get("aggregate") == len(grid.figures) + 1  # + claims.csv
     fidelity = int(grid.cfg.fidelity_on)  # notebook_fidelity (rules/fidelity.smk)
     assert sum(v for k, v in counts.items() if k.startswith("notebook_")) == \
         len(grid.groups()) + fidelity
@@ -236,8 +256,14 @@ def test_reruns_follow_changes_not_saves_or_moves(tmp_path):
 
 
 # Jobs that take minutes to hours; every other rule takes seconds and runs on the submit host of
-# a cluster (`localrule: True`), where queueing it would cost more than running it.
-CLUSTER_RULES = {"sim": {"simulate", "fidelity_run"}, "vllm": {"replay", "fidelity_run"}}
+# a cluster (`localrule: True`), where queueing it would cost more than running it. A trace of
+# downloaded datasets (config/gpu.yaml) tokenizes them: a job of its own; `download` stays local
+# (compute nodes often have no internet).
+CLUSTER_RULES = {
+    "sim": ({"backend": "sim"}, [], {"simulate", "fidelity_run"}),
+    "vllm": ({"backend": "vllm"}, [], {"replay", "fidelity_run"}),
+    "gpu": ({}, ["config/gpu.yaml"], {"profile", "trace", "replay"}),
+}
 
 
 # The rules a cluster executor would submit (not local, not target-only), from Snakemake's parsed
@@ -248,26 +274,34 @@ from pathlib import Path
 from snakemake.api import SnakemakeApi
 from snakemake.settings.types import (ConfigSettings, OutputSettings, ResourceSettings,
                                       StorageSettings)
+config, configfiles = json.loads(sys.argv[1]), [Path(p) for p in json.loads(sys.argv[2])]
 with SnakemakeApi(OutputSettings()) as api:
+    settings = ConfigSettings(config=config, configfiles=configfiles)
     workflow = api.workflow(snakefile=Path("Snakefile"), resource_settings=ResourceSettings(),
-                            config_settings=ConfigSettings(config=json.loads(sys.argv[1])),
-                            storage_settings=StorageSettings())._workflow
+                            config_settings=settings, storage_settings=StorageSettings())._workflow
     print(json.dumps(sorted(r.name for r in workflow.rules
                             if not (r.name in workflow._localrules or r.norun))))
 """
 
 
-@pytest.mark.parametrize("backend", sorted(CLUSTER_RULES))
-def test_only_long_jobs_go_to_the_cluster(backend):
-    res = subprocess.run([sys.executable, "-c", REMOTE_RULES, json.dumps({"backend": backend})],
+def remote_rules(case: str) -> set[str]:
+    config, configfiles, _ = CLUSTER_RULES[case]
+    res = subprocess.run([sys.executable, "-c", REMOTE_RULES, json.dumps(config),
+                          json.dumps(configfiles)],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert set(json.loads(res.stdout.splitlines()[-1])) == CLUSTER_RULES[backend]
+    return set(json.loads(res.stdout.splitlines()[-1]))
 
 
-def test_slurm_profile_resources_apply_to_cluster_rules():
-    profile = yaml.safe_load((ROOT / "profiles" / "slurm" / "config.yaml").read_text())
-    assert set(profile["set-resources"]) <= set().union(*CLUSTER_RULES.values())
+@pytest.mark.parametrize("case", sorted(CLUSTER_RULES))
+def test_only_long_jobs_go_to_the_cluster(case):
+    assert remote_rules(case) == CLUSTER_RULES[case][2]
+
+
+@pytest.mark.parametrize("name, cases", [("slurm", ["sim", "vllm"]), ("slurm-gpu", ["gpu"])])
+def test_slurm_profile_resources_apply_to_cluster_rules(name, cases):
+    profile = yaml.safe_load((ROOT / "profiles" / name / "config.yaml").read_text())
+    assert set(profile["set-resources"]) <= set().union(*(CLUSTER_RULES[c][2] for c in cases))
     defaults = profile["default-resources"]
     # Placeholders that work as they are: empty = the plugin's and the cluster's defaults.
     assert defaults["slurm_account"] == "" and defaults["slurm_partition"] == ""

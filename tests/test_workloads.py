@@ -396,3 +396,25 @@ def test_cli_ttft_slos_follow_the_parallel_layout(tmp_path: Path) -> None:
                      "--model", "opt-175b", "--tp", str(tp), "--quiet"]) == 0
         means[tp] = trace_mod.load_trace(out)["ttft_slo"].mean()
     assert means[8] < 0.5 * means[1]
+
+
+def test_cli_takes_the_deployments_max_model_len(tmp_path: Path) -> None:
+    """`--deployment D` truncates to D's max_model_len unless --max-model-len (or the config's
+    workload.max_model_len) says otherwise; the trace's metadata records what was used."""
+
+    def mml(*args: str) -> int:
+        out = tmp_path / "t.parquet"
+        assert main(["trace", "--out", str(out), "--num-requests", "200", "--seed", "0",
+                     "--quiet", *args]) == 0
+        used = read_trace_metadata(out)["config"]["max_model_len"]
+        trace = load_trace(out)
+        assert (trace["prompt_len"] + trace["output_len"] <= used).all()
+        return used
+
+    assert mml() == 8192  # no deployment: the workload's default
+    assert mml("--deployment", "llama-13b") == 4096
+    assert mml("--deployment", "llama-3-70b") == 131072
+    assert mml("--deployment", "llama-13b", "--max-model-len", "3000") == 3000
+    cfg = tmp_path / "w.yaml"
+    cfg.write_text("workload: {max_model_len: 2500}\n")
+    assert mml("--deployment", "llama-13b", "--config", str(cfg)) == 2500

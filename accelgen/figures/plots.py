@@ -187,3 +187,18 @@ def panel_grid(n: int, ncols: int, width: float = 4.0, height: float = 3.0,
     for ax in axes.flat[n:]:
         ax.set_visible(False)
     return fig, axes
+
+
+def capacity_text(row: Any, rates: Sequence[float]) -> str:
+    """A capacity row of figure 13's CSV (``mean``, ``where``, ``min``/``max`` over seeds) as
+    legend text: ``0.31``, ``0.31 [0.28-0.35]``, ``< 0.02`` (below the sweep) or ``>= 1.3``."""
+    where = str(row.get("where", ""))
+    if "below_sweep" in where and "interpolated" not in where and "above" not in where:
+        return f"< {min(rates):.2g}"
+    if "above_sweep" in where and "interpolated" not in where and "below" not in where:
+        return f">= {max(rates):.2g}"
+    text = f"{float(row['mean']):.2g}"
+    lo, hi = float(row.get("min", np.nan)), float(row.get("max", np.nan))
+    if np.isfinite(lo) and np.isfinite(hi) and f"{lo:.2g}" != f"{hi:.2g}":
+        text += f" [{lo:.2g}-{hi:.2g}]"
+    return text

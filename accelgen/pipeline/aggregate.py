@@ -41,7 +41,7 @@ class RunData:
 
 
 def load_run(ref: dict[str, Any]) -> RunData:
-    from accelgen.sim.recorder import read_results
+    from accelgen.results import read_results
 
     reqs, its, summary = read_results(ref["dir"])
     timing_path = Path(ref["dir"]) / "timing.json"
@@ -125,8 +125,7 @@ def _reqs(col: str) -> Callable[[RunData], np.ndarray]:
 
 
 def _tbt(rd: RunData) -> np.ndarray:
-    fin = rd.requests[rd.requests["status"] == "finished"]
-    return metrics.tbt_samples(fin)
+    return metrics.tbt_samples(rd.requests[metrics.served(rd.requests)])
 
 
 # basis "seeds": one scalar per run; the others: arrays pooled over the runs' seeds.
@@ -153,6 +152,15 @@ METRICS: dict[str, tuple[str, Callable[[RunData], Any], str]] = {
     "kv_unallocated": ("iterations", _its("kv_unallocated"), "unallocated KVC"),
     "token_budget": ("iterations", _its("info_token_budget"), "token budget S_b"),
     "decision_time": ("iterations", _decision_time, "scheduler time per iteration (s)"),
+    "slo_attainment_distserve": ("seeds", _summary("slo_attainment_distserve"),
+                                 "request-level attainment, DistServe's rule (TTFT and mean TPOT "
+                                 "within SLO)"),
+    "tbt_attainment": ("seeds", _summary("tbt_attainment"),
+                       "TBT-only attainment (every later token on time)"),
+    "ttft_p50": ("seeds", _summary("ttft_p50"), "TTFT p50 (s)"),
+    "ttft_p99": ("seeds", _summary("ttft_p99"), "TTFT p99 (s)"),
+    "tbt_p50": ("seeds", _summary("tbt_p50"), "time between tokens p50 (s)"),
+    "tbt_p99": ("seeds", _summary("tbt_p99"), "time between tokens p99 (s)"),
     "num_rejected": ("seeds", _summary("num_rejected"), "rejected requests"),
     "num_preemptions": ("seeds", _summary("num_preemptions"), "preemptions"),
 }
@@ -385,7 +393,7 @@ def fig_chunking(spec: dict[str, Any]) -> pd.DataFrame:
         last = int(np.searchsorted(start, done, side="right"))
         lo, hi = max(0, first - 3), min(len(its), last + 8)
         others = req[req.index != lr.name]
-        tbt = metrics.tbt_samples(others[others["status"] == "finished"])
+        tbt = metrics.tbt_samples(others[metrics.served(others)])
         for i in range(lo, hi):
             row = its.iloc[i]
             out.append({**labels(r), "iteration": i - first, "start": float(row["start"]),
@@ -429,6 +437,118 @@ def fig_pivots(spec: dict[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+# --------------------------------------------------------------------------------------------
+# Regime `capacity` (SPEC section 11): figures 13-15 and the capacity bounds
+# --------------------------------------------------------------------------------------------
+ATTAINMENTS = ("slo_attainment_request", "slo_attainment_distserve", "ttft_attainment",
+               "tbt_attainment")
+# capacity metric -> the attainment it thresholds
+CAPACITIES = {"capacity_rps": "slo_attainment_request",
+              "capacity_distserve_rps": "slo_attainment_distserve"}
+BOUND_COLUMNS = ("kv_tokens", "s_pf", "t_pf", "mean_prompt", "mean_output", "mean_residence_s",
+                 "mean_resident_tokens", "kv_bound_rps", "compute_bound_rps", "estimate_rps",
+                 "binding")
+
+
+def _bound_rows(bounds: list[dict[str, Any]], **extra: Any) -> list[dict[str, Any]]:
+    return [{"deployment": b["deployment"], "deployment_label": b["deployment_label"],
+             "metric": "capacity_bound_rps",
+             "description": "analytic capacity estimate: min(KV/Little, compute) bound at S_pf",
+             "mean": b["estimate_rps"], "p5": math.nan, "p95": math.nan, "n": 1,
+             "basis": "bound", **{k: b[k] for k in BOUND_COLUMNS}, **extra} for b in bounds]
+
+
+def capacity_rows(refs: list[dict[str, Any]], target: float,
+                  attainment: dict[tuple[str, str, int, float], dict[str, float]]
+                  ) -> list[dict[str, Any]]:
+    """Capacity per (deployment, system) and seed, and over seeds (mean with p5/p95, min, max):
+    for each capacity metric, the highest swept rate whose attainment is >= ``target``."""
+    out = []
+    for _, group in group_refs(refs, ("deployment", "system")):
+        lab = labels(group[0])
+        seeds = sorted({r["seed"] for r in group})
+        for metric, att_name in CAPACITIES.items():
+            per_seed, wheres = [], []
+            for seed in seeds:
+                pts = sorted((r["x"], attainment[(r["deployment"], r["system"], seed, r["x"])]
+                              [att_name]) for r in group if r["seed"] == seed)
+                cap, where = metrics.sweep_capacity(np.array([p[0] for p in pts]),
+                                                    np.array([p[1] for p in pts]), target)
+                per_seed.append(cap)
+                wheres.append(where)
+                out.append({**lab, "metric": metric, "seed": seed, "where": where,
+                            "description": f"highest rate with {att_name} >= {target:g}",
+                            "mean": cap, "p5": math.nan, "p95": math.nan, "n": 1,
+                            "basis": "sweep"})
+            st = stats(per_seed, "seeds")
+            finite = [c for c in per_seed if math.isfinite(c)]
+            where = ",".join(sorted(set(wheres)))
+            out.append({**lab, "metric": metric, "where": where,
+                        "description": f"highest rate with {att_name} >= {target:g}, over seeds",
+                        **st, "min": min(finite) if finite else math.nan,
+                        "max": max(finite) if finite else math.nan})
+    return out
+
+
+def fig_capacity_regime(spec: dict[str, Any]) -> pd.DataFrame:
+    """Figure 13: attainment (request-level, DistServe's, TTFT-only, TBT-only), goodput and
+    throughput vs arrival rate per (deployment, system); capacity per system and seed; each
+    deployment's analytic bound."""
+    target = float(spec["options"].get("target", 0.9))
+    names = [*ATTAINMENTS, "jct_attainment", "goodput_rps", "throughput_rps",
+             "throughput_output_tps"]
+    rows: list[dict[str, Any]] = []
+    attainment: dict[tuple[str, str, int, float], dict[str, float]] = {}
+    for _, refs in group_refs(spec["runs"], ("deployment", "system", "x")):
+        data = [load_run(r) for r in refs]
+        for rd in data:
+            ref = rd.ref
+            attainment[(ref["deployment"], ref["system"], ref["seed"], ref["x"])] = {
+                a: METRICS[a][1](rd) for a in CAPACITIES.values()}
+        lab = labels(refs[0])
+        for row in metric_rows(data, names):
+            rows.append({**lab, "rate": refs[0]["x"], "load_factor": refs[0]["load_factor"],
+                         **row})
+    rows += capacity_rows(spec["runs"], target, attainment)
+    rows += _bound_rows(spec["options"].get("bounds", []), target=target)
+    return pd.DataFrame(rows)
+
+
+def fig_slo_scale(spec: dict[str, Any]) -> pd.DataFrame:
+    """Figure 14: attainment vs the TTFT SLO scale s at one rate per deployment."""
+    df = grid_metrics(spec, [*ATTAINMENTS, "goodput_rps"],
+                      keys=("deployment", "system", "x"), extra=("rate", "load_factor"))
+    return df.rename(columns={"x": "ttft_scale"})
+
+
+def fig_latency(spec: dict[str, Any]) -> pd.DataFrame:
+    """Figure 15: TTFT and TBT p50/p99 vs arrival rate (per seed from summary.json; mean and
+    p5/p95 over seeds)."""
+    df = grid_metrics(spec, ["ttft_p50", "ttft_p99", "tbt_p50", "tbt_p99"],
+                      keys=("deployment", "system", "x"), extra=("load_factor",))
+    return df.rename(columns={"x": "rate"})
+
+
+def fig_capacity_bounds(spec: dict[str, Any]) -> pd.DataFrame:
+    """Extra (beside figure 9): each deployment's KV/Little and compute bounds on its evaluation
+    trace, and the offered rate (regime `paper`: 8 req/s) as a multiple of the estimate."""
+    from accelgen.config import Deployment
+    from accelgen.costmodel.capacity import trace_bound
+    from accelgen.workloads.trace import load_trace
+
+    rows = []
+    for t in spec["traces"]:
+        bound = trace_bound(Deployment.model_validate(t["spec"]), load_trace(t["path"]))
+        b = bound.as_dict()
+        offered = float(t["offered_rps"])
+        rows.append({"deployment": t["deployment"], "deployment_label": t["deployment_label"],
+                     "offered_rps": offered,
+                     "offered_over_estimate": offered / b["estimate_rps"]
+                     if b["estimate_rps"] > 0 else math.nan,
+                     **{k: b[k] for k in BOUND_COLUMNS}, "num_requests": b["num_requests"]})
+    return pd.DataFrame(rows)
+
+
 AGGREGATORS: dict[str, Callable[[dict[str, Any]], pd.DataFrame]] = {
     "fig01_iteration_time_cdf": fig_iteration_time_cdf,
     "fig02_gpu_utilization": fig_gpu_utilization,
@@ -445,120 +565,11 @@ AGGREGATORS: dict[str, Callable[[dict[str, Any]], pd.DataFrame]] = {
     "extra_chunking": fig_chunking,
     "extra_capacity": fig_capacity,
     "extra_pivots": fig_pivots,
+    "extra_capacity_bounds": fig_capacity_bounds,
+    "fig13_capacity": fig_capacity_regime,
+    "fig14_slo_scale": fig_slo_scale,
+    "fig15_latency": fig_latency,
 }
-
-
-# --------------------------------------------------------------------------------------------
-# Headline numbers (paper abstract and section 5) from the evaluation CSV
-# --------------------------------------------------------------------------------------------
-# claim id -> (metric, how, paper value text, description)
-#   ratio: AccelGen / baseline; inverse: baseline / AccelGen; rel: (A - B) / B in %;
-#   points: (A - B) in percentage points; lower_rel: (B - A) / B in %.
-HEADLINE_CLAIMS: tuple[tuple[str, str, str, str, str], ...] = (
-    ("throughput_tokens", "throughput_output_tps", "ratio", "1.42-11.21x",
-     "throughput (output tokens/s), AccelGen / baseline"),
-    ("throughput_requests", "throughput_rps", "ratio", "1.54-10x",
-     "throughput (requests/s), AccelGen / baseline"),
-    ("goodput", "goodput_rps", "ratio", "1.43-13.71x", "goodput, AccelGen / baseline"),
-    ("slo_attainment_iteration_rel", "slo_attainment_iteration", "rel", "+37-90 %",
-     "iteration-level SLO attainment, relative improvement over baseline (%)"),
-    ("slo_attainment_iteration_points", "slo_attainment_iteration", "points", "+37-90 %",
-     "iteration-level SLO attainment, difference in percentage points"),
-    ("jct_attainment_rel", "jct_attainment", "rel", "+34-93 %",
-     "JCT SLO attainment, relative improvement over baseline (%)"),
-    ("jct_lower", "jct", "inverse", "1.61-12.22x", "mean JCT, baseline / AccelGen"),
-    ("gpu_util_rel", "gpu_util", "rel", "+31-63 %",
-     "GPU compute utilization, relative improvement over baseline (%)"),
-    ("kv_unallocated_points", "kv_unallocated", "neg_points", "7.40-13.20 % lower",
-     "unallocated KVC, baseline - AccelGen (percentage points)"),
-)
-
-
-def _compare(a: float, b: float, how: str) -> float:
-    if not (math.isfinite(a) and math.isfinite(b)):
-        return math.nan
-    if how == "ratio":
-        return a / b if b > 0 else math.inf
-    if how == "inverse":
-        return b / a if a > 0 else math.inf
-    if how == "rel":
-        return (a - b) / b * 100 if b > 0 else math.inf
-    if how == "points":
-        return (a - b) * 100
-    if how == "neg_points":
-        return (b - a) * 100
-    raise ValueError(how)
-
-
-def headline(evaluation: pd.DataFrame, accelgen: str = "accelgen",
-             oracle: str = "oracle") -> pd.DataFrame:
-    """AccelGen vs each baseline on each deployment, summarised as min-max like the paper."""
-    ev = evaluation.set_index(["deployment", "system", "metric"])["mean"]
-    systems = list(dict.fromkeys(evaluation["system"]))
-    deployments = list(dict.fromkeys(evaluation["deployment"]))
-    baselines = [s for s in systems if s not in (accelgen, oracle)]
-    rows = []
-
-    def val(d: str, s: str, m: str) -> float:
-        try:
-            return float(ev.loc[(d, s, m)])
-        except KeyError:
-            return math.nan
-
-    if accelgen in systems:
-        for claim, metric, how, paper, desc in HEADLINE_CLAIMS:
-            vals, detail = [], []
-            for d in deployments:
-                for b in baselines:
-                    v = _compare(val(d, accelgen, metric), val(d, b, metric), how)
-                    if not math.isnan(v):
-                        vals.append(v)
-                        detail.append(f"{d}/{b}={v:.3g}")
-            finite = [v for v in vals if math.isfinite(v)]
-            rows.append({"claim": claim, "description": desc, "paper": paper,
-                         "ours_min": min(vals) if vals else math.nan,
-                         "ours_max": max(vals) if vals else math.nan,
-                         "ours_finite_max": max(finite) if finite else math.nan,
-                         "n_pairs": len(vals), "detail": "; ".join(detail)})
-        if oracle in systems:
-            for claim, metric, paper, desc in (
-                ("oracle_throughput_gap", "throughput_output_tps", "AccelGen 12 % below Oracle",
-                 "throughput, (Oracle - AccelGen) / Oracle (%)"),
-                ("oracle_goodput_gap", "goodput_rps", "Oracle 6 % higher goodput",
-                 "goodput, (Oracle - AccelGen) / AccelGen (%)"),
-            ):
-                vals, detail = [], []
-                for d in deployments:
-                    o, a = val(d, oracle, metric), val(d, accelgen, metric)
-                    if not (math.isfinite(o) and math.isfinite(a)):
-                        continue
-                    if claim == "oracle_throughput_gap":
-                        v = (o - a) / o * 100 if o > 0 else math.nan
-                    else:
-                        v = (o - a) / a * 100 if a > 0 else math.inf
-                    vals.append(v)
-                    detail.append(f"{d}={v:.3g}")
-                finite = [v for v in vals if math.isfinite(v)]
-                rows.append({"claim": claim, "description": desc, "paper": paper,
-                             "ours_min": min(vals) if vals else math.nan,
-                             "ours_max": max(vals) if vals else math.nan,
-                             "ours_finite_max": max(finite) if finite else math.nan,
-                             "n_pairs": len(vals), "detail": "; ".join(detail)})
-        vals, detail = [], []
-        for d in deployments:
-            dt, jct = val(d, accelgen, "decision_time"), val(d, accelgen, "jct")
-            if math.isfinite(dt) and math.isfinite(jct) and jct > 0:
-                v = dt / jct * 100  # the paper: per-iteration overhead vs the average JCT
-                vals.append(v)
-                detail.append(f"{d}={v:.3g}")
-        rows.append({"claim": "time_overhead", "description":
-                     "AccelGen scheduler time per iteration as % of its mean JCT (wall time)",
-                     "paper": "0.02 % of the average JCT",
-                     "ours_min": min(vals) if vals else math.nan,
-                     "ours_max": max(vals) if vals else math.nan,
-                     "ours_finite_max": max(vals) if vals else math.nan,
-                     "n_pairs": len(vals), "detail": "; ".join(detail)})
-    return pd.DataFrame(rows)
 
 
 # --------------------------------------------------------------------------------------------
@@ -576,12 +587,11 @@ def write_csv(df: pd.DataFrame, out: Path | str) -> Path:
 
 def aggregate(spec: dict[str, Any]) -> pd.DataFrame:
     fig = spec["figure"]
-    if fig == "headline":
-        inputs = spec.get("inputs") or []
-        if not inputs:
-            return pd.DataFrame(columns=["claim", "description", "paper", "ours_min", "ours_max"])
-        return headline(pd.read_csv(inputs[0]), spec.get("accelgen", "accelgen"),
-                        spec.get("oracle", "oracle"))
+    if fig == "claims":
+        from accelgen.pipeline.claims import claims_table
+
+        figs = {fid: pd.read_csv(path) for fid, path in spec.get("inputs", {}).items()}
+        return claims_table(figs, {"accelgen": spec.get("accelgen", "accelgen")})
     try:
         fn = AGGREGATORS[fig]
     except KeyError:

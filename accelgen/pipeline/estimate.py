@@ -74,12 +74,12 @@ def estimate(config: Path | str, bench_dir: Path | str, cores: int = 2, alpha: f
             exp_of_run.setdefault((ref["variant"], ref["deployment"], ref["system"], ref["seed"]),
                                   fig.experiment)
     def points(grid: Grid, system: str) -> int:
-        from accelgen.policies.oracle import DEFAULT_GRID, grid_points
+        from accelgen.sim.oracle_search import DEFAULT_GRID, grid_points
 
         spec = grid.systems.get(system)
-        if spec is None or spec.search is None:
+        if spec is None or spec.policy != "oracle":
             return 1
-        return len(grid_points(spec.search or DEFAULT_GRID))
+        return len(grid_points(spec.search or DEFAULT_GRID)) + 1  # + AccelGen's (the floor)
 
     for run in runs:
         scen = run.variant.startswith(SCENARIO_PREFIX)

@@ -20,6 +20,7 @@ are path-safe (``accelgen-no-order``).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,9 +31,11 @@ from accelgen.pipeline.config import (
     PipelineConfigError,
     SystemSpec,
     deep_merge,
+    invalid_config_message,
 )
 
 SCENARIO_PREFIX = "scenario-"
+CLAIMS = "claims"  # <figures_dir>/claims.csv: the paper's claims beside ours (SPEC 11)
 LONG_PROMPT = 4096  # the paper's long-prompt threshold (>= 4K tokens)
 
 
@@ -87,9 +90,24 @@ FIGURES: tuple[tuple[str, str, str, str, str], ...] = (
     ("extra_capacity", "extra_capacity", "sensitivity",
      "Capacity: SLO attainment vs arrival rate", "sensitivity"),
     ("extra_pivots", "extra_pivots", "workload", "Pivot forward sizes", "pivots"),
+    ("extra_bounds", "extra_capacity_bounds", "evaluation",
+     "Capacity bounds beside the offered rate", "evaluation"),
+    ("fig13", "fig13_capacity", "capacity", "Capacity: SLO attainment vs arrival rate",
+     "capacity"),
+    ("fig14", "fig14_slo_scale", "capacity", "SLO attainment vs TTFT SLO scale", "capacity"),
+    ("fig15", "fig15_latency", "capacity", "TTFT and TBT percentiles vs arrival rate",
+     "capacity"),
 )
 GROUPS: tuple[str, ...] = ("measurement", "scenarios", "workload", "evaluation", "ablation",
-                           "sensitivity")
+                           "sensitivity", "capacity")
+# SPEC section 11: the regime of each figure (`-`: no load setting: a scenario, a trace, the
+# cost model). Both regimes are in the quick and the paper configs.
+REGIMES: dict[str, str] = {
+    **{f"fig{i:02d}": "paper" for i in (1, 2, 3, 4, 5, 7, 9, 10, 11, 12)},
+    "fig06": "-", "fig08": "-", "extra_chunking": "-", "extra_pivots": "-",
+    "extra_capacity": "paper", "extra_bounds": "paper",
+    "fig13": "capacity", "fig14": "capacity", "fig15": "capacity",
+}
 
 
 def fmt_num(x: float) -> str:
@@ -98,6 +116,10 @@ def fmt_num(x: float) -> str:
 
 
 class Grid:
+    """The expanded experiment grid of a validated config (``accelgen.pipeline.config.load``).
+    Building it checks what only the expansion shows (derived workloads: rates, long-prompt
+    shares, datasets) and raises ``PipelineConfigError`` naming the key, as ``load`` does."""
+
     def __init__(self, cfg: PipelineConfig) -> None:
         self.cfg = cfg
         self.name = cfg.name
@@ -112,7 +134,11 @@ class Grid:
         self.systems: dict[str, SystemSpec] = dict(cfg.systems)
         self.system_labels: dict[str, str] = {k: cfg.system_label(k) for k in cfg.systems}
         self.figures: dict[str, Figure] = {}
-        self._build()
+        try:
+            self._build()
+            self.check_workloads()
+        except PipelineConfigError as exc:
+            raise PipelineConfigError(invalid_config_message([str(exc)])) from None
 
     # ------------------------------------------------------------------ paths
     def workload_yaml(self, variant: str) -> str:
@@ -168,7 +194,8 @@ class Grid:
             if dataset not in sources:
                 raise PipelineConfigError(f"experiments.datasets.datasets: the workload has no "
                                           f"source named {dataset!r}")
-            over = {"sources": {k: {"share": 1.0 if k == dataset else 0.0} for k in sources}}
+            over: dict[str, dict[str, Any]] = {
+                "sources": {k: {"share": 1.0 if k == dataset else 0.0} for k in sources}}
         else:
             over = {"mix": {k: (1.0 if k == dataset else 0.0) for k in data.get("mix", {})}}
             over["mix"][dataset] = 1.0
@@ -339,6 +366,21 @@ class Grid:
                                                       cfg.seeds_of(ch)[:1]), [],
                                       {"long_prompt": ch.long_prompt})
 
+        if ev is not None and ev.enabled:
+            v = self._base_variant(ev.workload)
+            seed = cfg.seeds_of(ev)[0]
+            rate = float(self.variants[v].get("arrival", {}).get("rate", math.nan))
+            traces = [{"path": self.trace_path(v, d, seed), "variant": v, "deployment": d,
+                       "deployment_label": cfg.deployment_label(d), "seed": seed,
+                       "offered_rps": rate,
+                       "spec": cfg.deployment(d).model_dump(mode="json")}
+                      for d in ev.deployments]
+            figs["extra_bounds"] = ([], traces, {"regime": "paper"})
+
+        cap = ex.capacity
+        if cap is not None and cap.enabled:
+            self._capacity_figures(cap, figs)
+
         dep_rows = []
         for dname in cfg.deployments:
             dep = cfg.deployment(dname)
@@ -351,6 +393,56 @@ class Grid:
                 runs, traces, opts = figs[key]
                 self.figures[key] = Figure(key, fid, group, title, exp, tuple(runs),
                                            tuple(traces), opts)
+
+    def capacity_bound(self, variant: str, deployment: str, seed: int) -> Any:
+        """The capacity estimate of a deployment on a workload variant's trace
+        (:mod:`accelgen.pipeline.capacity`)."""
+        from accelgen.costmodel.factory import effective_max_model_len
+        from accelgen.pipeline.capacity import workload_bound
+
+        dep = self.cfg.deployment(deployment)
+        mml = max(1, effective_max_model_len(dep) - self.cfg.truncate_margin)
+        return workload_bound(self.cfg.workload_dict(variant), dep, seed, mml)
+
+    def _ttft_scale_variant(self, variant: str, scale: float) -> str:
+        data = self.variants[variant]
+        return self._variant(f"{variant}-ttft{fmt_num(scale)}",
+                             deep_merge(data, {"slo": {"ttft_scale": [scale, scale]}}))
+
+    def _capacity_figures(self, cap: Any, figs: dict[str, Any]) -> None:
+        """Figures 13-15: a rate sweep of ``load_factors`` x each deployment's estimate."""
+        from accelgen.pipeline.capacity import sweep_rate
+
+        cfg = self.cfg
+        seeds = cfg.seeds_of(cap)
+        self._base_variant(cap.workload)
+        refs: list[dict[str, Any]] = []
+        scale_refs: list[dict[str, Any]] = []
+        bounds = []
+        for d in cap.deployments:
+            bound = self.capacity_bound(cap.workload, d, seeds[0])
+            est = bound.estimate_rps
+            bounds.append({"deployment": d, "deployment_label": cfg.deployment_label(d),
+                           **bound.as_dict()})
+            for factor in cap.load_factors:
+                rate = sweep_rate(factor, est)
+                v = self._rate_variant(cap.workload, rate)
+                refs += self._grid_refs(v, [d], cap.systems, seeds, sweep="rate", x=rate,
+                                        load_factor=factor)
+            ss = cap.slo_scale
+            if ss is not None:
+                rate = sweep_rate(ss.load_factor, est)
+                v_rate = self._rate_variant(cap.workload, rate)
+                for scale in ss.ttft_scales:
+                    v = self._ttft_scale_variant(v_rate, scale)
+                    scale_refs += self._grid_refs(v, [d], ss.systems, seeds, sweep="ttft_scale",
+                                                  x=scale, rate=rate,
+                                                  load_factor=ss.load_factor)
+        opts = {"target": cap.target, "bounds": bounds, "regime": "capacity"}
+        figs["fig13"] = (refs, [], opts)
+        if scale_refs:
+            figs["fig14"] = (scale_refs, [], opts)
+        figs["fig15"] = (refs, [], opts)
 
     # ------------------------------------------------------------------ queries
     def check_workloads(self) -> None:
@@ -407,13 +499,13 @@ class Grid:
         out = []
         for fig in self.figures.values():
             out += [self.figure_file(fig.id, "csv"), *self.figure_outputs(fig)]
-        out.append(self.figure_file("headline", "csv"))
+        out.append(self.figure_file(CLAIMS, "csv"))
         return out
 
     def csv_figure_ids(self) -> list[str]:
         """Every ``<figures_dir>/<id>.csv`` the ``aggregate`` rule writes: the grid's figures and
-        the headline table (other stages' CSVs in that directory, e.g. fidelity.csv, are not)."""
-        return sorted({fig.id for fig in self.figures.values()} | {"headline"})
+        the claims table (other stages' CSVs in that directory, e.g. fidelity.csv, are not)."""
+        return sorted({fig.id for fig in self.figures.values()} | {CLAIMS})
 
     def figure_by_id(self, fig_id: str) -> Figure:
         for fig in self.figures.values():
@@ -421,19 +513,26 @@ class Grid:
                 return fig
         raise KeyError(fig_id)
 
+    def claims_inputs(self) -> dict[str, str]:
+        """Figure id -> CSV of the figures the claims table reads (those the grid has)."""
+        from accelgen.pipeline.claims import CLAIM_FIGURES
+
+        ids = {fig.id for fig in self.figures.values()}
+        return {f: self.figure_file(f, "csv") for f in CLAIM_FIGURES if f in ids}
+
     def figure_inputs(self, fig_id: str) -> list[str]:
-        if fig_id == "headline":
-            return [self.figure_file(self.figures["fig09"].id, "csv")] \
-                if "fig09" in self.figures else []
+        if fig_id == CLAIMS:
+            return list(self.claims_inputs().values())
         fig = self.figure_by_id(fig_id)
         paths = [f"{r['dir']}/summary.json" for r in fig.runs]
         paths += [t["path"] for t in fig.traces]
+        if fig.key == "extra_pivots":  # the pivots of profiled deployments come from their tables
+            paths += [self.profile_csv(d) for d in self.profiled()]
         return paths
 
     def figure_spec_json(self, fig_id: str) -> str:
-        if fig_id == "headline":
-            spec = {"figure": "headline", "inputs": self.figure_inputs("headline"),
-                    "accelgen": "accelgen", "oracle": "oracle"}
+        if fig_id == CLAIMS:
+            spec = {"figure": CLAIMS, "inputs": self.claims_inputs(), "accelgen": "accelgen"}
             return json.dumps(spec, sort_keys=True, separators=(",", ":"))
         return self.figure_by_id(fig_id).spec_json()
 
@@ -457,12 +556,105 @@ class Grid:
 
         dep = self.cfg.deployment(deployment)
         mml = max(1, effective_max_model_len(dep) - self.cfg.truncate_margin)
-        return ["--model", dep.model, "--hardware", dep.hardware, "--tp", str(dep.tp),
+        args = ["--model", dep.model, "--hardware", dep.hardware, "--tp", str(dep.tp),
                 "--pp", str(dep.pp), "--max-model-len", str(mml)]
+        if deployment in self.profiled():
+            args += ["--profile-csv", self.profile_csv(deployment)]
+        return args
+
+    # ------------------------------------------------------------------ download and profile
+    def raw_inputs(self, variant: str) -> list[str]:
+        """The downloaded files a workload variant reads (``kind: datasets``)."""
+        data = self.variants.get(variant) or self.cfg.workload_dict(variant)
+        if data.get("kind") != "datasets":
+            return []
+        from accelgen.workloads.config import WorkloadConfig
+
+        wl = WorkloadConfig.model_validate(data)
+        return sorted(str(src.path) for src in wl.resolved_sources().values())
+
+    def downloads(self) -> dict[str, str]:
+        """``{file path: dataset name}`` of every file a trace of the grid reads."""
+        from accelgen.workloads.datasets import CATALOGUE
+
+        names = {str(self.cfg.download_config().path(n)): n for n in CATALOGUE}
+        wanted = {p for v, _, _ in self.trace_jobs() for p in self.raw_inputs(v)}
+        unknown = wanted - set(names)
+        if unknown:  # guarded by the config check (workload path == download dir)
+            raise PipelineConfigError(f"files outside the download directory: {sorted(unknown)}")
+        return {p: names[p] for p in sorted(wanted)}
+
+    def download_spec_json(self, name: str) -> str:
+        """The ``download:`` section as one dataset's job sees it: only its own source, so that
+        changing another dataset's URL does not re-run (and re-fetch) this one."""
+        data = self.cfg.download_config().model_dump(mode="json")
+        data["datasets"] = {name: data["datasets"][name]}
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+    def profiled(self) -> list[str]:
+        """Deployments with a profile stage."""
+        return [d for d, spec in self.cfg.deployments.items() if spec.profile is not None]
+
+    def profile_csv(self, deployment: str) -> str:
+        return str(self.cfg.profile_csv(deployment))
+
+    def deployment_inputs(self, deployment: str) -> list[str]:
+        """Files a deployment's cost model reads (its profile stage's table)."""
+        return [self.profile_csv(deployment)] if deployment in self.profiled() else []
+
+    def gpus(self, deployment: str) -> int:
+        """GPUs a real-engine job of the deployment takes (0: the CPU engine)."""
+        spec = self.cfg.deployments[deployment]
+        on_gpu = (spec.engine is not None and spec.engine.model is not None) or (
+            spec.profile is not None and spec.profile.backend == "torch")
+        return self.cfg.deployment(deployment).num_gpus if on_gpu else 0
+
+    def engine_json(self, deployment: str) -> str:
+        """The deployment's engine settings for ``accelgen replay/profile --engine`` ('' none)."""
+        spec = self.cfg.deployments[deployment]
+        if spec.engine is None:
+            return ""
+        dep = self.cfg.deployment(deployment)
+        data = spec.engine.spec(dep.tp, dep.pp)
+        return json.dumps(data, sort_keys=True, separators=(",", ":")) if data else ""
+
+    def profile_args(self, deployment: str) -> list[str]:
+        """``accelgen profile`` options of a deployment's stage (without --out/--plot)."""
+        from accelgen.costmodel.factory import effective_max_model_len
+
+        spec = self.cfg.deployments[deployment]
+        stage = spec.profile
+        assert stage is not None
+        dep = self.cfg.deployment(deployment)
+        mml = effective_max_model_len(dep)
+        args = ["--backend", stage.backend, "--grid", stage.grid, "--repeats", str(stage.repeats),
+                "--warmup", str(stage.warmup), "--block-size", str(dep.block_size),
+                "--tolerance", f"{dep.pivot_tolerance:g}"]
+        if stage.backend == "torch":
+            args += ["--model", dep.model, "--max-tokens", str(min(mml, 8192))]
+        else:
+            engine = spec.engine.model if spec.engine is not None else None
+            budget = stage.max_num_batched_tokens or max(min(mml, 8192), 2048)
+            # As many sequences per step as the replays' engine (EngineSpec's default 256).
+            seqs = (spec.engine.settings.get("max_num_seqs", 256) if spec.engine is not None
+                    else 256)
+            args += ["--model", engine or "tiny", "--tp", str(dep.tp), "--max-model-len",
+                     str(mml), "--max-num-batched-tokens", str(budget), "--max-num-seqs",
+                     str(seqs)]
+            engine_json = self.engine_json(deployment)
+            if engine_json:
+                args += ["--engine", engine_json]
+        if stage.quick:
+            args.append("--quick")
+        if stage.threads is not None:
+            args += ["--threads", str(stage.threads)]
+        return args
 
     def replay_args(self, system: str) -> list[str]:
         """``accelgen replay`` options of a system (the real engine runs no search)."""
         spec = self.systems[system]
+        if spec.vllm_scheduler == "stock":
+            return ["--system", "stock"]
         args = ["--policy", spec.policy]
         for k, v in sorted(spec.params.items()):
             args += ["--param", f"{k}={json.dumps(v, sort_keys=True)}"]
@@ -470,12 +662,12 @@ class Grid:
 
     def system_args(self, system: str) -> list[str]:
         """The command of one simulation, without trace, config, seed and output:
-        ``-m accelgen.cli simulate --no-progress --policy P --param k=v ...``, or for a searching
-        Oracle ``-m accelgen.policies.oracle --grid G --param k=v ...`` (run after the Python
-        interpreter)."""
+        ``-m accelgen.cli simulate --no-progress --policy P --param k=v ...``, or for an Oracle
+        with its own grid ``-m accelgen.cli oracle --grid G --param k=v ...`` (run after the
+        Python interpreter; ``simulate --policy oracle`` searches the default grid)."""
         spec = self.systems[system]
         if spec.search is not None:
-            args = ["-m", "accelgen.policies.oracle"]
+            args = ["-m", "accelgen.cli", "oracle"]
             if spec.search:
                 args += ["--grid", json.dumps(spec.search, sort_keys=True)]
         else:

@@ -1,7 +1,7 @@
 """The policy interface: a small view of the serving state in, one iteration's decision out.
 
-The same interface is served by the simulator (``accelgen.sim``) and by the vLLM V1 scheduler
-adapter (``accelgen.vllm_integration``), so every policy runs unchanged in both.
+The same interface is served by the simulator and by the vLLM V1 scheduler adapter, so every
+policy runs unchanged in both (a policy imports neither).
 
 Contract (vLLM V1 vocabulary):
 - ``view.waiting``: requests not holding KV (new, or preempted for recompute), in queue order

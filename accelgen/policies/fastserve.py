@@ -1,82 +1,132 @@
-"""FastServe: skip-join multi-level feedback queue (MLFQ) with KV swapping.
+"""FastServe (Wu et al., "Fast Distributed Inference Serving for Large Language Models", 2023):
+skip-join multi-level feedback queue (MLFQ) with proactive KV swapping.
 
-- ``num_queues`` priority levels; level p has quantum ``base_quantum x 2^p`` (10 ms x 2^p).
-- Skip-join: a new request enters the first level whose quantum covers its isolated prefill time
-  (``view.cost.prefill_time``), so long prompts skip the top levels.
-- Demotion: the iteration latencies a request is scheduled in accumulate at its level; once the
-  sum exceeds the level's quantum it moves one level down (with a fresh account).
-- Starvation: a request not served for ``starve_after`` seconds (3 s) is promoted to the top.
-- Each iteration takes candidates (running, swapped and waiting alike) in strict priority order
-  (level, then FCFS by the time it entered its level) until the batch holds ``max_batch_size`` (16)
-  requests; new prompts (and recomputes) run whole, no chunking, at most ``max_prompt_tokens``
-  (2048) prompt tokens per batch (a lone longer prompt may still run by itself, else it could never
-  run).
-- KV: paged blocks. A swapped-out request is swapped back in when it is selected; when the selected
-  requests need more blocks than are free, the lowest-priority running requests outside the batch
-  are swapped out to host memory (the engine charges blocks x block bytes / host-link bandwidth as
-  time). If the host swap space is full, the victim is preempted for recompute instead.
+The paper gives the algorithm (skip-join MLFQ, iteration-level preemption, starvation prevention,
+proactive KV cache management); its public artifact (LLMServe/FastServe, ``fastserve/scheduler.py``
+class ``MLFQ``, run with ``--sched-policy sj-mlfq --proactive-offloading --use-skip-join``) fixes
+what the paper leaves open. docs/baselines.md maps every rule below to its source.
 
-Simplifications (also in docs/baselines.md): swaps happen at iteration boundaries exactly when
-the next batch needs the blocks (FastServe's proactive swapping overlaps transfers with compute,
-which the engine's serial charge does not model); within a level the order is FCFS, not by
-remaining quantum.
+- Levels: ``num_queues`` queues, level p has quantum ``base_quantum x quantum_ratio^p``
+  (10 ms x 2^p).
+- Skip-join: a new request joins the first level whose quantum covers its first iteration, the
+  isolated prefill of its prompt (``view.cost.prefill_time``); a longer one joins the last level.
+- Order: strict priority by level. Within a level, requests that have run stand at the head and
+  new arrivals queue at the tail; a request keeps its place between iterations, so the running
+  batch is not rotated at every quantum.
+- Demotion: the latencies of the iterations a request runs in accumulate at its level; once the
+  sum exceeds the level's quantum the request moves one level down, to the head, with a fresh
+  account.
+- Starvation: every ``starve_check_every`` decisions (1,000), every queued request not served for
+  ``starve_after`` seconds (3 s; waiting counts from arrival) moves to the head of the top level.
+- Batch: the highest-priority requests, in order, until ``max_batch_size`` (16) requests or a
+  prompt that would take the batch's prompt tokens beyond ``max_prompt_tokens`` (2048): the batch
+  stops there (head-of-line, as the artifact). No chunking: a prompt (or a recompute) runs whole;
+  a prompt longer than the limit runs when no other prompt is in the batch. While less than
+  ``pause_prefill_below`` (10 %) of the host swap space is free, requests that still need their
+  prompt pass are passed over.
+- KV (proactive swapping): a candidate whose blocks are not free swaps out requests holding
+  device KV that rank below it, lowest priority first; a victim the host cannot take stays. A
+  started request that cannot get its blocks waits, keeping its place, and the next candidate is
+  considered; the first new prompt that cannot get its blocks stops the new prompts behind it.
+  Only for the first request a decision can run are victims the host cannot take recomputed
+  instead, so the head of the queues always runs. After the batch, ``free_block_reserve`` blocks
+  (default one per batch slot) are kept free by swapping out more requests ranked below it.
+  Swapped batch members are swapped in; when nothing was swapped out, swapped requests among the
+  next ``max_batch_size`` queued ones are swapped in ahead of their turn while the reserve stays
+  free.
+- Swap transfers overlap compute in FastServe (separate copy streams); the simulator charges an
+  iteration max(compute, transfer) by default (``sim.swap_overlap``).
+
+Cost per decision: the queues are kept incrementally (sorted keys per KV residency), so a
+decision reads the head of the queues, its victims and, under host pressure, the swapped requests
+that might still fit; never the waiting queue. Only the periodic starvation check reads every
+queued request.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right, insort
+from collections.abc import Iterator
 from dataclasses import dataclass
+from heapq import merge
 
-from pydantic import Field, PositiveFloat, PositiveInt
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt
 
-from accelgen.costmodel.base import BatchShape
-from accelgen.policies.base import Decision, Policy, PolicyParams, SchedulerView
+from accelgen.policies.base import Decision, KVView, Policy, PolicyParams, SchedulerView
 from accelgen.request import Request, Status
+
+# A request's place in the MLFQ is one integer: its level in the high bits, then a sequence
+# number: head insertions count down from the middle, tail insertions count up from it.
+_SEQ_BITS = 42
+_SEQ_MID = 1 << (_SEQ_BITS - 1)
 
 
 class FastServeParams(PolicyParams):
     num_queues: PositiveInt = 5
-    base_quantum: PositiveFloat = 0.010  # seconds; level p has base_quantum * 2**p
+    base_quantum: PositiveFloat = 0.010  # seconds: the top level's quantum
+    quantum_ratio: float = Field(2.0, gt=1.0)  # quantum of level p+1 / quantum of level p
     starve_after: PositiveFloat = 3.0  # seconds without service before promotion to the top
+    starve_check_every: PositiveInt = 1000  # decisions between starvation checks
     max_batch_size: PositiveInt = 16
     max_prompt_tokens: PositiveInt = 2048
     swap: bool = Field(True, description="swap victims to host; False: recompute them")
+    proactive: bool = Field(True, description="keep free_block_reserve blocks free and swap in "
+                                              "high-priority requests ahead of their turn")
+    free_block_reserve: NonNegativeInt | None = None  # default: max_batch_size blocks
+    pause_prefill_below: float = Field(0.1, ge=0.0, le=1.0)  # free share of host swap space
 
 
 @dataclass(slots=True)
 class MLFQState:
     level: int
-    attained: float = 0.0  # execution time charged at the current level
-    entered: float = 0.0  # when it entered the current level (FCFS key within a level)
-    last_service: float = 0.0  # end of its last iteration (or its arrival)
-    join_level: int = 0  # the level skip-join chose, for diagnostics and tests
+    attained: float = 0.0  # iteration time charged at the current level
+    last_service: float = 0.0  # end of its last iteration (its arrival until it runs)
+    join_level: int = 0  # the level skip-join chose
+    key: int = -1  # its place in the queues; -1: not queued
+    filed_as: Status = Status.WAITING  # the residency index holding it
+    host_blocks: int = 0  # its host blocks while filed as swapped
 
 
-def _shape(scheduled: list[tuple[Request, int]]) -> BatchShape:
-    """The batch composition the engine will charge (same decode/prefill rule as the engine)."""
-    shape = BatchShape()
-    for r, n in scheduled:
-        ctx = r.num_computed_tokens
-        if n == 1 and r.num_output_tokens > 0 and ctx == r.num_tokens - 1:
-            shape.add_decode(ctx)
-        else:
-            shape.add_prefill(n, ctx)
-    return shape
+class _Residency:
+    """Queued requests of one KV residency (waiting, device or host), in MLFQ order."""
+
+    __slots__ = ("keys",)
+
+    def __init__(self) -> None:
+        self.keys: list[int] = []
+
+    def add(self, key: int) -> None:
+        insort(self.keys, key)
+
+    def remove(self, key: int) -> None:
+        del self.keys[bisect_left(self.keys, key)]
 
 
-def _priority(r: Request) -> tuple[int, float, int]:
-    """Strict MLFQ order: level, then FCFS by the time it entered that level."""
-    st: MLFQState = r.policy_state
-    return st.level, st.entered, r.req_id
+def _needs_prompt_pass(r: Request) -> bool:
+    return r.num_output_tokens == 0 or r.num_new_tokens > 1
 
 
 class FastServePolicy(Policy):
     name = "fastserve"
     Params = FastServeParams
     params: FastServeParams
-    _compute_time: float = 0.0  # predicted compute latency of the last decided batch
 
+    def __init__(self, params: PolicyParams | None = None, **overrides: object) -> None:
+        super().__init__(params, **overrides)
+        self._by_key: dict[int, Request] = {}
+        self._index = {s: _Residency() for s in (Status.WAITING, Status.RUNNING, Status.SWAPPED)}
+        self._head_seq = _SEQ_MID
+        self._tail_seq = _SEQ_MID
+        self._arrivals: list[Request] = []
+        self._touched: list[Request] = []  # victims and early swap-ins of the last decision
+        self._paused = False  # whether the last decision passed over requests awaiting a prompt pass
+        self._decisions = 0
+        self._swap_capacity: int | None = None  # host swap blocks, read at the first decision
+        self._swapped_sizes: list[int] = []  # host blocks of every swapped request, ascending
+
+    # -- levels -----------------------------------------------------------------------------------
     def quantum(self, level: int) -> float:
-        return self.params.base_quantum * (1 << level)
+        return self.params.base_quantum * self.params.quantum_ratio ** level
 
     def join_level(self, prefill_time: float) -> int:
         for p in range(self.params.num_queues):
@@ -84,106 +134,304 @@ class FastServePolicy(Policy):
                 return p
         return self.params.num_queues - 1
 
-    def state(self, r: Request, view: SchedulerView) -> MLFQState:
-        st = r.policy_state
-        if st is None:
-            lvl = self.join_level(view.cost.prefill_time(r.prompt_len))
-            st = r.policy_state = MLFQState(lvl, 0.0, r.arrival, r.arrival, lvl)
-        return st
+    # -- the queues -------------------------------------------------------------------------------
+    def _file(self, r: Request, level: int, *, head: bool) -> None:
+        st: MLFQState = r.policy_state
+        if head:
+            self._head_seq -= 1
+            seq = self._head_seq
+        else:
+            self._tail_seq += 1
+            seq = self._tail_seq
+        st.level, st.key = level, (level << _SEQ_BITS) | seq
+        self._by_key[st.key] = r
+        self._enter(r, st)
 
+    def _unfile(self, r: Request) -> None:
+        st: MLFQState = r.policy_state
+        self._leave(st)
+        del self._by_key[st.key]
+        st.key = -1
+
+    def _move(self, r: Request) -> None:
+        """File ``r`` under its present KV residency, keeping its place."""
+        st: MLFQState = r.policy_state
+        if st.key >= 0 and st.filed_as != r.status:
+            self._leave(st)
+            self._enter(r, st)
+
+    def _enter(self, r: Request, st: MLFQState) -> None:
+        st.filed_as = r.status
+        self._index[r.status].add(st.key)
+        if r.status == Status.SWAPPED:
+            st.host_blocks = r.num_swapped_blocks
+            insort(self._swapped_sizes, st.host_blocks)
+
+    def _leave(self, st: MLFQState) -> None:
+        self._index[st.filed_as].remove(st.key)
+        if st.filed_as == Status.SWAPPED:
+            sizes = self._swapped_sizes
+            del sizes[bisect_left(sizes, st.host_blocks)]
+
+    def _admit(self, r: Request, view: SchedulerView) -> None:
+        lvl = self.join_level(view.cost.prefill_time(r.prompt_len))
+        r.policy_state = MLFQState(lvl, 0.0, r.arrival, lvl)
+        self._file(r, lvl, head=False)
+
+    def _sync(self, view: SchedulerView) -> None:
+        """File new arrivals; move the requests the last decision changed to the index of their
+        present KV residency."""
+        for r in self._arrivals:
+            if not r.is_done:
+                self._admit(r, view)
+        self._arrivals.clear()
+        for r in self._touched:
+            self._move(r)
+        self._touched.clear()
+        if len(self._by_key) != len(view.waiting) + len(view.running) + len(view.swapped):
+            # Requests that reached the queues without ``on_arrival`` (a caller driving
+            # ``schedule`` directly): adopt them in queue order.
+            for r in (*view.running, *view.swapped, *view.waiting):
+                if r.policy_state is None:
+                    self._admit(r, view)
+
+    def _promote_starving(self, now: float) -> int:
+        limit = self.params.starve_after
+        starving = [r for k in _in_order([ix.keys for ix in self._index.values()])
+                    if now - (r := self._by_key[k]).policy_state.last_service >= limit]
+        for r in reversed(starving):  # to the head of the top level, in their present order
+            self._unfile(r)
+            self._file(r, 0, head=True)
+        return len(starving)
+
+    # -- the decision -----------------------------------------------------------------------------
     def schedule(self, view: SchedulerView) -> Decision:
         p = self.params
-        now = view.now
+        self._sync(view)
+        self._decisions += 1
+        promoted = (self._promote_starving(view.now)
+                    if self._decisions % p.starve_check_every == 0 else 0)
         kv = view.kv
+        by_key, index = self._by_key, self._index
         d = Decision()
-        cands = [*view.running, *view.swapped, *view.waiting]
-        promoted = 0
-        for r in cands:
-            st = self.state(r, view)
-            if st.level > 0 and now - st.last_service >= p.starve_after:
-                st.level, st.attained, st.entered, st.last_service = 0, 0.0, now, now
-                promoted += 1
-        cands.sort(key=_priority)
 
-        free = kv.num_free_blocks
-        free_swap = kv.num_free_swap_blocks
-        chosen: set[int] = set()
-        evicted: set[int] = set()
+        if self._swap_capacity is None:
+            self._swap_capacity = kv.num_free_swap_blocks + sum(r.num_swapped_blocks
+                                                                for r in view.swapped)
+        paused = self._paused = (
+            p.swap and self._swap_capacity > 0
+            and kv.num_free_swap_blocks < p.pause_prefill_below * self._swap_capacity)
+        reserve = ((p.max_batch_size if p.free_block_reserve is None else p.free_block_reserve)
+                   if p.proactive and p.swap else 0)
+        device_keys = index[Status.RUNNING].keys
+        streams = {Status.RUNNING: device_keys, Status.SWAPPED: index[Status.SWAPPED].keys}
+        if not paused:
+            streams[Status.WAITING] = index[Status.WAITING].keys
+        room = _Room(self, d, kv, device_keys)
+        batch: list[Request] = []
         prompt_tokens = 0
-        # Eviction victims: running requests, lowest priority first (the end of ``cands``).
-        victims = [r for r in reversed(cands) if r.status == Status.RUNNING]
-        for r in cands:
-            if len(d.scheduled) >= p.max_batch_size:
+        # A request needing `unreachable` blocks or more cannot get them: no more could be
+        # found for one ahead of it, and fewer victims rank below it.
+        unreachable = 1 << 62
+        keys = _in_order(list(streams.values()))
+        while len(batch) < p.max_batch_size:
+            key = next(keys, -1)
+            if key < 0:
                 break
-            if r.req_id in evicted:
-                continue
+            r = by_key[key]
+            if room.evicted and r.req_id in room.evicted:
+                continue  # made room for a request ahead of it
             n = r.num_new_tokens
-            if r.status == Status.SWAPPED:
-                # Blocks restored by the swap-in plus any block the next token needs.
-                need = r.num_swapped_blocks + max(
-                    0, -(-(r.num_computed_tokens + n) // kv.block_size) - r.num_swapped_blocks)
-            else:
-                need = kv.blocks_needed(r, n)
-            is_prompt = n > 1 or r.status == Status.WAITING
-            if is_prompt and prompt_tokens > 0 and prompt_tokens + n > p.max_prompt_tokens:
+            need = _blocks_for_step(kv, r, n)
+            if need >= unreachable:
+                if r.status == Status.WAITING and self._narrow(streams, r, unreachable, room):
+                    keys = _in_order([_after(ks, key) for ks in streams.values()])
                 continue
-            if need > free:
-                # Victims are committed only if together they make enough room.
-                victims_r = self._victims_for(victims, r, chosen, evicted, need - free)
-                if victims_r is None:
-                    continue  # even evicting every lower-priority request does not make room
-                for v in victims_r:
-                    evicted.add(v.req_id)
-                    if p.swap and v.num_blocks <= free_swap:
-                        d.swap_out.append(v)
-                        free_swap -= v.num_blocks
-                    else:
-                        d.preempted.append(v)
-                    free += v.num_blocks
-            if r.status == Status.SWAPPED:
-                # Host space it frees is not reused in this decision: the engine applies every
-                # swap-out before any swap-in.
-                d.swap_in.append(r)
-            free -= need
-            chosen.add(r.req_id)
-            if is_prompt:
+            plan = None
+            if need > room.free:
+                # Until something runs, victims the host cannot take may be recomputed, so that
+                # the head of the queues always runs; afterwards a request that cannot get its
+                # blocks waits, keeping its place, and the next one is considered.
+                if not batch:
+                    plan = (room.plan(need, key, recompute=False)
+                            or room.plan(need, key, recompute=True))
+                elif not p.swap or need <= room.free + room.free_swap:
+                    plan = room.plan(need, key, recompute=False)
+                else:
+                    room.reach = room.free + room.free_swap
+                if plan is None:
+                    unreachable = min(need, room.reach + 1)
+                    if self._narrow(streams, r, unreachable, room):
+                        keys = _in_order([_after(ks, key) for ks in streams.values()])
+                    continue
+            prompt = _needs_prompt_pass(r)
+            if prompt and prompt_tokens > 0 and prompt_tokens + n > p.max_prompt_tokens:
+                break  # head-of-line: nothing behind it joins this batch
+            if plan is not None:
+                room.commit(plan)
+            room.free -= need
+            if prompt:
                 prompt_tokens += n
+            batch.append(r)
+            if r.status == Status.SWAPPED:
+                d.swap_in.append(r)
             d.scheduled.append((r, n))
-        self._compute_time = view.cost.iteration_time(_shape(d.scheduled)) if d.scheduled else 0.0
+        if room.free < reserve and batch:
+            plan = room.plan(reserve, batch[-1].policy_state.key, recompute=False)
+            if plan is not None:
+                room.commit(plan)
+        if (p.proactive and p.swap and not d.swap_out and not d.preempted
+                and self._swapped_sizes and room.free - self._swapped_sizes[0] >= reserve):
+            # Swap in ahead of their turn the swapped requests among the next queued ones.
+            in_batch = {r.req_id for r in batch}
+            quota = p.max_batch_size
+            for key in _in_order([ix.keys for ix in index.values()]):
+                if quota <= 0:
+                    break
+                r = by_key[key]
+                if r.req_id in in_batch:
+                    continue
+                quota -= 1
+                if r.status == Status.SWAPPED and room.free - r.num_swapped_blocks >= reserve:
+                    room.free -= r.num_swapped_blocks
+                    d.swap_in.append(r)
+
+        self._touched.extend(d.swap_out)
+        self._touched.extend(d.preempted)
+        self._touched.extend(d.swap_in)
         d.info["prompt_tokens"] = float(prompt_tokens)
         d.info["promoted"] = float(promoted)
         d.info["swap_out"] = float(len(d.swap_out))
         d.info["swap_in"] = float(len(d.swap_in))
         return d
 
-    @staticmethod
-    def _victims_for(victims: list[Request], r: Request, chosen: set[int], evicted: set[int],
-                     blocks: int) -> list[Request] | None:
-        """The lowest-priority running requests outside the batch, all of lower priority than
-        ``r`` (``victims`` is ordered lowest priority first), that together hold at least
-        ``blocks`` blocks; None if they cannot."""
-        key = _priority(r)
-        out: list[Request] = []
-        got = 0
-        for v in victims:
-            if got >= blocks or _priority(v) <= key:
-                break
-            if v.req_id not in chosen and v.req_id not in evicted and v.num_blocks > 0:
-                out.append(v)
-                got += v.num_blocks
-        return out if got >= blocks else None
+    def _narrow(self, streams: dict[Status, list[int]], r: Request, unreachable: int,
+                room: _Room) -> bool:
+        """After ``r`` could not get its blocks, drop the candidate streams that hold nothing
+        that can still fit; True if any was dropped. New prompts queue head-of-line (the first
+        that cannot get its KV stops them, as the batch stops at the first request over its
+        limits); swapped requests stop once none of them can come back (each needs at least
+        its own blocks, and the host must take whatever makes room); when not even one block
+        can be found, only requests that need none can still run."""
+        before = len(streams)
+        if r.status == Status.WAITING or unreachable <= 1:
+            streams.pop(Status.WAITING, None)
+        if streams.get(Status.SWAPPED):
+            smallest = self._swapped_sizes[0]
+            if (unreachable <= 1 or smallest >= unreachable
+                    or (self.params.swap and smallest > room.free + room.free_swap)):
+                del streams[Status.SWAPPED]
+        return len(streams) < before
+
+    # -- hooks ------------------------------------------------------------------------------------
+    def on_arrival(self, req: Request, now: float) -> None:
+        self._arrivals.append(req)  # filed at the next decision, which has the cost model
+
+    def on_finish(self, req: Request, now: float) -> None:
+        st = req.policy_state
+        if isinstance(st, MLFQState) and st.key >= 0:
+            self._unfile(req)
 
     def on_step_end(self, view: SchedulerView, decision: Decision, latency: float) -> None:
         end = view.now + latency
         last = self.params.num_queues - 1
-        # A request's quantum is spent by execution, not by the host transfers of the iteration
-        # (the engine adds swap time to the latency).
-        spent = min(latency, self._compute_time)
-        for r, _ in decision.scheduled:
+        # Unfinished members keep their place (at the head of their level, unless requests that
+        # could not run this time stand before them); a demoted one goes to the head of the
+        # next level, in batch order (the last member is filed first).
+        for r, _ in reversed(decision.scheduled):
             st: MLFQState = r.policy_state
-            st.attained += spent
             st.last_service = end
-            if st.attained > self.quantum(st.level) and st.level < last:
-                st.level += 1
+            if st.key < 0:
+                continue  # finished in this iteration
+            st.attained += latency
+            level = st.level
+            demoted = st.attained > self.quantum(level) and level < last
+            if demoted:
+                level += 1
                 st.attained = 0.0
-                st.entered = end
+            if demoted:
+                self._unfile(r)
+                self._file(r, level, head=True)
+            else:
+                self._move(r)  # admitted or swapped in: now on the device
+
+
+class _Room:
+    """Device blocks for one decision: the free ones, and victims to make more. Victims are the
+    requests holding device KV, lowest priority first (``keys``: the device index, ascending),
+    each taken once; one goes to host memory if it fits there, else it stays unless recompute
+    is allowed."""
+
+    __slots__ = ("by_key", "cursor", "decision", "evicted", "free", "free_swap", "keys", "reach",
+                 "swap")
+
+    def __init__(self, policy: FastServePolicy, decision: Decision, kv: KVView,
+                 keys: list[int]) -> None:
+        self.by_key = policy._by_key
+        self.swap = policy.params.swap
+        self.decision = decision
+        self.keys = keys
+        self.cursor = len(keys)  # keys[cursor:] have been taken or passed over
+        self.free = kv.num_free_blocks
+        self.free_swap = kv.num_free_swap_blocks
+        self.evicted: set[int] = set()
+        self.reach = 0  # after a failed plan: the most blocks it could have freed
+
+    def plan(self, need: int, above: int, *, recompute: bool) -> _Plan | None:
+        """Victims ranked below ``above`` that bring the free blocks to ``need``, or None."""
+        got, free_swap = self.free, self.free_swap
+        victims: list[tuple[Request, bool]] = []  # (victim, to host)
+        i = self.cursor
+        keys, by_key = self.keys, self.by_key
+        while got < need and i > 0 and keys[i - 1] > above:
+            i -= 1
+            v = by_key[keys[i]]
+            if v.num_blocks == 0:
+                continue
+            if self.swap and v.num_blocks <= free_swap:
+                victims.append((v, True))
+                free_swap -= v.num_blocks
+            elif recompute or not self.swap:
+                victims.append((v, False))
+            else:
+                continue  # the host cannot take it: it stays
+            got += v.num_blocks
+        if got < need:
+            self.reach = got
+            return None
+        return _Plan(victims, i, got, free_swap)
+
+    def commit(self, plan: _Plan) -> None:
+        d = self.decision
+        for v, to_host in plan.victims:
+            (d.swap_out if to_host else d.preempted).append(v)
+            self.evicted.add(v.req_id)
+        self.cursor, self.free, self.free_swap = plan.cursor, plan.free, plan.free_swap
+
+
+@dataclass(slots=True)
+class _Plan:
+    victims: list[tuple[Request, bool]]
+    cursor: int
+    free: int
+    free_swap: int
+
+
+def _in_order(streams: list[list[int]] | list[Iterator[int]]) -> Iterator[int]:
+    """The keys of several ascending sequences in one ascending order."""
+    live = [s for s in streams if not isinstance(s, list) or s]
+    if len(live) == 1:
+        return iter(live[0])
+    return merge(*live)
+
+
+def _after(keys: list[int], key: int) -> Iterator[int]:
+    """The keys greater than ``key``, lazily (no copy of a long queue)."""
+    return map(keys.__getitem__, range(bisect_right(keys, key), len(keys)))
+
+
+def _blocks_for_step(kv: KVView, r: Request, n: int) -> int:
+    """Device blocks ``r`` needs to run ``n`` more tokens, including any it must swap back in."""
+    if r.status == Status.SWAPPED:
+        return max(r.num_swapped_blocks, -(-(r.num_computed_tokens + n) // kv.block_size))
+    return kv.blocks_needed(r, n)

@@ -1,4 +1,4 @@
-"""Measured iteration-latency profiles (``accelgen profile``) and the simulator-fidelity check.
+"""Measured iteration-latency profiles (``accelgen profile``).
 
 Backends write the profile CSV that ``accelgen.costmodel.table.ProfileCostModel`` reads:
 
@@ -8,5 +8,5 @@ Backends write the profile CSV that ``accelgen.costmodel.table.ProfileCostModel`
 - ``analytic``: the calibrated analytic model written out as a table (the pipeline's stand-in for
   GPU profiling on a machine without GPUs).
 
-``fidelity`` compares a real-engine replay with a simulation driven by that engine's profile.
+``accelgen calibrate`` fits the calibrated cost model to such a CSV (``accelgen.costmodel``).
 """

@@ -12,10 +12,12 @@ GPU, else analytic, and it says which).
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from accelgen.config import Deployment
@@ -31,16 +33,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", choices=BACKENDS, default="torch",
                    help="auto: torch on CUDA for a one-GPU --deployment, else analytic")
-    p.add_argument("--model", help=f"model shape (torch, vllm): {', '.join(MODELS)}")
+    p.add_argument("--model", help=f"torch: a model shape ({', '.join(MODELS)}); vllm: one "
+                   "of those (random weights), or a Hugging Face id or local directory (real "
+                   "weights, e.g. facebook/opt-13b)")
     p.add_argument("--deployment", help="analytic: a default deployment (e.g. opt-13b)")
     p.add_argument("--hardware", help="analytic: hardware profile (default: the deployment's)")
-    p.add_argument("--tp", type=int, help="analytic: tensor-parallel degree")
+    p.add_argument("--tp", type=int, help="analytic: tensor-parallel degree; vllm: GPUs of the "
+                   "engine (tensor_parallel_size)")
     p.add_argument("--pp", type=int, help="analytic: pipeline-parallel degree")
     p.add_argument("--device", help="torch: cpu or cuda[:N] (default: cuda when available)")
     p.add_argument("--dtype", default="auto",
                    help="torch: float32, float16, bfloat16 (auto: float16 on CUDA, float32 on CPU)")
     p.add_argument("--threads", type=int,
                    help="CPU threads (torch.set_num_threads; vLLM: its OpenMP threads)")
+    p.add_argument("--attention", choices=("auto", "flash", "sdpa"), default="auto",
+                   help="torch: flash-attn's varlen kernel (CUDA, fp16/bf16, package flash-attn) "
+                        "or torch SDPA; auto: flash where it can run, else SDPA (the profile's "
+                        "`attention` metadata says which and why)")
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                    help="torch: wall time, or CPU time of the model thread (needs --threads 1; "
                         "robust to other processes competing for the cores)")
@@ -49,7 +58,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens", type=int,
                    help="largest forward size / sequence length (default: max_model_len, <= 8192)")
     p.add_argument("--grid", choices=("cpu", "gpu"),
-                   help="shape sweep: cpu (small) or gpu (the paper's range); default by device")
+                   help="shape sweep: cpu (small) or gpu (the paper's range); default: torch by "
+                        "device, vllm cpu")
     p.add_argument("--quick", action="store_true",
                    help="a few fresh-prefill sizes and decode/mixed shapes only (tests)")
     p.add_argument("--block-size", type=int, default=32, help="pivot sweep step (KV block size)")
@@ -61,6 +71,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=2048,
                    help="vllm: engine token budget per step (largest profiled forward size)")
     p.add_argument("--max-model-len", type=int, default=2048, help="vllm: engine max_model_len")
+    p.add_argument("--engine", help="vllm: JSON of more engine settings (the replay's "
+                   "EngineSpec fields, e.g. '{\"dtype\": \"float16\", \"extra_args\": "
+                   "{\"enforce_eager\": false}}'); the pipeline passes a deployment's `engine:`")
     p.add_argument("--work-dir", type=Path, help="vllm: where the model's config.json is "
                    "written (default: a temporary directory)")
     p.add_argument("--out", type=Path, help="profile CSV to write (required unless --from-csv)")
@@ -132,6 +145,8 @@ def _measure(args: argparse.Namespace) -> tuple[list[Measurement], dict[str, obj
         model = resolve_model(dep.model)
         return meas, meta, dep.max_model_len or model.max_model_len, model.name
 
+    if args.backend == "vllm":
+        return _measure_vllm(args, say)
     model = resolve_model(args.model or "tiny")
     if args.backend == "torch":
         top = _max_tokens(args, model.max_model_len)
@@ -143,22 +158,39 @@ def _measure(args: argparse.Namespace) -> tuple[list[Measurement], dict[str, obj
         shapes = quick_grid(top) if args.quick else (
             gpu_grid(top) if grid == "gpu" else cpu_grid(top))
         opts = TorchOptions(device=device, dtype=args.dtype, threads=args.threads,
-                            repeats=args.repeats, warmup=args.warmup, clock=args.clock)
+                            repeats=args.repeats, warmup=args.warmup, clock=args.clock,
+                            attention=args.attention)
         say(f"torch profile of {model.name} on {device}: {len(shapes)} shapes x "
             f"({args.warmup} + {args.repeats}) passes")
         meas, meta = profile_torch(model, shapes, opts, progress=say)
         return meas, meta, model.max_model_len, model.name
+    raise ValueError(f"unknown backend {args.backend!r}")
 
+
+def _measure_vllm(args: argparse.Namespace, say: Callable[[str], None]
+                  ) -> tuple[list[Measurement], dict[str, object], int, str]:
+    """``--backend vllm``: ``--model`` is ``tiny``, a built-in shape (random weights), or a
+    Hugging Face id / local directory (real weights; on GPUs, ``--tp`` of them)."""
     from accelgen.profiling.vllm_backend import VllmOptions, profile_vllm
 
+    try:
+        engine = json.loads(args.engine) if args.engine else {}
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--engine: not valid JSON: {exc}") from None
+    if not isinstance(engine, dict):
+        raise ValueError("--engine: expected a JSON object of engine settings")
+    if args.tp is not None and args.tp < 1:
+        raise ValueError(f"--tp must be >= 1, got {args.tp}")
     top = min(args.max_tokens or args.max_model_len, args.max_model_len)
-    opts_v = VllmOptions(model=model.name, max_tokens=top, repeats=args.repeats,
+    opts_v = VllmOptions(model=args.model or "tiny", tp=args.tp or 1, grid=args.grid or "cpu",
+                         max_tokens=top, repeats=args.repeats,
                          warmup=args.warmup, threads=args.threads, quick=args.quick,
                          max_num_seqs=args.max_num_seqs, num_blocks=args.num_blocks,
                          block_size=args.block_size,
                          max_num_batched_tokens=args.max_num_batched_tokens,
-                         max_model_len=args.max_model_len,
+                         max_model_len=args.max_model_len, engine=engine,
                          work_dir=args.work_dir or Path(tempfile.mkdtemp(prefix="accelgen-prof-")))
+    say(f"vllm profile of {opts_v.model} ({opts_v.tp} GPU(s) if on CUDA), grid {opts_v.grid}")
     meas, meta = profile_vllm(opts_v, progress=say)
     return meas, meta, args.max_model_len, opts_v.model
 
@@ -182,8 +214,6 @@ def print_report(report: PivotReport, name: str) -> None:
 
 def _model_len_from_csv(path: Path, default: int) -> int:
     """max_model_len recorded by a vllm profile (its engine spec), else ``default``."""
-    import json
-
     for line in path.read_text().splitlines():
         if not line.startswith("#"):
             break

@@ -1,4 +1,9 @@
-"""``--backend torch``: time a random-initialised decoder of the model's real shape."""
+"""``--backend torch``: time a random-initialised decoder of the model's real shape.
+
+Attention runs through flash-attn's varlen kernel (``flash_attn_varlen_func``, the kernel family
+the paper's engine uses) on a CUDA device when the ``flash-attn`` package is installed, else
+through torch's SDPA; the profile's metadata (``attention``) says which and, for SDPA, why.
+"""
 
 from __future__ import annotations
 
@@ -13,9 +18,15 @@ import torch
 from accelgen.config import ModelProfile
 from accelgen.profiling.grid import Shape
 from accelgen.profiling.measure import Measurement, interleaved
-from accelgen.profiling.torch_model import DEFAULT_KV_BUDGET_BYTES, build_model, make_batch
+from accelgen.profiling.torch_model import (
+    DEFAULT_KV_BUDGET_BYTES,
+    VarlenAttention,
+    build_model,
+    make_batch,
+)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+ATTENTION = ("auto", "flash", "sdpa")
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +41,9 @@ class TorchOptions:
     # "wall": elapsed time. "cpu": CPU time of the timing thread, which excludes the time the
     # process waits for a core on a shared machine; only meaningful with one CPU thread.
     clock: str = "wall"
+    # "auto": flash-attn's varlen kernel on CUDA when installed (fp16/bf16), else SDPA;
+    # "flash": that kernel or an error; "sdpa": torch's scaled_dot_product_attention.
+    attention: str = "auto"
 
     def torch_dtype(self) -> torch.dtype:
         name = self.dtype
@@ -39,6 +53,43 @@ class TorchOptions:
             return DTYPES[name]
         except KeyError:
             raise ValueError(f"unknown dtype {name!r}; known: auto, {', '.join(DTYPES)}") from None
+
+
+def flash_varlen() -> tuple[VarlenAttention | None, str]:
+    """``flash_attn.flash_attn_varlen_func`` and its version, or None and why not."""
+    try:
+        import flash_attn
+        from flash_attn import flash_attn_varlen_func
+    except ImportError as exc:  # not installed, or built against another torch/CUDA
+        return None, f"{type(exc).__name__}: {exc}"
+    return flash_attn_varlen_func, str(getattr(flash_attn, "__version__", "unknown version"))
+
+
+def select_attention(opts: TorchOptions, dtype: torch.dtype,
+                     probe: Callable[[], tuple[VarlenAttention | None, str]] = flash_varlen
+                     ) -> tuple[VarlenAttention | None, str]:
+    """The attention path of a profile: (varlen kernel or None for SDPA, the metadata text)."""
+    if opts.attention not in ATTENTION:
+        raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {opts.attention!r}")
+    sdpa = "torch SDPA (scaled_dot_product_attention per group of equally shaped sequences)"
+    if opts.attention == "sdpa":
+        return None, f"{sdpa}: chosen with --attention sdpa"
+    why = None
+    if not opts.device.startswith("cuda"):
+        why = f"flash-attn's kernels need a CUDA device, this profile runs on {opts.device}"
+    elif dtype not in (torch.float16, torch.bfloat16):
+        why = f"flash-attn needs float16 or bfloat16, not {str(dtype).removeprefix('torch.')}"
+    kernel = None
+    if why is None:
+        kernel, info = probe()
+        if kernel is None:
+            why = f"flash-attn is not usable here ({info}; pip install 'accelgen[gpu]')"
+    if why is not None:
+        if opts.attention == "flash":
+            raise ValueError(f"--attention flash: {why}")
+        return None, f"{sdpa}; fallback: {why}"
+    return kernel, (f"flash-attn {info} flash_attn_varlen_func (one call per layer over the "
+                    "packed ragged batch, causal mask aligned to each sequence's end)")
 
 
 def default_device() -> str:
@@ -77,7 +128,10 @@ def profile_torch(model: ModelProfile, shapes: Sequence[Shape], opts: TorchOptio
                          "thread that runs the model)")
     clock = time.thread_time if opts.clock == "cpu" else time.perf_counter
     dtype = opts.torch_dtype()
-    net = build_model(model, opts.device, dtype, seed=opts.seed)
+    varlen, attention = select_attention(opts, dtype)
+    if progress is not None:
+        progress(f"attention: {attention}")
+    net = build_model(model, opts.device, dtype, seed=opts.seed, varlen=varlen)
     cuda = opts.device.startswith("cuda")
     shared: set[Shape] = set()
 
@@ -103,6 +157,7 @@ def profile_torch(model: ModelProfile, shapes: Sequence[Shape], opts: TorchOptio
                  f"{model.vocab_size})",
         "device": f"{opts.device}: {hw}",
         "dtype": str(dtype).removeprefix("torch."),
+        "attention": attention,
         "torch": torch.__version__,
         "repeats": f"{opts.repeats} timed passes after {opts.warmup} warm-up; latency_s is the "
                    "median",

@@ -1,4 +1,9 @@
-"""``accelgen simulate``: run one policy on one trace in the simulator."""
+"""``accelgen simulate``: run one policy on one trace in the simulator.
+
+``--policy oracle`` runs the CLAIRVOYANT Oracle's schedule search (``accelgen.sim.oracle_search``
+with its default grid; ``--param`` values are the base it overrides), as ``accelgen oracle``
+does: the Oracle's result is its best schedule, never below AccelGen's own.
+"""
 
 from __future__ import annotations
 
@@ -6,20 +11,15 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from accelgen.config import Deployment, ExperimentConfig, PolicySpec, SimOptions, load_yaml
-
-
-def parse_params(items: list[str] | None) -> dict[str, Any]:
-    """``["gamma=0.5", "era_scope=request"]`` -> ``{"gamma": 0.5, "era_scope": "request"}``."""
-    out: dict[str, Any] = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--param expects KEY=VALUE, got {item!r}")
-        out[key.strip()] = yaml.safe_load(value)
-    return out
+from accelgen.config import (
+    Deployment,
+    ExperimentConfig,
+    PolicySpec,
+    SimOptions,
+    kv_cache_gb_arg,
+    load_yaml,
+    parse_params,
+)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -34,7 +34,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hardware")
     p.add_argument("--tp", type=int)
     p.add_argument("--pp", type=int)
-    p.add_argument("--kv-gb", type=float, help="KV cache GiB per GPU")
+    p.add_argument("--kv-gb", type=kv_cache_gb_arg, metavar="GIB|auto",
+                   help="KV cache GiB per GPU, or auto (docs/costmodel.md)")
     p.add_argument("--profile-csv", type=Path, help="use a measured profile table as cost model")
     p.add_argument("--seed", type=int)
     p.add_argument("--out", required=True, type=Path, help="results directory")
@@ -71,22 +72,29 @@ def build_config(args: argparse.Namespace) -> ExperimentConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    from accelgen.results import outcome_counts
     from accelgen.sim.runner import simulate_to_dir
     from accelgen.workloads.trace import load_trace
 
     cfg = build_config(args)
     trace = load_trace(args.trace)
+    if cfg.policy.name == "oracle":
+        from accelgen.sim.oracle_search import closing_lines, search_to_dir
+
+        res = search_to_dir(trace, cfg, args.out, trace_path=str(args.trace),
+                            progress=not args.no_progress and cfg.sim.progress)
+        print("\n".join(closing_lines(res, args.out)))
+        return 0
     out = simulate_to_dir(trace, cfg, args.out, progress=not args.no_progress,
                           trace_path=str(args.trace))
     s, t = out.summary, out.timing_summary
     print(f"{cfg.policy.name} on {cfg.deployment.model}/{cfg.deployment.hardware}: "
-          f"{s['num_finished']}/{s['num_requests']} finished, {s['num_rejected']} rejected, "
-          f"{s['num_iterations']} iterations")
+          f"{s['num_iterations']} iterations, {s['num_preemptions']} preemptions")
     print(f"  throughput {s['throughput_output_tps']:.1f} out tok/s, {s['throughput_rps']:.2f} req/s;"
           f" goodput {s['goodput_rps']:.2f} req/s; SLO attainment request "
           f"{s['slo_attainment_request']:.3f}, iteration {s['slo_attainment_iteration']:.3f}")
     print(f"  simulated {s['makespan_s']:.1f} s in {t['sim_wall_time_s']:.2f} s wall "
           f"({t['iterations_per_wall_s']:.0f} it/s); decision p50 "
           f"{t['decision_time_p50'] * 1e6:.0f} us")
-    print(f"  results: {args.out}")
+    print(f"  results: {args.out} ({outcome_counts(s)})")
     return 0

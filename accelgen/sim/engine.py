@@ -1,8 +1,10 @@
 """The discrete-event serving loop.
 
-One iteration = ask the policy for a decision, apply preemptions/swaps, allocate KV for the
-scheduled tokens, charge the cost model's latency, emit tokens at the iteration's end. Arrivals
-are admitted to the waiting queue whenever simulated time passes them.
+``Simulator.run`` repeats its named steps: ``_admit_arrivals`` (requests whose arrival time has
+come join the waiting queue), ``_decide`` (the policy's decision), ``_apply`` (its rejections,
+preemptions, swaps and reservations), then either ``_idle`` (nothing scheduled: the clock jumps
+to the next event) or ``_form_batch`` (admit, allocate KV, the batch's shape) and ``_advance``
+(charge the cost model's latency, emit tokens at the iteration's end, finish, log).
 """
 
 from __future__ import annotations
@@ -11,14 +13,15 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from accelgen.costmodel.base import BatchShape, CostModel
 from accelgen.kvcache import BlockManager, never_fits_reason
-from accelgen.policies.base import Pivot, Policy, SchedulerView
-from accelgen.request import Request, Status
-from accelgen.sim.recorder import IterationLog
+from accelgen.policies.base import Decision, Pivot, Policy, SchedulerView
+from accelgen.request import Request, Status, length_cap_reason, served_output_len
+from accelgen.results import IterationLog
 
 
 class PolicyError(RuntimeError):
@@ -28,7 +31,8 @@ class PolicyError(RuntimeError):
 @dataclass(slots=True)
 class SimulationResult:
     requests: list[Request]
-    served_output_len: np.ndarray  # per req_id: tokens the request is to emit
+    requested_output_len: np.ndarray  # per req_id: the trace's output length
+    served_output_len: np.ndarray  # per req_id: tokens it is to emit (stopped at max_model_len)
     iterations: IterationLog
     end_time: float
     wall_time_s: float
@@ -36,6 +40,23 @@ class SimulationResult:
 
 
 class Simulator:
+    # The serving loop's state, (re)set by ``_start``.
+    _waiting: list[Request]
+    _running: list[Request]
+    _swapped: list[Request]
+    _view: SchedulerView
+    _now: float  # simulated time (s)
+    _n_total: int
+    _n_done: int  # requests that ended (finished, cut or rejected)
+    _next_idx: int  # the next request (in arrival order) still to arrive
+    _next_arrival: float  # its arrival time (inf: none left)
+    _kv_used_tokens: int  # computed tokens resident in device KV
+    _iteration: int
+    _idle_decisions: int  # decisions in a row that scheduled nothing
+    _decide_s: float  # wall time of the last decision
+    _swap_cost_per_block: float
+    _bar: Any
+
     def __init__(
         self,
         requests: Sequence[Request],
@@ -49,7 +70,7 @@ class Simulator:
         kv_bytes_per_token: int = 0,
         host_link_bandwidth: float = math.inf,
         add_scheduler_overhead: bool = False,
-        swap_overlap: bool = False,
+        swap_overlap: bool = True,
         max_iterations: int | None = None,
         progress: bool = False,
     ) -> None:
@@ -61,12 +82,13 @@ class Simulator:
         natural = np.asarray(output_len, dtype=np.int64)
         if natural.shape != (n,) or (n and natural.min() < 1):
             raise ValueError("output_len must give a positive length for every request id")
-        # A sequence stops at max_model_len, as a real engine's length limit does.
         prompt = np.zeros(n, dtype=np.int64)
         for r in self.requests:
             prompt[r.req_id] = r.prompt_len
-        self.served_output_len = np.minimum(natural, np.maximum(max_model_len - prompt, 0))
+        self.served_output_len = served_output_len(prompt, natural, max_model_len)
         self._target = self.served_output_len.tolist()
+        self.requested_output_len = natural
+        self._requested = natural.tolist()
         self.policy = policy
         self.cost = cost
         self.kv = kv
@@ -88,6 +110,16 @@ class Simulator:
                                  max_model_len=self.max_model_len,
                                  num_blocks=self.kv.num_total_blocks, block_size=self.kv.block_size)
 
+    def _complete(self, r: Request, now: float) -> None:
+        """``r`` emitted its last token: finished, or cut where its sequence hit max_model_len."""
+        rid = r.req_id
+        served, requested = self._target[rid], self._requested[rid]
+        if served < requested:
+            self._finish(r, now, Status.CUT,
+                         length_cap_reason(r.prompt_len, requested, served, self.max_model_len))
+        else:
+            self._finish(r, now, Status.FINISHED)
+
     def _finish(self, r: Request, now: float, status: Status, reason: str = "") -> None:
         self.kv.free(r)
         r.status = status
@@ -96,191 +128,255 @@ class Simulator:
         self.policy.on_finish(r, now)
 
     def run(self) -> SimulationResult:
+        """Serve every request; one pass of the loop is one iteration (or one idle decision)."""
         wall0 = time.perf_counter()
-        reqs, kv, policy, cost, log = self.requests, self.kv, self.policy, self.cost, self.log
+        self._start()
+        # The queues are mutated in place by every step: the same three lists throughout.
+        waiting, running, swapped = self._waiting, self._running, self._swapped
+        n_total = self._n_total
+        max_iterations = math.inf if self.max_iterations is None else self.max_iterations
+        while self._n_done < n_total:
+            if self._now >= self._next_arrival:
+                self._admit_arrivals()
+            if not (waiting or running or swapped):
+                if self._next_arrival < math.inf:  # idle until the next arrival
+                    self._now = self._next_arrival
+                    continue
+                break
+            if self._iteration >= max_iterations:
+                self._stop(f"simulation stopped at max_iterations={self.max_iterations}")
+                break
+            decision = self._decide()
+            # Most decisions only schedule: skip the step that would find nothing to apply.
+            swap_s = (self._apply(decision) if (decision.rejected or decision.preempted
+                                                or decision.swap_out or decision.swap_in
+                                                or decision.reserve) else 0.0)
+            if not decision.scheduled:
+                if not self._idle(decision, swap_s):
+                    break
+                continue
+            self._idle_decisions = 0
+            shape = self._form_batch(decision.scheduled)
+            self._advance(decision, shape, swap_s)
+        return self._result(wall0)
+
+    # -- the loop's steps --------------------------------------------------------------------
+    def _start(self) -> None:
+        """Fresh queues, clock and counters, and the view the policy reads every decision."""
+        reqs = self.requests
+        self._waiting = []
+        self._running = []
+        self._swapped = []
+        grant = self.policy.clairvoyant
         target = self._target
-        waiting: list[Request] = []
-        running: list[Request] = []
-        swapped: list[Request] = []
-        grant = policy.clairvoyant
-        view = SchedulerView(
-            now=0.0, waiting=waiting, running=running, swapped=swapped, kv=kv, cost=cost,
-            pivot=self.pivot, max_model_len=self.max_model_len,
+        self._view = SchedulerView(
+            now=0.0, waiting=self._waiting, running=self._running, swapped=self._swapped,
+            kv=self.kv, cost=self.cost, pivot=self.pivot, max_model_len=self.max_model_len,
             true_output_len={r.req_id: target[r.req_id] for r in reqs} if grant else None,
             next_arrivals=reqs if grant else None,
         )
-        n_total = len(reqs)
-        n_done = 0
-        next_idx = 0
-        now = reqs[0].arrival if reqs else 0.0
-        kv_used_tokens = 0  # computed tokens resident in device KV
-        bar = _progress(n_total) if self.progress else None
-        iteration = 0
-        idle_decisions = 0
-        add_overhead = self.add_scheduler_overhead
-        swap_cost_per_block = (kv.block_size * self.kv_bytes_per_token / self.host_link_bandwidth
-                               if self.host_link_bandwidth < math.inf else 0.0)
+        self._n_total = len(reqs)
+        self._n_done = 0
+        self._next_idx = 0
+        self._next_arrival = reqs[0].arrival if reqs else math.inf
+        self._now = reqs[0].arrival if reqs else 0.0
+        self._kv_used_tokens = 0
+        self._iteration = 0
+        self._idle_decisions = 0
+        self._decide_s = 0.0
+        self._swap_cost_per_block = (
+            self.kv.block_size * self.kv_bytes_per_token / self.host_link_bandwidth
+            if self.host_link_bandwidth < math.inf else 0.0)
+        self._bar = _progress(self._n_total) if self.progress else None
 
-        while n_done < n_total:
-            while next_idx < n_total and reqs[next_idx].arrival <= now:
-                r = reqs[next_idx]
-                next_idx += 1
-                reason = self._reject_reason(r)
-                if reason:
-                    self._finish(r, r.arrival, Status.REJECTED, reason)
-                    n_done += 1
-                    continue
-                r.queued_since = r.arrival
-                waiting.append(r)
-                policy.on_arrival(r, now)
-            if not (waiting or running or swapped):
-                if next_idx < n_total:
-                    now = reqs[next_idx].arrival
-                    continue
-                break
-            if self.max_iterations is not None and iteration >= self.max_iterations:
-                n_done += self._reject_all(waiting, running, swapped, now,
-                                           f"simulation stopped at max_iterations={self.max_iterations}")
-                break
-
-            view.now = now
-            t0 = time.perf_counter()
-            decision = policy.schedule(view)
-            decide_s = time.perf_counter() - t0
-
-            for r, why in decision.rejected:
-                if r.status != Status.WAITING:
-                    raise PolicyError(f"{policy.name}: can only reject waiting requests (req {r.req_id})")
-                waiting.remove(r)
-                self._finish(r, now, Status.REJECTED, why)
-                n_done += 1
-            for r in decision.preempted:
-                if r.status != Status.RUNNING:
-                    raise PolicyError(f"{policy.name}: preempted request {r.req_id} is not running")
-                kv_used_tokens -= r.num_computed_tokens
-                kv.free(r)
-                r.num_computed_tokens = 0
-                r.status = Status.WAITING
-                r.num_preemptions += 1
-                r.queued_since = now
-                running.remove(r)
-                waiting.insert(0, r)
-            swap_blocks = 0
-            for r in decision.swap_out:
-                if r.status != Status.RUNNING:
-                    raise PolicyError(f"{policy.name}: swap-out of non-running request {r.req_id}")
-                swap_blocks += kv.swap_out(r)
-                kv_used_tokens -= r.num_computed_tokens
-                r.status = Status.SWAPPED
-                running.remove(r)
-                swapped.append(r)
-            for r in decision.swap_in:
-                if r.status != Status.SWAPPED:
-                    raise PolicyError(f"{policy.name}: swap-in of non-swapped request {r.req_id}")
-                swap_blocks += kv.swap_in(r)
-                kv_used_tokens += r.num_computed_tokens
-                r.status = Status.RUNNING
-                swapped.remove(r)
-                running.append(r)
-            swap_s = swap_blocks * swap_cost_per_block
-            for r, n_tokens in decision.reserve:
-                if r.status not in (Status.WAITING, Status.RUNNING):
-                    raise PolicyError(f"{policy.name}: reserve for finished request {r.req_id}")
-                try:
-                    kv.reserve(r, n_tokens)
-                except RuntimeError as exc:
-                    raise PolicyError(f"{policy.name}: {exc}") from None
-
-            scheduled = decision.scheduled
-            if not scheduled:
-                if swap_s > 0:
-                    now += swap_s
-                    continue
-                idle_decisions += 1
-                if idle_decisions > 10_000:
-                    raise PolicyError(f"{policy.name}: 10000 decisions in a row scheduled nothing")
-                if decision.preempted or decision.rejected or decision.swap_out or decision.swap_in:
-                    continue  # the state changed: ask again at the same time
-                wake = decision.wake_at if decision.wake_at is not None else math.inf
-                t_next = min(wake, reqs[next_idx].arrival if next_idx < n_total else math.inf)
-                if t_next == math.inf:
-                    n_done += self._reject_all(
-                        waiting, running, swapped, now,
-                        f"stalled: {policy.name} scheduled nothing and no arrivals remain")
-                    break
-                if t_next <= now:
-                    raise PolicyError(f"{policy.name}: wake_at {t_next} is not after now {now}")
-                now = t_next
+    def _admit_arrivals(self) -> None:
+        """Requests whose arrival time has come join the waiting queue (or are rejected)."""
+        reqs, n_total, now = self.requests, self._n_total, self._now
+        i = self._next_idx
+        while i < n_total and reqs[i].arrival <= now:
+            r = reqs[i]
+            i += 1
+            reason = self._reject_reason(r)
+            if reason:
+                self._finish(r, r.arrival, Status.REJECTED, reason)
+                self._n_done += 1
                 continue
-            idle_decisions = 0
+            r.queued_since = r.arrival
+            self._waiting.append(r)
+            self.policy.on_arrival(r, now)
+        self._next_idx = i
+        self._next_arrival = reqs[i].arrival if i < n_total else math.inf
 
-            shape = BatchShape()
-            admitted = False
-            for r, n in scheduled:
-                if n <= 0 or n > r.num_new_tokens:
-                    raise PolicyError(
-                        f"{policy.name}: request {r.req_id} scheduled {n} tokens, "
-                        f"{r.num_new_tokens} pending")
-                if r.status == Status.WAITING:
-                    r.status = Status.RUNNING
-                    running.append(r)
-                    admitted = True
-                    if r.first_scheduled_time != r.first_scheduled_time:  # NaN: first time
-                        r.first_scheduled_time = now
-                elif r.status != Status.RUNNING:
-                    raise PolicyError(f"{policy.name}: request {r.req_id} scheduled while {r.status.name}")
-                ctx = r.num_computed_tokens
-                if n == 1 and r.is_decode:
-                    shape.add_decode(ctx)
-                else:
-                    shape.add_prefill(n, ctx)
-                try:
-                    kv.allocate(r, n)
-                except RuntimeError as exc:
-                    raise PolicyError(f"{policy.name}: {exc}") from None
-            if admitted:
-                waiting[:] = [r for r in waiting if r.status == Status.WAITING]
+    def _decide(self) -> Decision:
+        """The policy's decision at ``now``; its wall time (s) goes to ``_decide_s``."""
+        view = self._view
+        view.now = self._now
+        t0 = time.perf_counter()
+        decision = self.policy.schedule(view)
+        self._decide_s = time.perf_counter() - t0
+        return decision
 
-            compute = cost.iteration_time(shape)
-            latency = ((max(compute, swap_s) if self.swap_overlap else compute + swap_s)
-                       + (decide_s if add_overhead else 0.0))
-            end = now + latency
-            finished = False
-            for r, n in scheduled:
-                r.num_computed_tokens += n
-                kv_used_tokens += n
-                if r.num_computed_tokens == r.prompt_len + r.num_output_tokens:
-                    r.num_output_tokens += 1
-                    r.token_times.append(end)
-                    if r.num_output_tokens == 1:
-                        r.first_token_time = end
-                    r.last_token_time = end
-                    if r.num_output_tokens >= target[r.req_id]:
-                        kv_used_tokens -= r.num_computed_tokens
-                        self._finish(r, end, Status.FINISHED)
-                        n_done += 1
-                        finished = True
-            if finished:
-                running[:] = [r for r in running if r.status == Status.RUNNING]
-                if bar is not None:
-                    bar.n = n_done
-                    bar.refresh()
-            log.append(
-                now, latency, shape, len(scheduled), kv.num_used_blocks, kv.num_total_blocks,
-                kv_used_tokens, decide_s, len(decision.preempted), len(waiting), len(running),
-                len(swapped), swap_s, decision.info)
-            policy.on_step_end(view, decision, latency)
-            now = end
-            iteration += 1
+    def _apply(self, decision: Decision) -> float:
+        """Rejections, preemptions, swaps and KV reservations of ``decision``; returns the
+        seconds of host transfer the swaps cost."""
+        name, now, kv = self.policy.name, self._now, self.kv
+        waiting, running, swapped = self._waiting, self._running, self._swapped
+        for r, why in decision.rejected:
+            if r.status != Status.WAITING:
+                raise PolicyError(f"{name}: can only reject waiting requests (req {r.req_id})")
+            waiting.remove(r)
+            self._finish(r, now, Status.REJECTED, why)
+            self._n_done += 1
+        for r in decision.preempted:
+            if r.status != Status.RUNNING:
+                raise PolicyError(f"{name}: preempted request {r.req_id} is not running")
+            self._kv_used_tokens -= r.num_computed_tokens
+            kv.free(r)
+            r.num_computed_tokens = 0
+            r.status = Status.WAITING
+            r.num_preemptions += 1
+            r.queued_since = now
+            running.remove(r)
+            waiting.insert(0, r)
+        swap_blocks = 0
+        for r in decision.swap_out:
+            if r.status != Status.RUNNING:
+                raise PolicyError(f"{name}: swap-out of non-running request {r.req_id}")
+            swap_blocks += kv.swap_out(r)
+            self._kv_used_tokens -= r.num_computed_tokens
+            r.status = Status.SWAPPED
+            running.remove(r)
+            swapped.append(r)
+        for r in decision.swap_in:
+            if r.status != Status.SWAPPED:
+                raise PolicyError(f"{name}: swap-in of non-swapped request {r.req_id}")
+            swap_blocks += kv.swap_in(r)
+            self._kv_used_tokens += r.num_computed_tokens
+            r.status = Status.RUNNING
+            swapped.remove(r)
+            running.append(r)
+        for r, n_tokens in decision.reserve:
+            if r.status not in (Status.WAITING, Status.RUNNING):
+                raise PolicyError(f"{name}: reserve for finished request {r.req_id}")
+            try:
+                kv.reserve(r, n_tokens)
+            except RuntimeError as exc:
+                raise PolicyError(f"{name}: {exc}") from None
+        return swap_blocks * self._swap_cost_per_block
 
-        if bar is not None:
-            bar.n = n_done
-            bar.close()
+    def _idle(self, decision: Decision, swap_s: float) -> bool:
+        """A decision that scheduled nothing: move the clock to the next event (the swaps'
+        end, the policy's ``wake_at``, the next arrival) or ask again at once if the decision
+        changed the state. Returns False when nothing can ever happen (the run stops)."""
+        name = self.policy.name
+        if swap_s > 0:
+            self._now += swap_s
+            return True
+        self._idle_decisions += 1
+        if self._idle_decisions > 10_000:
+            raise PolicyError(f"{name}: 10000 decisions in a row scheduled nothing")
+        if decision.preempted or decision.rejected or decision.swap_out or decision.swap_in:
+            return True  # the state changed: ask again at the same time
+        wake = decision.wake_at if decision.wake_at is not None else math.inf
+        t_next = min(wake, self._next_arrival)
+        if t_next == math.inf:
+            self._stop(f"stalled: {name} scheduled nothing and no arrivals remain")
+            return False
+        if t_next <= self._now:
+            raise PolicyError(f"{name}: wake_at {t_next} is not after now {self._now}")
+        self._now = t_next
+        return True
+
+    def _form_batch(self, scheduled: list[tuple[Request, int]]) -> BatchShape:
+        """Admit the scheduled waiting requests, allocate KV for every scheduled token, and
+        return the iteration's composition for the cost model."""
+        name, now, kv = self.policy.name, self._now, self.kv
+        running = self._running
+        shape = BatchShape()
+        admitted = False
+        for r, n in scheduled:
+            if n <= 0 or n > r.num_new_tokens:
+                raise PolicyError(
+                    f"{name}: request {r.req_id} scheduled {n} tokens, "
+                    f"{r.num_new_tokens} pending")
+            if r.status == Status.WAITING:
+                r.status = Status.RUNNING
+                running.append(r)
+                admitted = True
+                if r.first_scheduled_time != r.first_scheduled_time:  # NaN: first time
+                    r.first_scheduled_time = now
+            elif r.status != Status.RUNNING:
+                raise PolicyError(f"{name}: request {r.req_id} scheduled while {r.status.name}")
+            ctx = r.num_computed_tokens
+            if n == 1 and r.is_decode:
+                shape.add_decode(ctx)
+            else:
+                shape.add_prefill(n, ctx)
+            try:
+                kv.allocate(r, n)
+            except RuntimeError as exc:
+                raise PolicyError(f"{name}: {exc}") from None
+        if admitted:
+            self._waiting[:] = [r for r in self._waiting if r.status == Status.WAITING]
+        return shape
+
+    def _advance(self, decision: Decision, shape: BatchShape, swap_s: float) -> None:
+        """Run the iteration: charge its latency, emit the tokens that complete at its end,
+        finish the requests that are done, log it, and move the clock to its end."""
+        decide_s = self._decide_s
+        compute = self.cost.iteration_time(shape)
+        latency = ((max(compute, swap_s) if self.swap_overlap else compute + swap_s)
+                   + (decide_s if self.add_scheduler_overhead else 0.0))
+        now = self._now
+        end = now + latency
+        target = self._target
+        scheduled = decision.scheduled
+        kv_used_tokens = self._kv_used_tokens
+        finished = False
+        for r, n in scheduled:
+            r.num_computed_tokens += n
+            kv_used_tokens += n
+            if r.num_computed_tokens == r.prompt_len + r.num_output_tokens:
+                r.num_output_tokens += 1
+                r.token_times.append(end)
+                if r.num_output_tokens == 1:
+                    r.first_token_time = end
+                r.last_token_time = end
+                if r.num_output_tokens >= target[r.req_id]:
+                    kv_used_tokens -= r.num_computed_tokens
+                    self._complete(r, end)
+                    self._n_done += 1
+                    finished = True
+        self._kv_used_tokens = kv_used_tokens
+        running, waiting, kv = self._running, self._waiting, self.kv
+        if finished:
+            running[:] = [r for r in running if r.status == Status.RUNNING]
+            if self._bar is not None:
+                self._bar.n = self._n_done
+                self._bar.refresh()
+        self.log.append(
+            now, latency, shape, len(scheduled), kv.num_used_blocks, kv.num_total_blocks,
+            kv_used_tokens, decide_s, len(decision.preempted), len(waiting), len(running),
+            len(self._swapped), swap_s, decision.info)
+        self.policy.on_step_end(self._view, decision, latency)
+        self._now = end
+        self._iteration += 1
+
+    def _stop(self, reason: str) -> None:
+        """End the run early: every request not done yet is rejected with ``reason``."""
+        self._n_done += self._reject_all(self._waiting, self._running, self._swapped, self._now,
+                                         reason)
+
+    def _result(self, wall0: float) -> SimulationResult:
+        if self._bar is not None:
+            self._bar.n = self._n_done
+            self._bar.close()
         return SimulationResult(
-            requests=sorted(reqs, key=lambda r: r.req_id),
+            requests=sorted(self.requests, key=lambda r: r.req_id),
+            requested_output_len=self.requested_output_len,
             served_output_len=self.served_output_len,
-            iterations=log,
-            end_time=now,
+            iterations=self.log,
+            end_time=self._now,
             wall_time_s=time.perf_counter() - wall0,
         )
 

@@ -2,54 +2,35 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
 from accelgen import metrics
 from accelgen.config import ExperimentConfig
-from accelgen.costmodel.base import CostModel
 from accelgen.costmodel.factory import (
     deployment_pivot,
     kv_num_blocks,
     make_cost_model,
-    pivot_of,
     resolve_hardware,
     resolve_model,
 )
 from accelgen.kvcache import BlockManager
 from accelgen.policies.registry import make_policy
+from accelgen.results import RunOutput, requests_frame
 from accelgen.sim.engine import Simulator
-from accelgen.sim.recorder import requests_frame, write_results
 from accelgen.workloads.trace import to_requests
 
 
-@dataclass(slots=True)
-class RunOutput:
-    requests: pd.DataFrame
-    iterations: pd.DataFrame
-    summary: dict[str, Any]
-    timing: pd.DataFrame
-    timing_summary: dict[str, Any]
-    config: dict[str, Any]
-
-
-def simulate(trace: pd.DataFrame, cfg: ExperimentConfig, *, progress: bool = False,
-             cost: CostModel | None = None) -> RunOutput:
-    """Simulate ``trace`` under ``cfg``. ``cost`` replaces the deployment's cost model (e.g. a
-    stateful engine step model, which needs one instance per run); the pivot is then that cost
-    model's, by the same rule (its ``forward_time`` is what policies plan with)."""
+def simulate(trace: pd.DataFrame, cfg: ExperimentConfig, *,
+             progress: bool = False) -> RunOutput:
+    """Simulate ``trace`` under ``cfg``."""
     dep = cfg.deployment
     model = resolve_model(dep.model)
     hardware = resolve_hardware(dep.hardware)
     max_model_len = dep.max_model_len or model.max_model_len
-    if cost is None:
-        cost = make_cost_model(dep)
-        pivot = deployment_pivot(dep)  # cached per deployment
-    else:
-        pivot = pivot_of(cost, dep)  # the deployment's rule, on this cost model
+    cost = make_cost_model(dep)
+    pivot = deployment_pivot(dep)  # cached per deployment
     policy = make_policy(cfg.policy.name, cfg.policy.params)
     swap_blocks = int(cfg.sim.swap_space_gb * 2**30 // (model.kv_bytes_per_token * dep.block_size))
     kv = BlockManager(kv_num_blocks(dep), dep.block_size, num_swap_blocks=swap_blocks)
@@ -85,11 +66,9 @@ def simulate(trace: pd.DataFrame, cfg: ExperimentConfig, *, progress: bool = Fal
 
 
 def simulate_to_dir(trace: pd.DataFrame, cfg: ExperimentConfig, out: Path | str, *,
-                    progress: bool = False, trace_path: str | None = None,
-                    cost: CostModel | None = None) -> RunOutput:
-    run = simulate(trace, cfg, progress=progress, cost=cost)
+                    progress: bool = False, trace_path: str | None = None) -> RunOutput:
+    run = simulate(trace, cfg, progress=progress)
     if trace_path is not None:
         run.config["trace"] = trace_path
-    write_results(out, run.requests, run.iterations, run.summary, run.config, run.timing,
-                  run.timing_summary)
+    run.write(out)
     return run

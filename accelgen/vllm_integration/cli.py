@@ -8,10 +8,11 @@ process with ``AccelGenScheduler`` driving the chosen policy, or with vLLM's own
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
-from accelgen.config import load_yaml
+from accelgen.config import load_yaml, parse_params
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -34,13 +35,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--s-pf", type=int, help="pivot forward size for the policy")
     p.add_argument("--t-pf", type=float, help="iteration latency at S_pf (s)")
     p.add_argument("--seed", type=int, help="engine seed (sampling, dummy weights)")
+    p.add_argument("--engine", metavar="JSON",
+                   help="engine settings merged into the config's (EngineSpec fields, e.g. "
+                        "'{\"model\": \"facebook/opt-13b\", \"load_format\": \"auto\", "
+                        "\"extra_args\": {\"tensor_parallel_size\": 2}}'); the pipeline passes "
+                        "a deployment's `engine:` this way")
     p.add_argument("--out", required=True, type=Path, help="results directory")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
 
 
 def build_config(args: argparse.Namespace) -> Any:
-    from accelgen.sim.cli import parse_params
     from accelgen.vllm_integration.replay import ReplayConfig
 
     data: dict[str, Any] = load_yaml(args.config) if args.config else {}
@@ -56,6 +61,8 @@ def build_config(args: argparse.Namespace) -> Any:
         if value is not None:
             adapter[key] = value
     engine = cfg.engine.model_dump()
+    if args.engine:
+        engine = _merge(engine, _engine_json(args.engine))
     for key, value in (("model", args.model), ("num_gpu_blocks", args.num_gpu_blocks),
                        ("max_model_len", args.max_model_len),
                        ("max_num_batched_tokens", args.max_num_batched_tokens),
@@ -66,6 +73,24 @@ def build_config(args: argparse.Namespace) -> Any:
                                         "engine": engine,
                                         "warmup_requests": cfg.warmup_requests,
                                         "max_wall_s": cfg.max_wall_s})
+
+
+def _engine_json(text: str) -> dict[str, Any]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--engine: not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError("--engine: expected a JSON object of engine settings")
+    return data
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``over`` merged in (nested mappings such as extra_args merge)."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
 
 def from_experiment(data: dict[str, Any]) -> Any:
@@ -101,15 +126,15 @@ def run(args: argparse.Namespace) -> int:
         check_vllm_version()
     except UnsupportedVLLMVersion as exc:  # the CLI reports ValueErrors as one-line errors
         raise ValueError(str(exc)) from None
+    from accelgen.results import outcome_counts
     from accelgen.vllm_integration.replay import replay_to_dir
 
     cfg = build_config(args)
     trace = load_trace(args.trace)
     out = replay_to_dir(trace, cfg, args.out, progress=not args.no_progress,
                         trace_path=str(args.trace))
-    s, t = out["summary"], out["timing_summary"]
-    print(f"{s['policy']} on vLLM ({s['kv_blocks']} KV blocks): {s['num_finished']}/"
-          f"{s['num_requests']} finished, {s['num_rejected']} rejected, {s['num_iterations']} "
+    s, t = out.summary, out.timing_summary
+    print(f"{s['policy']} on vLLM ({s['kv_blocks']} KV blocks): {s['num_iterations']} "
           f"iterations, {s['num_preemptions']} preemptions")
     print(f"  throughput {s['throughput_output_tps']:.1f} out tok/s, {s['throughput_rps']:.2f} "
           f"req/s; SLO attainment request {s['slo_attainment_request']:.3f}, iteration "
@@ -117,5 +142,5 @@ def run(args: argparse.Namespace) -> int:
     print(f"  scheduler time per step: p50 {t['decision_time_p50'] * 1e6:.0f} us (vLLM's own "
           f"schedule() {t['vllm_schedule_time_p50'] * 1e6:.0f} us, policy "
           f"{t['policy_time_p50'] * 1e6:.0f} us)")
-    print(f"  results: {args.out}")
+    print(f"  results: {args.out} ({outcome_counts(s)})")
     return 0

@@ -29,6 +29,7 @@ from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, Valida
 from accelgen.config import Deployment, PolicySpec, StrictModel, load_yaml
 from accelgen.costmodel.base import BatchShape, CostModel
 from accelgen.policies.base import Pivot
+from accelgen.request import Request
 
 ENV_VAR = "ACCELGEN_VLLM_CONFIG"
 ADDITIONAL_CONFIG_KEY = "accelgen"
@@ -240,6 +241,14 @@ class RequestSLO:
     predicted_output_len: int
     source: str
     req_id: int | None  # the trace's id when the client passes one
+
+
+def request_extra_args(req: Request) -> dict[str, Any]:
+    """The ``SamplingParams.extra_args`` that carry ``req``'s SLOs and bookkeeping fields to the
+    plugin (what ``parse_request_slo`` reads back)."""
+    return {"req_id": req.req_id, "ttft_slo": req.ttft_slo, "tbt_slo": req.tbt_slo,
+            "jct_slo": req.jct_slo, "online": req.online, "source": req.source,
+            "predicted_output_len": req.predicted_output_len}
 
 
 def _is_number(v: Any) -> bool:

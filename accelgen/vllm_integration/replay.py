@@ -2,12 +2,14 @@
 
 Each trace request is added to the engine when its arrival time comes (wall clock, measured from
 the replay's start), with its SLOs in ``SamplingParams.extra_args`` and its exact output length
-forced (``max_tokens=output_len, ignore_eos=True``). The engine is stepped by hand in this process
+forced (``max_tokens=output_len, ignore_eos=True``; the engine stops a sequence at
+``max_model_len``, and such a request is recorded as ``cut``). The engine is stepped by hand in this process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the scheduler object - ``AccelGenScheduler`` running a
 policy, or ``InstrumentedScheduler`` for stock vLLM - is reachable: it time-stamps every token
 when the engine core returns it and logs every iteration, and those logs become
-``requests.parquet`` / ``iterations.parquet`` / ``timing.parquet`` through the simulator's
-recorder, so ``accelgen.metrics`` and the notebooks read real runs and simulated runs alike.
+``requests.parquet`` / ``iterations.parquet`` / ``timing.parquet`` through ``accelgen.results``,
+as the simulator's do, so ``accelgen.metrics`` and the notebooks read real runs and simulated runs
+alike (``replay`` returns the same ``RunOutput`` as ``accelgen.sim.runner.simulate``).
 
 On CPU the model is a tiny random-weight Llama written from ``TinyModelSpec`` (no downloads); on
 GPU pass a real model name or path.
@@ -29,11 +31,17 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt
 from accelgen import metrics
 from accelgen.config import StrictModel
 from accelgen.kvcache import never_fits_reason
-from accelgen.request import Request, Status
-from accelgen.sim.recorder import requests_frame, write_results
+from accelgen.request import Request, Status, served_output_len
+from accelgen.results import RunOutput, requests_frame
 from accelgen.vllm_integration import SCHEDULER_CLS, STOCK_SCHEDULER_CLS
-from accelgen.vllm_integration.config import AdapterConfig, build_cost_model, build_pivot
+from accelgen.vllm_integration.config import (
+    AdapterConfig,
+    build_cost_model,
+    build_pivot,
+    request_extra_args,
+)
 from accelgen.vllm_integration.tiny_model import TinyModelSpec, write_tiny_model
+from accelgen.workloads.trace import to_requests
 
 T = TypeVar("T")
 
@@ -195,8 +203,9 @@ def run_warmup(engine: Any, n: int, vocab: int) -> None:
 
 
 def replay(trace: pd.DataFrame, cfg: ReplayConfig, *, work_dir: Path | None = None,
-           progress: bool = False) -> dict[str, Any]:
-    """Run ``trace`` through a fresh engine; return frames, summary and config for the writer."""
+           progress: bool = False) -> RunOutput:
+    """Run ``trace`` through a fresh engine; the run's tables, summary and config, as
+    ``accelgen.sim.runner.simulate`` returns them."""
     engine = build_engine(cfg, work_dir)
     try:
         return _replay(engine, trace, cfg, progress=progress)
@@ -205,7 +214,7 @@ def replay(trace: pd.DataFrame, cfg: ReplayConfig, *, work_dir: Path | None = No
 
 
 def _replay(engine: Any, trace: pd.DataFrame, cfg: ReplayConfig, *,
-            progress: bool) -> dict[str, Any]:
+            progress: bool) -> RunOutput:
     sched = engine_scheduler(engine)
     spec = cfg.engine
     vocab = spec.tiny.vocab_size if spec.model is None else 1000
@@ -216,27 +225,24 @@ def _replay(engine: Any, trace: pd.DataFrame, cfg: ReplayConfig, *,
     run_warmup(engine, cfg.warmup_requests, vocab)
 
     df = trace.sort_values(["arrival", "req_id"], kind="stable").reset_index(drop=True)
-    n = len(df)
-    served = np.minimum(df["output_len"].to_numpy(np.int64),
-                        np.maximum(max_model_len - df["prompt_len"].to_numpy(np.int64), 0))
-    out_len = np.zeros(int(df["req_id"].max()) + 1 if n else 0, dtype=np.int64)
+    # The engine serves its own copies of these requests (the scheduler's mirrors); these objects
+    # stand for the ones that never reach it.
+    requests, requested = to_requests(df)
+    served = served_output_len(df["prompt_len"].to_numpy(), requested, max_model_len)
+    out_len = np.zeros(int(df["req_id"].max()) + 1 if len(df) else 0, dtype=np.int64)
     pre_rejected: list[Request] = []
-    submit: list[tuple[float, int, dict[str, Any], int, int]] = []
-    for k, r in enumerate(df.itertuples(index=False)):
-        rid = int(r.req_id)
-        out_len[rid] = served[k]
-        why = admission_reject_reason(int(r.prompt_len), int(served[k]),
-                                      max_model_len=max_model_len, kv_tokens=kv_tokens,
-                                      block_size=sched.block_size)
+    # (request, max_tokens) in arrival order: the trace's output length; the engine itself stops
+    # a sequence at max_model_len and the scheduler records that request as cut.
+    submit: list[tuple[Request, int]] = []
+    for r, n_asked, n_served in zip(requests, requested.tolist(), served.tolist(), strict=True):
+        out_len[r.req_id] = n_served
+        why = admission_reject_reason(r.prompt_len, n_served, max_model_len=max_model_len,
+                                      kv_tokens=kv_tokens, block_size=sched.block_size)
         if why:
-            m = _trace_request(r)
-            m.status, m.reject_reason, m.finish_time = Status.REJECTED, why, float(r.arrival)
-            pre_rejected.append(m)
+            r.status, r.reject_reason, r.finish_time = Status.REJECTED, why, r.arrival
+            pre_rejected.append(r)
             continue
-        extra = {"req_id": rid, "ttft_slo": float(r.ttft_slo), "tbt_slo": float(r.tbt_slo),
-                 "jct_slo": float(r.jct_slo), "online": bool(r.online), "source": str(r.source),
-                 "predicted_output_len": int(r.predicted_output_len)}
-        submit.append((float(r.arrival), rid, extra, int(r.prompt_len), int(served[k])))
+        submit.append((r, n_asked))
 
     bar = _progress(len(submit)) if progress else None
     t0 = time.time()
@@ -246,15 +252,17 @@ def _replay(engine: Any, trace: pd.DataFrame, cfg: ReplayConfig, *,
     timed_out = False
     while i < len(submit) or engine.has_unfinished_requests():
         now = time.time() - t0
-        while i < len(submit) and submit[i][0] <= now:
-            arrival, rid, extra, plen, olen = submit[i]
-            engine.add_request(str(rid), {"prompt_token_ids": _prompt_ids(rid, plen, vocab)},
-                               _sampling(extra, olen), arrival_time=t0 + arrival)
+        while i < len(submit) and submit[i][0].arrival <= now:
+            r, max_tokens = submit[i]
+            engine.add_request(str(r.req_id),
+                               {"prompt_token_ids": _prompt_ids(r.req_id, r.prompt_len, vocab)},
+                               _sampling(request_extra_args(r), max_tokens),
+                               arrival_time=t0 + r.arrival)
             i += 1
         if engine.has_unfinished_requests():
             engine.step()
         elif i < len(submit):
-            time.sleep(max(0.0, submit[i][0] - (time.time() - t0)))
+            time.sleep(max(0.0, submit[i][0].arrival - (time.time() - t0)))
         if bar is not None:
             bar.n = len(sched.done)
             bar.refresh()
@@ -271,13 +279,9 @@ def _replay(engine: Any, trace: pd.DataFrame, cfg: ReplayConfig, *,
             if not m.is_done:
                 m.status, m.reject_reason = Status.REJECTED, f"replay stopped after {wall:.0f} s"
                 m.finish_time = wall
-        submitted = {m.req_id for m in reqs}
-        for _, rid, *_ in submit[i:]:
-            if rid not in submitted:
-                row = df[df["req_id"] == rid].iloc[0]
-                m = _trace_request(row)
-                m.status, m.reject_reason = Status.REJECTED, "replay stopped before it arrived"
-                pre_rejected.append(m)
+        for r, _ in submit[i:]:
+            r.status, r.reject_reason = Status.REJECTED, "replay stopped before it arrived"
+            pre_rejected.append(r)
     all_reqs = sorted([*reqs, *pre_rejected], key=lambda r: r.req_id)
     req_df = requests_frame(all_reqs, out_len)
     its_df = sched.iterations_frame()
@@ -310,25 +314,16 @@ def _replay(engine: Any, trace: pd.DataFrame, cfg: ReplayConfig, *,
                            "scheduler_cls": type(sched).__module__ + "." + type(sched).__name__,
                            "env": {k: os.environ.get(k) for k in (ONEDNN_CACHE_ENV,
                                                                   "OMP_NUM_THREADS")}}}
-    return {"requests": req_df, "iterations": its_df, "timing": timing, "summary": summary,
-            "timing_summary": tsum, "config": config}
-
-
-def _trace_request(r: Any) -> Request:
-    return Request(req_id=int(r.req_id), arrival=float(r.arrival), prompt_len=int(r.prompt_len),
-                   source=str(r.source), ttft_slo=float(r.ttft_slo), tbt_slo=float(r.tbt_slo),
-                   jct_slo=float(r.jct_slo), online=bool(r.online),
-                   predicted_output_len=int(r.predicted_output_len))
+    return RunOutput(req_df, its_df, summary, timing, tsum, config)
 
 
 def replay_to_dir(trace: pd.DataFrame, cfg: ReplayConfig, out: Path | str, *,
-                  progress: bool = False, trace_path: str | None = None) -> dict[str, Any]:
+                  progress: bool = False, trace_path: str | None = None) -> RunOutput:
     out = Path(out)
     run = replay(trace, cfg, work_dir=out.parent, progress=progress)
     if trace_path is not None:
-        run["config"]["trace"] = trace_path
-    write_results(out, run["requests"], run["iterations"], run["summary"], run["config"],
-                  run["timing"], run["timing_summary"])
+        run.config["trace"] = trace_path
+    run.write(out)
     return run
 
 

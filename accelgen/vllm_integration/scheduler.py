@@ -62,8 +62,9 @@ from vllm.v1.request import RequestStatus  # noqa: E402
 from accelgen.costmodel.base import BatchShape  # noqa: E402
 from accelgen.kvcache import KVQueries  # noqa: E402
 from accelgen.policies.base import Decision, Pivot, Policy, SchedulerView  # noqa: E402
-from accelgen.request import Request, Status  # noqa: E402
-from accelgen.sim.recorder import IterationLog, requests_frame  # noqa: E402
+from accelgen.policies.registry import make_policy  # noqa: E402
+from accelgen.request import Request, Status, length_cap_reason, served_output_len  # noqa: E402
+from accelgen.results import IterationLog, requests_frame  # noqa: E402
 from accelgen.vllm_integration.config import (  # noqa: E402
     AdapterConfig,
     OnlineLinearCostModel,
@@ -257,7 +258,15 @@ class InstrumentedScheduler(Scheduler):
         del self._vreqs[v.request_id]
         del self._vid_of[m.req_id]
         if v.status in _NORMAL_FINISH:
-            m.status = Status.FINISHED
+            # vLLM's LENGTH_CAPPED is both "max_tokens reached" and "max_model_len reached";
+            # only the second one cuts the output short.
+            if (v.status == RequestStatus.FINISHED_LENGTH_CAPPED
+                    and v.num_output_tokens < v.max_tokens):
+                m.status = Status.CUT
+                m.reject_reason = length_cap_reason(m.prompt_len, v.max_tokens,
+                                                    v.num_output_tokens, self.max_model_len)
+            else:
+                m.status = Status.FINISHED
         else:
             m.status = Status.REJECTED
             m.reject_reason = (str(v.stop_reason) if isinstance(v.stop_reason, str)
@@ -395,10 +404,12 @@ class InstrumentedScheduler(Scheduler):
     def requests_frame(self) -> pd.DataFrame:
         reqs = self.all_requests()
         size = (max(r.req_id for r in reqs) + 1) if reqs else 0
-        target = np.zeros(size, dtype=np.int64)
+        prompt = np.zeros(size, dtype=np.int64)
+        asked = np.zeros(size, dtype=np.int64)
         for r in reqs:
-            target[r.req_id] = self.max_tokens.get(r.req_id, r.num_output_tokens)
-        return requests_frame(reqs, target)
+            prompt[r.req_id] = r.prompt_len
+            asked[r.req_id] = self.max_tokens.get(r.req_id, r.num_output_tokens)
+        return requests_frame(reqs, served_output_len(prompt, asked, self.max_model_len))
 
     def iterations_frame(self) -> pd.DataFrame:
         return self.log.to_frame()
@@ -462,7 +473,7 @@ class AccelGenScheduler(InstrumentedScheduler):
         cfg = self.accelgen_config
         self._check_engine_config()
         # Not `self.policy`: vLLM's Scheduler uses that name for its FCFS/priority queue mode.
-        self.accelgen_policy: Policy = make_adapter_policy(cfg.policy.name, cfg.policy.params)
+        self.accelgen_policy: Policy = make_policy(cfg.policy.name, cfg.policy.params)
         if self.accelgen_policy.clairvoyant:
             raise ValueError(f"policy {cfg.policy.name!r} needs clairvoyant information (true "
                              "output lengths, future arrivals) that a real engine cannot give")
@@ -517,7 +528,7 @@ class AccelGenScheduler(InstrumentedScheduler):
         super().reset_records(origin)
         # A fresh policy object: no state (running means, carry-overs) from before the reset.
         cfg = self.accelgen_config
-        self.accelgen_policy = make_adapter_policy(cfg.policy.name, cfg.policy.params)
+        self.accelgen_policy = make_policy(cfg.policy.name, cfg.policy.params)
         self.mismatch_steps = 0
         self._view_stale = True
 
@@ -753,36 +764,3 @@ class AccelGenScheduler(InstrumentedScheduler):
             logger.warning("accelgen: vLLM did not schedule the policy's tokens exactly "
                            "(request: (planned, scheduled)) %s%s", diff,
                            f"; unplanned {extra}" if extra else "")
-
-
-def make_adapter_policy(name: str, params: dict[str, Any] | None = None) -> Policy:
-    """A policy by registry name, or ``module:Class`` / ``module.Class`` for out-of-tree ones."""
-    if name in _LOCAL_POLICIES:
-        return _LOCAL_POLICIES[name](**(params or {}))
-    if ":" in name or ("." in name and name not in _registry_names()):
-        import importlib
-
-        module, _, cls = name.partition(":") if ":" in name else name.rpartition(".")
-        try:
-            policy_cls = getattr(importlib.import_module(module), cls)
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(f"cannot import policy class {name!r}: {exc}") from exc
-        return policy_cls(**(params or {}))
-    from accelgen.policies.registry import make_policy
-
-    return make_policy(name, params)
-
-
-def _registry_names() -> list[str]:
-    from accelgen.policies.registry import policy_names
-
-    return policy_names()
-
-
-# Policies registered at run time (tests, notebooks); only visible in this process.
-_LOCAL_POLICIES: dict[str, Any] = {}
-
-
-def register_policy(name: str, factory: Any) -> None:
-    """Make ``factory(**params)`` available under ``name`` to schedulers built in this process."""
-    _LOCAL_POLICIES[name] = factory

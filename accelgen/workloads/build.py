@@ -11,7 +11,12 @@ import pandas as pd
 from accelgen import __version__
 from accelgen.workloads.arrivals import make_arrivals
 from accelgen.workloads.config import WorkloadConfig
-from accelgen.workloads.latency import FALLBACK_NAME, fallback_prefill_latency
+from accelgen.workloads.errors import WorkloadError
+from accelgen.workloads.latency import (
+    FALLBACK_NAME,
+    LatencyReference,
+    fallback_prefill_latency,
+)
 from accelgen.workloads.rng import stream
 from accelgen.workloads.slo import PrefillLatency, assign_slos
 from accelgen.workloads.sources import Source, open_sources
@@ -45,11 +50,22 @@ def _num_requests(cfg: WorkloadConfig, sources: dict[str, Source]) -> int:
 
 
 def build_trace(cfg: WorkloadConfig, prefill_latency: PrefillLatency | None = None,
-                latency_name: str | None = None) -> Trace:
-    """Generate the trace of ``cfg``. ``prefill_latency(n)`` (seconds of an isolated n-token
-    prefill) sets TTFT SLOs; default: the documented fallback."""
-    if prefill_latency is None:
+                latency_name: str | None = None, *,
+                reference: LatencyReference | None = None) -> Trace:
+    """Generate the trace of ``cfg``. SLOs come from ``reference`` (a deployment's isolated
+    latencies, :func:`accelgen.workloads.latency.resolve_latency_reference`; needed by
+    ``slo.ttft_reference: isolated``), or from ``prefill_latency(n)`` (seconds of an isolated
+    n-token prefill; enough for the paper's ``group_mean`` rule); default: the documented
+    fallback prefill."""
+    if reference is not None:
+        if prefill_latency is not None:
+            raise ValueError("give either prefill_latency or reference, not both")
+        latency_name = reference.name
+    elif prefill_latency is None:
         prefill_latency, latency_name = fallback_prefill_latency, FALLBACK_NAME
+    checksums = _recorded_checksums(cfg)  # before the (slow) tokenizing of the files
+    slo_latency = reference if reference is not None else prefill_latency
+    assert slo_latency is not None
     sources = open_sources(cfg)
     n = _num_requests(cfg, sources)
     shares = {name: spec.share for name, spec in cfg.resolved_sources().items()}
@@ -77,7 +93,7 @@ def build_trace(cfg: WorkloadConfig, prefill_latency: PrefillLatency | None = No
     # prompt, never the (already capped) output.
     prompt = (prompt_nat if cfg.max_model_len is None
               else np.minimum(prompt_nat, np.maximum(cfg.max_model_len - output, 1)))
-    slo = assign_slos(cfg.slo, prompt, output, prefill_latency, cfg.seed)
+    slo = assign_slos(cfg.slo, prompt, output, slo_latency, cfg.seed)
     predicted = {name: max(1, round(src.mean_output(cfg.max_tokens)))
                  for name, src in sources.items()}
 
@@ -111,6 +127,7 @@ def build_trace(cfg: WorkloadConfig, prefill_latency: PrefillLatency | None = No
             name: {"origin": src.origin, "tokenizer": src.tokenizer, "requests": counts[name],
                    "predicted_output_len": predicted[name], "skipped": src.skipped,
                    **({"records": src.num_records} if src.num_records is not None else {}),
+                   **({"sha256": checksums[name]} if name in checksums else {}),
                    **src.stats}
             for name, src in sources.items()
         },
@@ -120,6 +137,35 @@ def build_trace(cfg: WorkloadConfig, prefill_latency: PrefillLatency | None = No
             "outputs_capped": int(df["output_capped"].sum()),
             "offline": int((~slo.online).sum()),
             "unattainable_ttft": slo.unattainable_ttft,
+            "ttft_reference": cfg.slo.ttft_reference,
+            "ttft_below_chunked_prefill": slo.ttft_below_chunked,
+            "tbt_below_isolated_decode": slo.tbt_below_decode,
+            "tbt_raised": slo.tbt_raised,
         },
     }
+    if reference is not None:
+        meta["latency_reference"] = reference.describe()
     return Trace(df, meta)
+
+
+def _recorded_checksums(cfg: WorkloadConfig) -> dict[str, str]:
+    """``kind: datasets``: the sha256 of each source file (the trace's provenance: which bytes it
+    was drawn from), checked against the one ``accelgen download`` recorded for it."""
+    if cfg.kind != "datasets":
+        return {}
+    from accelgen.workloads.download import SUMS_FILE, file_sha256, read_sums
+
+    out = {}
+    for name, spec in cfg.resolved_sources().items():
+        assert spec.path is not None
+        if not spec.path.exists():
+            continue  # open_sources says which files are missing and how to get them
+        got = file_sha256(spec.path).sha256
+        rec = read_sums(spec.path.parent).get(spec.path.name)
+        if rec is not None and rec.sha256 != got:
+            raise WorkloadError(
+                f"{spec.path}: sha256 {got} is not the {rec.sha256} recorded in "
+                f"{spec.path.parent / SUMS_FILE}: the file changed since it was downloaded. "
+                f"Fetch it again with `accelgen download --force --only {name}`")
+        out[name] = got
+    return out

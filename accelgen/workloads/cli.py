@@ -8,7 +8,7 @@ from typing import Any
 
 from accelgen.workloads.build import build_trace
 from accelgen.workloads.config import WorkloadConfig
-from accelgen.workloads.latency import resolve_prefill_latency
+from accelgen.workloads.latency import resolve_latency_reference
 from accelgen.workloads.summary import summarize
 from accelgen.workloads.trace import write_trace
 
@@ -31,7 +31,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="arrival process (replay: the input file's timestamps)")
     p.add_argument("--rate", type=float, default=None, help="arrival rate lambda (req/s)")
     p.add_argument("--cv", type=float, default=None, help="gamma arrivals: CV of the gaps")
-    p.add_argument("--max-model-len", type=int, default=None, help="prompt truncation length")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="prompt + output fit in this many tokens (prompts are truncated); default: "
+                        "the config's workload.max_model_len, else --deployment's, else 8192")
     p.add_argument("--tokenizer", default=None, help="gpt2 | opt | hf:<name> (text formats)")
     p.add_argument("--input", type=Path, default=None, help="a real-format file to sample from")
     p.add_argument("--format", choices=FORMATS[1:], default=None, help="format of --input")
@@ -44,6 +46,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--hardware", default="a100", help="hardware for TTFT SLOs")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree for TTFT SLOs")
     p.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree for TTFT SLOs")
+    p.add_argument("--profile-csv", type=Path, default=None,
+                   help="TTFT SLOs from a measured profile table (`accelgen profile`) of the "
+                        "deployment instead of the analytic model of --model/--hardware")
     p.add_argument("--quiet", action="store_true", help="print only where the file went")
     p.set_defaults(func=run)
     return p
@@ -65,6 +70,10 @@ def resolve_config(args: argparse.Namespace) -> WorkloadConfig:
         value = getattr(args, key)
         if value is not None:
             changes[key] = value
+    if (args.max_model_len is None and args.deployment is not None
+            and "max_model_len" not in cfg.model_fields_set):
+        # The trace is for this deployment: its prompts must fit the deployment's context.
+        changes["max_model_len"] = deployment_max_model_len(args.deployment)
     arrival = {key: getattr(args, name) for key, name in
                (("kind", "arrival"), ("rate", "rate"), ("cv", "cv"))
                if getattr(args, name) is not None}
@@ -73,11 +82,18 @@ def resolve_config(args: argparse.Namespace) -> WorkloadConfig:
     return cfg.updated(**changes) if changes else cfg
 
 
+def deployment_max_model_len(name: str) -> int:
+    """A named deployment's max_model_len (its own, else its model's)."""
+    from accelgen.costmodel.factory import effective_max_model_len, resolve_deployment
+
+    return effective_max_model_len(resolve_deployment(name))
+
+
 def run(args: argparse.Namespace) -> int:
     cfg = resolve_config(args)
-    latency, latency_name = resolve_prefill_latency(args.model, args.hardware, args.deployment,
-                                                   tp=args.tp, pp=args.pp)
-    trace = build_trace(cfg, latency, latency_name)
+    reference = resolve_latency_reference(args.model, args.hardware, args.deployment,
+                                          tp=args.tp, pp=args.pp, profile_csv=args.profile_csv)
+    trace = build_trace(cfg, reference=reference)
     written = write_trace(trace.df, trace.meta, args.out, csv=args.csv)
     if not args.quiet:
         print(summarize(trace.df, trace.meta))

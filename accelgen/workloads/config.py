@@ -86,14 +86,24 @@ class ArrivalConfig(StrictModel):
     speedup: PosFinite = 1.0  # replay: divide replayed gaps by this
 
 
-class SLOConfig(StrictModel):
-    """SLO assignment (SPEC section 6; rules in docs/workloads.md)."""
+# `ttft_reference: isolated` (SPEC section 11): defaults of the keys a config leaves unset.
+ISOLATED_TTFT_SCALE: tuple[float, float] = (1.0, 3.0)
+ISOLATED_TBT_SCALE_KIND: Literal["set", "range"] = "set"
 
-    length_group: PositiveInt = 512  # TTFT: prompts grouped by this many tokens
-    ttft_scale: Scale = (0.5, 1.5)  # U[low, high] x mean isolated prefill of the group
+
+class SLOConfig(StrictModel):
+    """SLO assignment (SPEC sections 6 and 11; rules in docs/workloads.md)."""
+
+    # group_mean: the paper's rule (TTFT reference = mean isolated prefill of the length group);
+    # isolated: the request's own isolated prefill chunked at S_pf plus one T_pf (SPEC 11),
+    # with TBT SLOs below an isolated decode iteration raised to tbt_floor_factor x it.
+    ttft_reference: Literal["group_mean", "isolated"] = "group_mean"
+    length_group: PositiveInt = 512  # TTFT (group_mean): prompts grouped by this many tokens
+    # U[low, high] x the TTFT reference; default [0.5, 1.5], or [1, 3] with `isolated`
+    ttft_scale: Scale = (0.5, 1.5)
     tbt_base: PosFinite = 0.1875  # reading speed, s/token
     # "set": scale uniform over tbt_scale_set (paper section 3); "range": U[tbt_scale_range]
-    # (paper section 5, the evaluation).
+    # (paper section 5, the evaluation). Default "range", or "set" with `isolated`.
     tbt_scale_kind: Literal["set", "range"] = "range"
     tbt_scale_set: list[PosFinite] = Field(default_factory=lambda: [0.25, 0.5, 1.0, 2.0],
                                            min_length=1)
@@ -101,9 +111,18 @@ class SLOConfig(StrictModel):
     offline_fraction: Fraction = 0.0  # share of requests that are offline (JCT SLO only)
     # offline JCT SLO = U[offline_jct_scale] x (group mean isolated prefill + tbt_base x (n_out-1))
     offline_jct_scale: Scale = (1.0, 2.0)
+    # isolated: a TBT SLO below one isolated decode iteration is raised to this multiple of it
+    tbt_floor_factor: Annotated[float, Field(ge=1, allow_inf_nan=False)] = 1.2
 
     @model_validator(mode="after")
     def _scales(self) -> SLOConfig:
+        if self.ttft_reference == "isolated":
+            # The mode's own defaults for keys the config does not set (assigned here, so a
+            # dumped config states the values used).
+            if "ttft_scale" not in self.model_fields_set:
+                self.ttft_scale = ISOLATED_TTFT_SCALE
+            if "tbt_scale_kind" not in self.model_fields_set:
+                self.tbt_scale_kind = ISOLATED_TBT_SCALE_KIND
         _check_scale("ttft_scale", self.ttft_scale)
         _check_scale("tbt_scale_range", self.tbt_scale_range)
         _check_scale("offline_jct_scale", self.offline_jct_scale)
@@ -114,7 +133,7 @@ class WorkloadConfig(StrictModel):
     """Everything that determines a trace file (together with the prefill-latency function)."""
 
     kind: Literal["synthetic", "alpaca", "sharegpt", "bookcorpus", "vidur_csv", "azure_csv",
-                  "mix"] = "synthetic"
+                  "mix", "datasets"] = "synthetic"
     # None: every record of the input file, in file order (single-file kinds only).
     num_requests: PositiveInt | None = 500
     seed: NonNegativeInt = 0
@@ -125,7 +144,8 @@ class WorkloadConfig(StrictModel):
     max_tokens: PositiveInt = 2048  # output cap
     tokenizer: str = "opt"  # gpt2 | opt | hf:<name or local path>; used by text formats only
 
-    # single-file kinds (alpaca, sharegpt, bookcorpus, vidur_csv, azure_csv)
+    # single-file kinds (alpaca, sharegpt, bookcorpus, vidur_csv, azure_csv); kind datasets: the
+    # directory `accelgen download` wrote the three files into (default data/raw)
     path: Path | None = None
     hf_dataset: str | None = None
     hf_split: str = "train"
@@ -133,7 +153,8 @@ class WorkloadConfig(StrictModel):
     max_records: PositiveInt | None = None
     source_name: str | None = None  # label in the trace's `source` column (default: the kind)
 
-    # kind synthetic: dataset shares and optional bucket-probability overrides per dataset
+    # kinds synthetic and datasets: dataset shares; synthetic: optional bucket-probability
+    # overrides per dataset
     mix: dict[SyntheticDataset, Fraction] = Field(default_factory=lambda: dict(DEFAULT_MIX))
     prompt_buckets: dict[SyntheticDataset, BucketProbs] = Field(default_factory=dict)
     output_buckets: dict[SyntheticDataset, BucketProbs] = Field(default_factory=dict)
@@ -155,6 +176,12 @@ class WorkloadConfig(StrictModel):
                     raise ValueError(f"{key}.{ds}: probabilities must sum to 1, got {sum(probs):g}")
         if self.kind == "synthetic":
             _check_shares("mix", self.mix)
+        elif self.kind == "datasets":
+            _check_shares("mix", self.mix)
+            if self.hf_dataset is not None or self.sources:
+                raise ValueError("kind 'datasets' reads the downloaded files (path: their "
+                                 "directory, default data/raw); hf_dataset and sources do not "
+                                 "apply")
         elif self.kind == "mix":
             if not self.sources:
                 raise ValueError("sources: kind 'mix' needs at least one source")
@@ -190,7 +217,27 @@ class WorkloadConfig(StrictModel):
                     for name, share in self.mix.items() if share > 0}
         if self.kind == "mix":
             return {name: spec for name, spec in self.sources.items() if spec.share > 0}
+        if self.kind == "datasets":
+            return self._dataset_sources()
         return {self.source_name or self.kind: self._single_spec()}
+
+    def _dataset_sources(self) -> dict[str, SourceSpec]:
+        """The paper's mix drawn from the files `accelgen download` wrote (``kind: datasets``):
+        Alpaca and ShareGPT records with replacement, BookCorpus prompts built from the first
+        ``max_records`` (default 1M) sentences of its shard."""
+        from accelgen.workloads.datasets import BOOKCORPUS_ROWS, CATALOGUE, DEFAULT_RAW_DIR
+
+        root = self.path if self.path is not None else DEFAULT_RAW_DIR
+        out: dict[str, SourceSpec] = {}
+        for name, share in self.mix.items():
+            if share <= 0:
+                continue
+            ds = CATALOGUE[name]
+            fmt: Any = ds.format
+            limit = self.max_records or (BOOKCORPUS_ROWS if name == "bookcorpus" else None)
+            out[name] = SourceSpec(format=fmt, share=share, path=root / ds.file,
+                                   max_records=limit)
+        return out
 
     # ----------------------------------------------------------------------------------------
     @classmethod

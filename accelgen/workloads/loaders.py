@@ -7,7 +7,8 @@ Formats (exactly as published):
 - ShareGPT ``ShareGPT_V3_unfiltered_cleaned_split.json``: a JSON list of ``{id, conversations:
   [{from, value}, ...]}``; prompt = first turn, output = second turn (as vLLM's
   benchmark_serving). Conversations with fewer than two turns are not requests; they are counted.
-- BookCorpus: text rows (local file: one row per line; online: the ``text`` column).
+- BookCorpus: text rows (a local text file: one row per line; a parquet file or the online
+  dataset: the ``text`` column).
 - Vidur / Sarathi-Serve length CSV: ``num_prefill_tokens,num_decode_tokens[,arrived_at]``; other
   columns are ignored.
 - Azure LLM inference trace CSV: ``TIMESTAMP,ContextTokens,GeneratedTokens``; timestamps (ISO dates
@@ -208,6 +209,10 @@ def load_sharegpt(path: Path, tok: Tokenizer, limit: int | None = None) -> Recor
 
 
 def load_text_rows(path: Path, tok: Tokenizer, limit: int | None = None) -> TextRows:
+    """BookCorpus rows: a text file (one row per line) or a parquet file with a ``text`` column
+    (the Hugging Face dataset's parquet shards, as ``accelgen download`` fetches them)."""
+    if Path(path).suffix == ".parquet":
+        return parse_text_rows(read_parquet_text(Path(path), limit), str(path), tok)
     try:
         with path.open(encoding="utf-8") as fh:
             lines = [line.rstrip("\r\n") for line in itertools.islice(fh, limit)]
@@ -216,6 +221,37 @@ def load_text_rows(path: Path, tok: Tokenizer, limit: int | None = None) -> Text
     except UnicodeDecodeError as exc:
         raise WorkloadError(f"{path}: not UTF-8 text ({exc.reason})") from None
     return parse_text_rows(lines, str(path), tok)
+
+
+def read_parquet_text(path: Path, limit: int | None = None, column: str = "text") -> list[str]:
+    """The first ``limit`` values of a parquet file's string column, read batch by batch."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"workload file not found: {path}") from None
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise WorkloadError(f"{path}: not a parquet file: {exc}") from None
+    names = pf.schema_arrow.names
+    if column not in names:
+        raise WorkloadError(f"{where(path, 'schema', column)}: missing column (have "
+                            f"{', '.join(names)})")
+    if not pa.types.is_string(pf.schema_arrow.field(column).type) and \
+            not pa.types.is_large_string(pf.schema_arrow.field(column).type):
+        raise WorkloadError(f"{where(path, 'schema', column)}: expected strings, got "
+                            f"{pf.schema_arrow.field(column).type}")
+    out: list[str] = []
+    for batch in pf.iter_batches(columns=[column], batch_size=65536):
+        values = batch.column(0).to_pylist()
+        for i, v in enumerate(values):
+            if v is None:
+                raise WorkloadError(f"{where(path, f'row {len(out) + i}', column)}: null")
+        out += values
+        if limit is not None and len(out) >= limit:
+            return out[:limit]
+    return out
 
 
 # --------------------------------------------------------------------------------------------

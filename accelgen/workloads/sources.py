@@ -185,6 +185,14 @@ def open_source(name: str, spec: SourceSpec, cfg: WorkloadConfig,
 
 
 def open_sources(cfg: WorkloadConfig) -> dict[str, Source]:
+    if cfg.kind == "datasets":
+        missing = [str(spec.path) for spec in cfg.resolved_sources().values()
+                   if spec.path is not None and not spec.path.exists()]
+        if missing:
+            raise FileNotFoundError(
+                f"workload kind 'datasets' reads the downloaded dataset files; not found: "
+                f"{', '.join(missing)}. Fetch them with `accelgen download` (the pipeline's "
+                f"download stage does this), or use the built-in mix (kind: synthetic)")
     # One tokenizer instance for all text sources, built only if some source needs it.
     tokenizer = functools.cache(functools.partial(get_tokenizer, cfg.tokenizer))
     return {name: open_source(name, spec, cfg, tokenizer)

@@ -77,9 +77,35 @@ def summarize(df: pd.DataFrame, meta: dict[str, Any]) -> str:
                    f"(p5 {ttft.quantile(0.05):.3f}, p95 {ttft.quantile(0.95):.3f})  "
                    f"TBT SLO mean {on['tbt_slo'].mean():.4f} s")
     out.append(f"offline (JCT SLO only): {int((~online).sum())}")
+    n_on = max(int(online.sum()), 1)
+    mode = stats.get("ttft_reference", "group_mean")
+    lref = meta.get("latency_reference", {})
+    if mode == "isolated":
+        out.append(f"TTFT SLO reference: isolated (own prefill in chunks of S_pf "
+                   f"{lref.get('s_pf')} + T_pf {1e3 * float(lref.get('t_pf') or 0):.1f} ms), "
+                   f"scale U{list(cfg.get('slo', {}).get('ttft_scale', []))}")
+    else:
+        out.append(f"TTFT SLO reference: group_mean (mean isolated prefill of the "
+                   f"{cfg.get('slo', {}).get('length_group')}-token group), scale "
+                   f"U{list(cfg.get('slo', {}).get('ttft_scale', []))}")
     unatt = stats.get("unattainable_ttft", 0)
-    out.append(f"TTFT SLO shorter than the isolated prefill (unattainable by design): {unatt} "
-               f"({_pct(unatt / max(int(online.sum()), 1))} of online)")
+    out.append(f"TTFT SLO shorter than the isolated prefill (one pass or S_pf chunks; "
+               f"unattainable by design): {unatt} "
+               f"({_pct(unatt / n_on)} of online)")
+    chunked = stats.get("ttft_below_chunked_prefill")
+    if chunked is not None:
+        out.append(f"TTFT SLO shorter than the prefill chunked at S_pf + T_pf: {chunked} "
+                   f"({_pct(chunked / n_on)} of online)")
+    below = stats.get("tbt_below_isolated_decode")
+    if below is not None:
+        raised = stats.get("tbt_raised", 0)
+        factor = cfg.get("slo", {}).get("tbt_floor_factor", 1.2)
+        if mode == "isolated":
+            out.append(f"TBT SLO below one isolated decode iteration, raised to {factor:g}x it: "
+                       f"{raised} ({_pct(raised / n_on)} of online)")
+        else:
+            out.append(f"TBT SLO below one isolated decode iteration (unattainable, not raised): "
+                       f"{below} ({_pct(below / n_on)} of online)")
     for name, info in src_meta.items():
         if info.get("prompts_reusing_rows"):
             out.append(f"{name}: {info['prompts_reusing_rows']} prompts longer than the corpus "

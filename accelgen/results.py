@@ -1,7 +1,9 @@
-"""Per-iteration and per-request logs and the results-directory writer.
+"""The results of one run, from either backend: logs, the run-output type, the results files.
 
-The same files are written by the simulator and by the vLLM replay runner, so the metrics module
-and the notebooks read both alike:
+The simulator (``accelgen.sim``) and the vLLM replay runner (``accelgen.vllm_integration``) both
+log into an ``IterationLog``, turn their requests into a ``requests_frame``, return a
+``RunOutput`` and write it with ``write_results``, so the metrics module and the notebooks read
+both alike. This module imports neither backend. The files:
 
 - ``requests.parquet``: one row per request (see ``REQUEST_COLUMNS``), with the list column
   ``token_times`` (seconds, one entry per emitted token).
@@ -21,6 +23,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterable, MutableMapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -87,17 +90,33 @@ class IterationLog:
         return pd.DataFrame({"decision_time": times})
 
 
+# The ``status`` column: ``finished``, ``cut`` or ``rejected`` (the last two with their reason in
+# ``reject_reason``); logs written while requests are in flight show ``waiting``/``running``.
+_STATUS_NAMES = {s: s.name.lower() for s in Status}
+
+
 def requests_frame(requests: Iterable[Request], output_len: np.ndarray) -> pd.DataFrame:
+    """One row per request (``REQUEST_COLUMNS``); ``output_len[req_id]`` is the output length the
+    request was to emit (its served length: the trace's, stopped at max_model_len)."""
     rows = []
     for r in requests:
         rows.append((
             r.req_id, r.arrival, r.source, r.online, r.prompt_len, int(output_len[r.req_id]),
             r.ttft_slo, r.tbt_slo, r.jct_slo,
-            "finished" if r.status == Status.FINISHED else (
-                "rejected" if r.status == Status.REJECTED else r.status.name.lower()),
+            _STATUS_NAMES[r.status],
             r.reject_reason, r.num_output_tokens, r.first_scheduled_time, r.first_token_time,
             r.finish_time, r.num_preemptions, list(r.token_times)))
     return pd.DataFrame.from_records(rows, columns=list(REQUEST_COLUMNS))
+
+
+def outcome_counts(summary: dict[str, Any]) -> str:
+    """How the run's requests ended, for a command's closing line, e.g. ``200 requests: 197
+    finished, 2 cut at max_model_len, 1 rejected``."""
+    text = (f"{summary['num_requests']} requests: {summary['num_finished']} finished, "
+            f"{summary['num_cut']} cut at max_model_len, {summary['num_rejected']} rejected")
+    if summary.get("num_unfinished"):
+        text += f", {summary['num_unfinished']} unfinished"
+    return text
 
 
 def _table(df: pd.DataFrame) -> pa.Table:
@@ -153,6 +172,24 @@ def write_results(out_dir: Path | str, requests: pd.DataFrame, iterations: pd.Da
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+@dataclass(slots=True)
+class RunOutput:
+    """One run of a trace, from the simulator (``accelgen.sim.runner.simulate``) or a real engine
+    (``accelgen.vllm_integration.replay.replay``): the tables and mappings of the results files."""
+
+    requests: pd.DataFrame  # requests.parquet
+    iterations: pd.DataFrame  # iterations.parquet
+    summary: dict[str, Any]  # summary.json
+    timing: pd.DataFrame  # timing.parquet (wall-clock: differs between runs)
+    timing_summary: dict[str, Any]  # timing.json
+    config: dict[str, Any]  # config.json
+
+    def write(self, out_dir: Path | str) -> Path:
+        """Write the results directory (atomically, see ``write_results``)."""
+        return write_results(out_dir, self.requests, self.iterations, self.summary, self.config,
+                             self.timing, self.timing_summary)
 
 
 def read_results(out_dir: Path | str) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:

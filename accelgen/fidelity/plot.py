@@ -1,5 +1,5 @@
-"""The fidelity figure: real vs simulated TTFT, TBT and batch-size distributions per system,
-and the relative errors against their targets."""
+"""The fidelity figure: real (the out-of-sample rounds, pooled) vs simulated TTFT, TBT and
+batch-size distributions per system, and the relative errors against their targets."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from accelgen.profiling.fidelity import TARGETS, distributions
+from accelgen.fidelity.compare import TARGETS, distributions
 
 LABELS = {"stock": "stock vLLM", "accelgen": "AccelGen"}
 # The error panel: the targeted metrics, then iteration count and batch composition (grey: no
@@ -30,7 +30,6 @@ def plot_fidelity(out_dir: Path | str, table: pd.DataFrame, path: Path | str) ->
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import NullFormatter, ScalarFormatter
 
     systems = list(dict.fromkeys(table["system"]))
     fig, axes = plt.subplots(len(systems), 4, figsize=(15, 3.3 * len(systems)), squeeze=False)
@@ -42,15 +41,14 @@ def plot_fidelity(out_dir: Path | str, table: pd.DataFrame, path: Path | str) ->
                                      (row[2], "batch_size", "requests per iteration", 1.0)):
             _cdf(ax, d["real"][key] * scale, color="black", lw=1.5, label="real vLLM engine")
             _cdf(ax, d["sim"][key] * scale, color="tab:orange", lw=1.5, ls="--",
-                 label="simulator (engine profile)")
+                 label="simulator (calibrated cost model)")
             ax.set_xlabel(unit)
             ax.set_ylabel("CDF")
             ax.set_title(f"{name}: {key.replace('_', ' ')}", fontsize=9)
             ax.grid(alpha=0.3)
-            if key in ("ttft", "tbt"):
-                ax.set_xscale("log")
-                ax.xaxis.set_major_formatter(ScalarFormatter())
-                ax.xaxis.set_minor_formatter(NullFormatter())
+            if key in ("ttft", "tbt"):  # the tail beyond p99 would squeeze the rest
+                top = max(float(np.nanpercentile(d[k][key], 99)) for k in ("real", "sim"))
+                ax.set_xlim(0, top * scale * 1.05)
         row[0].legend(fontsize=7, loc="lower right")
         sel = table[(table["system"] == system) & table["metric"].isin(PANEL)]
         t = sel.set_index("metric").loc[[m for m in PANEL if m in set(sel["metric"])]]

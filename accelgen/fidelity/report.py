@@ -1,0 +1,203 @@
+"""The fidelity report of a runs directory (``run.run_fidelity``): what the cost model was
+fitted on, the real-vs-simulated comparison of the rounds predicted out of sample, every replay's
+steps against the calibrated model, and the machine's load during each replay; as text, one CSV
+and the figure (``plot``). Needs only the results directories, not vLLM."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from accelgen.costmodel.calibrated import CalibratedCostModel
+from accelgen.fidelity.compare import (
+    FIT_ROUND,
+    TARGETS,
+    compare_all,
+    compare_rounds,
+    residual_summary,
+    round_dirs,
+    step_residuals,
+)
+from accelgen.fidelity.run import (
+    CALIBRATION_DIR,
+    MACHINE_NAME,
+    ROUND_NAME,
+    read_deployment,
+)
+
+
+@dataclass(slots=True)
+class Report:
+    runs: Path
+    table: pd.DataFrame  # medians over the out-of-sample rounds
+    per_round: pd.DataFrame  # every round (the fit round too), column ``out_of_sample``
+    steps: pd.DataFrame  # per replay and kind: the calibrated model's per-step residuals
+    load: pd.DataFrame  # per replay: duration, load averages, CPU shares
+    files: list[Path] = field(default_factory=list)  # what was written
+
+    @property
+    def missed(self) -> pd.DataFrame:
+        """Rows whose target was missed (``met`` is True, False, or None without a target)."""
+        return self.table[self.table["met"].map(lambda m: m is False)]
+
+    def text(self) -> str:
+        rounds = sorted(set(self.per_round.loc[self.per_round["out_of_sample"], "round"]))
+        out = [f"fidelity run {self.runs}: cost model fitted on round {FIT_ROUND}'s stock "
+               f"replay; rounds {', '.join(map(str, rounds))} predicted out of sample",
+               _calibration_line(self.runs), f"machine: {machine_line(self.runs)}", "",
+               "the machine during each replay (load averages 1/5/15 min; CPU time shares):",
+               format_load(self.load), "",
+               "real (median over the out-of-sample rounds) vs simulated:",
+               format_table(self.table), "", "relative error per round (* = the fit round):",
+               format_rounds(self.per_round), "",
+               "every replay's steps vs the calibrated model (ratio: span / predicted; span: "
+               "from the moment the engine had work for the step to its end):",
+               format_steps(self.steps), ""]
+        missed = self.missed
+        if len(missed):
+            out.append(f"{len(missed)} target(s) missed: "
+                       + ", ".join(f"{r.system}/{r.metric}" for r in missed.itertuples()))
+        else:
+            out.append("every target met")
+        return "\n".join(out)
+
+
+def _calibration_line(runs: Path) -> str:
+    dep = read_deployment(runs)
+    t = dep.calibration
+    assert t is not None
+    return (f"calibrated terms: overhead {t.overhead_s * 1e3:.3f} ms, weights floor "
+            f"{t.weights_s * 1e3:.3f} ms, prefill {t.prefill_token_s * 1e6:.2f} us/token, "
+            f"decode {t.decode_token_s * 1e6:.2f} us/seq, pairs {t.causal_pair_s * 1e9:.3f} / "
+            f"{t.context_pair_s * 1e9:.3f} ns (causal / context), decode context "
+            f"{t.context_token_s * 1e9:.2f} ns/token ({runs / CALIBRATION_DIR}/)")
+
+
+def format_table(table: pd.DataFrame) -> str:
+    """One line per (system, metric): real median and simulated value, error, target, the
+    rounds' spread and how many single rounds met the target."""
+    lines = [f"{'system':<9} {'metric':<27} {'real':>10} {'sim':>10} {'error':>8} "
+             f"{'target':>7} {'met':>4}  {'real (rounds)':>21}  {'rounds met':>10}"]
+    for r in table.itertuples(index=False):
+        tgt = f"{r.target:.0%}" if r.target == r.target else ""
+        met = "" if r.met is None else ("yes" if r.met else "NO")
+        rounds_met = f"{r.rounds_met}/{r.rounds}" if tgt else ""
+        lines.append(f"{r.system:<9} {r.metric:<27} {r.real:>10.4g} {r.sim:>10.4g} "
+                     f"{r.rel_err:>+8.1%} {tgt:>7} {met:>4}  "
+                     f"{r.real_min:>10.4g}..{r.real_max:<10.4g}  {rounds_met:>10}")
+    return "\n".join(lines)
+
+
+def format_rounds(per: pd.DataFrame) -> str:
+    keys = [*TARGETS, "num_iterations", "iter_latency_mean"]
+    sel = per[per["metric"].isin(keys)]
+    wide = sel.pivot_table(index=["system", "round"], columns="metric", values="rel_err",
+                           sort=False)[keys]
+    lines = [f"{'system':<9} {'round':>5}  " + " ".join(f"{k[:14]:>14}" for k in keys)]
+    for (system, k), row in wide.iterrows():
+        mark = "*" if k == FIT_ROUND else " "
+        lines.append(f"{system:<9} {k:>4}{mark}  "
+                     + " ".join(f"{v:>+14.1%}" for v in row.to_numpy()))
+    return "\n".join(lines)
+
+
+def format_steps(steps: pd.DataFrame) -> str:
+    lines = [f"{'replay':<24} {'kind':<8} {'after idle':>10} {'first use':>9} {'steps':>6} "
+             f"{'span ms':>8} {'pred ms':>8} {'ratio p10':>9} {'p50':>6} {'p90':>6} "
+             f"{'share of time, real/pred':>24}"]
+    for r in steps.itertuples(index=False):
+        lines.append(f"{r.replay:<24} {r.kind:<8} {'yes' if r.after_idle else 'no':>10} "
+                     f"{'yes' if r.first_use else 'no':>9} {r.steps:>6} {r.span_ms:>8.3f} "
+                     f"{r.predicted_ms:>8.3f} {r.ratio_p10:>9.2f} {r.ratio_p50:>6.2f} "
+                     f"{r.ratio_p90:>6.2f} {r.span_share:>12.1%}/{r.predicted_share:<11.1%}")
+    return "\n".join(lines)
+
+
+def format_load(load: pd.DataFrame) -> str:
+    lines = [f"{'replay':<22} {'seconds':>7} {'load before':>16} {'load after':>16} "
+             f"{'busy':>6} {'idle':>6} {'steal':>6}"]
+    for r in load.itertuples(index=False):
+        lines.append(f"{r.replay:<22} {r.seconds:>7.0f} {r.load_before:>16} {r.load_after:>16} "
+                     f"{r.busy:>6.1%} {r.idle:>6.1%} {r.steal:>6.1%}")
+    return "\n".join(lines)
+
+
+def replay_steps(runs: Path | str) -> pd.DataFrame:
+    """``residual_summary`` of every replay against the calibrated model (column ``replay``)."""
+    runs = Path(runs)
+    dep = read_deployment(runs)
+    assert dep.calibration is not None
+    cost = CalibratedCostModel(dep.calibration, 2)
+    parts = []
+    for k, rdir in enumerate(round_dirs(runs)):
+        for d in sorted(rdir.glob("real-*")):
+            name = f"round-{k}/{d.name}" + (" (fit)" if k == FIT_ROUND and
+                                            d.name == "real-stock" else "")
+            s = residual_summary(step_residuals(d, cost)).reset_index()
+            parts.append(s.assign(replay=name))
+    return pd.concat(parts, ignore_index=True)[["replay", *[c for c in parts[0].columns
+                                                            if c != "replay"]]]
+
+
+def replay_load(runs: Path | str) -> pd.DataFrame:
+    """Per replay: its duration, the load averages before and after, and the CPU time shares
+    (``round.json``)."""
+    rows = []
+    for k, rdir in enumerate(round_dirs(runs)):
+        path = rdir / ROUND_NAME
+        if not path.exists():
+            continue
+        for system, r in json.loads(path.read_text())["replays"].items():
+            shares = r.get("cpu_shares", {})
+            rows.append({"replay": f"round-{k}/real-{system}",
+                         "seconds": r["end"] - r["start"],
+                         "load_before": " ".join(f"{x:.2f}" for x in r.get("load_before", [])),
+                         "load_after": " ".join(f"{x:.2f}" for x in r.get("load_after", [])),
+                         **{key: shares.get(key, math.nan) for key in ("busy", "idle",
+                                                                        "steal")}})
+    return pd.DataFrame(rows, columns=["replay", "seconds", "load_before", "load_after", "busy",
+                                       "idle", "steal"])
+
+
+def build_report(runs: Path | str) -> Report:
+    runs = Path(runs)
+    per = pd.concat([compare_rounds(runs, include_fit_round=True)], ignore_index=True)
+    per["out_of_sample"] = per["round"] != FIT_ROUND
+    return Report(runs, compare_all(runs), per, replay_steps(runs), replay_load(runs))
+
+
+def report_frame(rep: Report) -> pd.DataFrame:
+    """The CSV's rows: ``round`` = ``median`` (over the out-of-sample rounds) or the round."""
+    return pd.concat([rep.table.assign(round="median", out_of_sample=True), rep.per_round],
+                     ignore_index=True)
+
+
+def write_report(runs: Path | str, csv: Path | str | None = None,
+                 figure: Path | str | None = None) -> Report:
+    """Compare a fidelity runs directory; write the CSV and the figure (PNG + PDF) if asked."""
+    rep = build_report(runs)
+    if csv is not None:
+        csv = Path(csv)
+        csv.parent.mkdir(parents=True, exist_ok=True)
+        report_frame(rep).to_csv(csv, index=False, float_format="%.6g")
+        rep.files.append(csv)
+        steps = csv.with_name(csv.stem + "-steps.csv")
+        rep.steps.to_csv(steps, index=False, float_format="%.6g")
+        rep.files.append(steps)
+    if figure is not None:
+        from accelgen.fidelity.plot import plot_fidelity
+
+        rep.files += plot_fidelity(runs, rep.table, figure)
+    return rep
+
+
+def machine_line(runs: Path | str) -> str:
+    path = Path(runs) / MACHINE_NAME
+    if not path.exists():
+        return ""
+    m = json.loads(path.read_text())
+    return f"{m.get('cores')} cores ({m.get('cpu')}), nice {m.get('nice')}"

