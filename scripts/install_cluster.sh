@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Install the `cluster` extra (the Snakemake SLURM executor plugin, for profiles/slurm) into a
-# Python virtual environment without changing any package already installed there.
+# Install the `cluster` extra (the Snakemake SLURM executor plugin, for profiles/slurm and
+# profiles/slurm-gpu) into a Python virtual environment without changing any package already
+# installed there.
 #
 #   bash scripts/install_cluster.sh .venv             # (scripts/setup.sh --cluster runs this)
 #   bash scripts/install_cluster.sh .venv --dry-run   # what pip would install; nothing changes
