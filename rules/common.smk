@@ -11,6 +11,7 @@ from snakemake.utils import validate
 
 from accelgen.pipeline import config as pipeline_config
 from accelgen.pipeline.grid import SCENARIO_PREFIX, Grid
+from accelgen.pipeline.nbsource import code_digest
 
 # 1) The package's pydantic models (messages name the key, e.g. `systems.x.policy: unknown
 #    policy`); 2) the JSON schema generated from them (config/schema.json).
@@ -21,8 +22,11 @@ except pipeline_config.PipelineConfigError as exc:
     raise WorkflowError(f"{exc}") from None
 validate(config, "../config/schema.json", set_default=False)
 
-# The interpreter running Snakemake (the project's venv): jobs use it, not whatever is on PATH.
-PY = shlex.quote(sys.executable)
+# Jobs run the interpreter that runs Snakemake (the project's venv), not whatever is on PATH. Its
+# path reaches them through the environment (set here) and not through the shell commands, since
+# Snakemake re-runs every job whose command text changed, e.g. after the checkout was moved.
+os.environ.update(ACCELGEN_PYTHON=sys.executable)
+PY = '"$ACCELGEN_PYTHON"'
 ACCELGEN = f"{PY} -m accelgen.cli"
 PIPELINE = f"{PY} -m accelgen.pipeline"
 DATA = GRID.data_root
@@ -123,3 +127,15 @@ def figure_spec(wildcards):
 def output_dir(wildcards, output):
     """The directory of a rule's first output (where a notebook writes its figures)."""
     return os.path.dirname(output[0])
+
+
+# Notebook jobs re-run when the notebook's code changes (params.code), not when its file is saved
+# with new outputs. Running a notebook in JupyterLab autosaves its outputs into notebooks/*.ipynb,
+# which would otherwise make it newer than its figures (README, "Explore in JupyterLab").
+def notebook_input(name):
+    return ancient(f"notebooks/{name}.ipynb")
+
+
+def notebook_code(name):
+    path = f"notebooks/{name}.ipynb"
+    return code_digest(path) if os.path.exists(path) else "missing"
