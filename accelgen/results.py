@@ -22,6 +22,7 @@ import math
 import os
 import shutil
 import tempfile
+from array import array
 from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,43 +52,114 @@ REQUEST_COLUMNS = (
 
 
 class IterationLog:
-    """Column-wise append-only log; cheap enough for the simulator's hot loop."""
+    """Append-only iteration log, compact enough for a 4 M-iteration run: rows are appended as
+    tuples (cheap in the simulator's hot loop) and every ``CHUNK_ROWS`` rows are moved into typed
+    numpy columns (8 bytes a value instead of a Python object each); the policy's diagnostics go
+    into one float column per name (NaN where a row lacks it). ``to_frame`` gives the table the
+    rows make (names, order, dtypes), without holding the rows as objects."""
+
+    CHUNK_ROWS = 1 << 16
+
+    __slots__ = ("_chunks", "_info", "_info_chunks", "_num_chunked", "_rows", "decision_time")
 
     def __init__(self) -> None:
-        self.rows: list[tuple[Any, ...]] = []
-        self.info: list[MutableMapping[str, float]] = []
-        self.decision_time: list[float] = []
+        self._rows: list[tuple[Any, ...]] = []  # the rows since the last chunk
+        self._chunks: list[list[np.ndarray]] = []  # per chunk: one array per ITERATION_COLUMNS
+        self._num_chunked = 0  # rows in ``_chunks``
+        # Diagnostics by name, in first-seen order: the values of the rows since the last chunk,
+        # and one array per chunk.
+        self._info: dict[str, array[float]] = {}
+        self._info_chunks: dict[str, list[np.ndarray]] = {}
+        self.decision_time: array[float] = array("d")
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return self._num_chunked + len(self._rows)
 
     def append(self, start: float, latency: float, shape: BatchShape, batch_size: int,
                kv_used_blocks: int, kv_total_blocks: int, kv_used_tokens: int,
                decision_time: float, num_preempted: int, num_waiting: int, num_running: int,
                num_swapped: int, swap_time: float, info: MutableMapping[str, float]) -> None:
-        self.rows.append((
+        rows = self._rows
+        rows.append((
             start, latency, shape.prefill_tokens + shape.decode_seqs, shape.prefill_tokens,
             shape.decode_seqs, shape.prefill_seqs, batch_size, shape.prefill_attn,
             shape.decode_ctx, kv_used_blocks, kv_total_blocks, kv_used_tokens, num_preempted,
             num_waiting, num_running, num_swapped, swap_time))
-        self.info.append(info)
         self.decision_time.append(decision_time)
+        self._append_info(info.as_dict() if type(info) is InfoRow else info, len(rows))
+        if len(rows) >= self.CHUNK_ROWS:
+            self._compact()
+
+    def _append_info(self, info: MutableMapping[str, float], num_rows: int) -> None:
+        """Add one row's diagnostics; ``num_rows``: rows since the last chunk, this one too."""
+        cols = self._info
+        complete = len(info) == len(cols)
+        for key, value in info.items():
+            col = cols.get(key)
+            if col is None:  # a name first seen now: NaN in every earlier row
+                col = cols[key] = array("d", _NAN_ROW) * (num_rows - 1)
+                self._info_chunks[key] = [np.full(len(c[0]), math.nan) for c in self._chunks]
+                complete = False
+            col.append(value)
+        if not complete:  # some names are missing from this row
+            for col in cols.values():
+                if len(col) < num_rows:
+                    col.append(math.nan)
+
+    def _compact(self) -> None:
+        if not self._rows:
+            return
+        columns = zip(*self._rows, strict=True)
+        self._chunks.append([np.array(c, dtype=dt) for c, dt in
+                             zip(columns, _ITERATION_DTYPES, strict=True)])
+        for key, col in self._info.items():
+            self._info_chunks[key].append(np.array(col, dtype=np.float64))
+            self._info[key] = array("d")
+        self._num_chunked += len(self._rows)
+        self._rows = []
+
+    def _one_chunk(self) -> None:
+        """Every row in one chunk of contiguous arrays (kept: a second ``to_frame``, e.g. of a
+        log flushed while a server runs, copies nothing again)."""
+        self._compact()
+        if len(self._chunks) > 1:
+            self._chunks = [[np.concatenate(parts) for parts in zip(*self._chunks, strict=True)]]
+            for key, parts in self._info_chunks.items():
+                self._info_chunks[key] = [np.concatenate(parts)]
+
+    def row(self, index: int) -> tuple[Any, ...]:
+        """One logged row (``ITERATION_COLUMNS`` order, without the diagnostics)."""
+        n = len(self)
+        i = index + n if index < 0 else index
+        if not 0 <= i < n:
+            raise IndexError(f"iteration {index} not in a log of {n}")
+        if i >= self._num_chunked:
+            return self._rows[i - self._num_chunked]
+        for chunk in self._chunks:
+            if i < len(chunk[0]):
+                return tuple(c[i].item() for c in chunk)
+            i -= len(chunk[0])
+        raise AssertionError("unreachable")
 
     def to_frame(self) -> pd.DataFrame:
-        df = pd.DataFrame.from_records(self.rows, columns=list(ITERATION_COLUMNS))
-        if not len(df):
-            return df
-        info = pd.DataFrame.from_records(
-            [r.as_dict() if isinstance(r, InfoRow) else r for r in self.info])
-        if len(info.columns):
-            info.columns = [f"info_{c}" for c in info.columns]
-            df = pd.concat([df, info.astype("float64")], axis=1)
-        return df
-
+        if not len(self):
+            return pd.DataFrame.from_records([], columns=list(ITERATION_COLUMNS))
+        self._one_chunk()
+        data: dict[str, Any] = dict(zip(ITERATION_COLUMNS, self._chunks[0], strict=True))
+        for key, parts in self._info_chunks.items():
+            data[f"info_{key}"] = parts[0]
+        # copy=False: the frame shares the log's arrays (pandas copy-on-write protects both).
+        return pd.DataFrame(data, copy=False)
 
     def timing_frame(self) -> pd.DataFrame:
-        times = np.asarray(self.decision_time, dtype=np.float64)
+        times = np.array(self.decision_time, dtype=np.float64)
         return pd.DataFrame({"decision_time": times})
+
+
+_NAN_ROW = (math.nan,)
+_FLOAT_COLUMNS = frozenset({"start", "latency", "prefill_attn", "swap_time"})
+_ITERATION_DTYPES = tuple(np.float64 if c in _FLOAT_COLUMNS else np.int64
+                          for c in ITERATION_COLUMNS)
 
 
 # The ``status`` column: ``finished``, ``cut`` or ``rejected`` (the last two with their reason in

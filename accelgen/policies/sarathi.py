@@ -49,16 +49,18 @@ class SarathiPolicy(Policy):
         budget = self.token_budget(view)
         b = BatchBuilder(view.kv, budget)
         running = view.running
+        blocks_needed = view.kv.blocks_needed
         # Decodes first: never stalled, preempting the newest request when KV runs out.
         for i, r in enumerate(running):
             if r.req_id in b.preempted_ids or is_prefilling(r):
                 continue
-            while not b.fits(r, 1):
+            need = blocks_needed(r, 1)  # (preempting others frees blocks, not r's need)
+            while need > b.free_blocks:
                 if b.preempt_newest(running, i + 1) is None:
                     b.preempt(r)
                     break
             if r.req_id not in b.preempted_ids:
-                b.add(r, 1)
+                b.add(r, 1, need)
         # Ongoing prefills continue before any new prompt starts.
         for i, r in enumerate(running):
             if b.budget_left <= 0:

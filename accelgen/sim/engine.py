@@ -290,35 +290,52 @@ class Simulator:
     def _form_batch(self, scheduled: list[tuple[Request, int]]) -> BatchShape:
         """Admit the scheduled waiting requests, allocate KV for every scheduled token, and
         return the iteration's composition for the cost model."""
+        # Hot path (once per iteration): the request and block arithmetic is inlined (the rules
+        # of ``Request.num_new_tokens``/``is_decode``, ``BatchShape.add_*`` and
+        # ``BlockManager.allocate``), the shape is summed in locals in the same order.
         name, now, kv = self.policy.name, self._now, self.kv
         running = self._running
-        shape = BatchShape()
-        admitted = False
+        block_size = kv.block_size
+        free = kv.num_free_blocks
+        prefill_tokens = prefill_seqs = decode_seqs = decode_ctx = 0
+        prefill_attn = 0.0
+        admitted: list[Request] = []
         for r, n in scheduled:
-            if n <= 0 or n > r.num_new_tokens:
+            ctx = r.num_computed_tokens
+            out = r.num_output_tokens
+            pending = r.prompt_len + out - ctx
+            if n <= 0 or n > pending:
                 raise PolicyError(
-                    f"{name}: request {r.req_id} scheduled {n} tokens, "
-                    f"{r.num_new_tokens} pending")
-            if r.status == Status.WAITING:
-                r.status = Status.RUNNING
+                    f"{name}: request {r.req_id} scheduled {n} tokens, {pending} pending")
+            status = r.status
+            if status is not _RUNNING:
+                if status is not _WAITING:
+                    raise PolicyError(
+                        f"{name}: request {r.req_id} scheduled while {status.name}")
+                r.status = _RUNNING
                 running.append(r)
-                admitted = True
+                admitted.append(r)
                 if r.first_scheduled_time != r.first_scheduled_time:  # NaN: first time
                     r.first_scheduled_time = now
-            elif r.status != Status.RUNNING:
-                raise PolicyError(f"{name}: request {r.req_id} scheduled while {r.status.name}")
-            ctx = r.num_computed_tokens
-            if n == 1 and r.is_decode:
-                shape.add_decode(ctx)
+            if n == 1 and out > 0 and pending == 1:  # a decode step
+                decode_seqs += 1
+                decode_ctx += ctx
             else:
-                shape.add_prefill(n, ctx)
-            try:
-                kv.allocate(r, n)
-            except RuntimeError as exc:
-                raise PolicyError(f"{name}: {exc}") from None
+                prefill_tokens += n
+                prefill_seqs += 1
+                prefill_attn += n * (ctx + (n + 1) / 2)
+            need = -(-(ctx + n) // block_size) - r.num_blocks
+            if need > 0:
+                if need > free:
+                    kv.num_free_blocks = free
+                    raise PolicyError(f"{name}: KV overflow: request {r.req_id} needs {need} "
+                                      f"blocks, {free} free")
+                free -= need
+                r.num_blocks += need
+        kv.num_free_blocks = free
         if admitted:
-            self._waiting[:] = [r for r in self._waiting if r.status == Status.WAITING]
-        return shape
+            _remove(self._waiting, admitted)
+        return BatchShape(prefill_tokens, prefill_seqs, prefill_attn, decode_seqs, decode_ctx)
 
     def _advance(self, decision: Decision, shape: BatchShape, swap_s: float) -> None:
         """Run the iteration: charge its latency, emit the tokens that complete at its end,
@@ -393,6 +410,21 @@ class Simulator:
                 self._finish(r, r.arrival, Status.REJECTED, reason)
                 n += 1
         return n
+
+
+_RUNNING, _WAITING = Status.RUNNING, Status.WAITING
+
+
+def _remove(queue: list[Request], members: list[Request]) -> None:
+    """Remove ``members`` from ``queue``, keeping the order of the rest. Policies admit from the
+    head of the waiting queue, in its order, far more often than not: then it is one cut of a
+    prefix, not a pass over a queue that reaches ~19 K requests in the paper's setting."""
+    k = len(members)
+    if queue[:k] == members:  # (identity: requests compare by identity)
+        del queue[:k]
+    else:
+        for r in members:
+            queue.remove(r)
 
 
 def _progress(total: int):  # pragma: no cover - cosmetic
