@@ -162,7 +162,7 @@ def main() -> int:
     print("\nmedians (wall: the whole process; x vllm: wall / vllm's wall in the same tree"
           + ("; this/checkout: wall ratio of the two trees)" if args.checkout else ")"))
     for trace_name in args.traces:
-        for tree, label in trees:
+        for _, label in trees:
             ref = _median([r for r in runs if (r.trace, r.policy, r.tree)
                            == (trace_name, "vllm", label)], "wall_s")
             for policy in policies:
