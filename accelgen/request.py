@@ -26,6 +26,7 @@ class Status(IntEnum):
     FINISHED = 3  # emitted its whole output
     REJECTED = 4  # never served, or given up on (``reject_reason`` says why)
     CUT = 5  # served, but its output was cut short (at max_model_len; ``reject_reason`` says so)
+    UNFINISHED = 6  # not done when the simulation stopped (``sim.horizon_s``; the reason says so)
 
 
 @dataclass(slots=True, eq=False)

@@ -72,6 +72,7 @@ class Simulator:
         add_scheduler_overhead: bool = False,
         swap_overlap: bool = True,
         max_iterations: int | None = None,
+        horizon_s: float | None = None,
         progress: bool = False,
     ) -> None:
         self.requests = sorted(requests, key=lambda r: (r.arrival, r.req_id))
@@ -101,6 +102,7 @@ class Simulator:
         # proactive swapping does), so an iteration takes max(compute, transfer), not the sum.
         self.swap_overlap = swap_overlap
         self.max_iterations = max_iterations
+        self.horizon_s = horizon_s
         self.progress = progress
         self.log = IterationLog()
 
@@ -135,7 +137,11 @@ class Simulator:
         waiting, running, swapped = self._waiting, self._running, self._swapped
         n_total = self._n_total
         max_iterations = math.inf if self.max_iterations is None else self.max_iterations
+        horizon = math.inf if self.horizon_s is None else self.horizon_s
         while self._n_done < n_total:
+            if self._now >= horizon:
+                self._stop_at_horizon(horizon)
+                break
             if self._now >= self._next_arrival:
                 self._admit_arrivals()
             if not (waiting or running or swapped):
@@ -383,6 +389,24 @@ class Simulator:
         """End the run early: every request not done yet is rejected with ``reason``."""
         self._n_done += self._reject_all(self._waiting, self._running, self._swapped, self._now,
                                          reason)
+
+    def _stop_at_horizon(self, horizon: float) -> None:
+        """The clock reached ``sim.horizon_s``: every request not done yet (queued, in
+        progress, or arriving later) ends ``unfinished``, its KV freed, with the reason."""
+        for r in self.requests:
+            if r.is_done:
+                continue
+            where = ("arrives after the horizon" if r.arrival >= horizon
+                     else f"{r.num_output_tokens} of {self._target[r.req_id]} tokens emitted")
+            self.kv.free(r)
+            r.status = Status.UNFINISHED
+            r.reject_reason = f"horizon: simulation stopped at sim.horizon_s={horizon:g} s ({where})"
+            self._n_done += 1
+        self._waiting.clear()
+        self._running.clear()
+        self._swapped.clear()
+        self._next_idx = self._n_total
+        self._next_arrival = math.inf
 
     def _result(self, wall0: float) -> SimulationResult:
         if self._bar is not None:

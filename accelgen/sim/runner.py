@@ -43,6 +43,7 @@ def simulate(trace: pd.DataFrame, cfg: ExperimentConfig, *,
         add_scheduler_overhead=cfg.sim.add_scheduler_overhead,
         swap_overlap=cfg.sim.swap_overlap,
         max_iterations=cfg.sim.max_iterations,
+        horizon_s=cfg.sim.horizon_s,
         progress=progress and cfg.sim.progress,
     )
     res = sim.run()
@@ -53,6 +54,12 @@ def simulate(trace: pd.DataFrame, cfg: ExperimentConfig, *,
     summary.update({"policy": cfg.policy.name, "model": dep.model, "hardware": dep.hardware,
                     "s_pf": pivot.s_pf, "t_pf": pivot.t_pf, "kv_blocks": kv.num_total_blocks,
                     "seed": cfg.seed})
+    if cfg.sim.horizon_s is not None:
+        # The window the metrics cover: arrivals from the trace's start, and only what was done
+        # by the horizon (unfinished requests count as not served and as missing their SLOs).
+        summary["horizon_s"] = cfg.sim.horizon_s
+        summary["window_s"] = [float(trace["arrival"].min()) if len(trace) else 0.0,
+                               cfg.sim.horizon_s]
     timing = res.iterations.timing_frame()
     tsum = metrics.timing_summary(timing["decision_time"].to_numpy(), summary["makespan_s"])
     tsum["sim_wall_time_s"] = res.wall_time_s
