@@ -13,6 +13,8 @@ SLO-derived budget and no two-resource packing: it isolates what deadline order 
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
+
 from pydantic import PositiveInt
 
 from accelgen.policies.base import Decision, Policy, PolicyParams, SchedulerView
@@ -39,7 +41,82 @@ class EDFPolicy(Policy):
     Params = EDFParams
     params: EDFParams
 
+    def __init__(self, params: PolicyParams | None = None, **overrides: object) -> None:
+        super().__init__(params, **overrides)
+        # The waiting requests in deadline order, kept across decisions: a waiting request's
+        # deadline does not change while it waits (its next token's deadline is fixed), so the
+        # queue is updated on arrival, admission and preemption, never re-sorted. The running
+        # set (at most max_num_seqs) is sorted per decision and merged with it.
+        self._queue: list[tuple[float, int, Request]] = []  # (deadline, req_id, request)
+        # req_id -> (its key in _queue, its entry in _needs)
+        self._queued: dict[int, tuple[tuple[float, int], int]] = {}
+        self._needs: list[int] = []  # blocks each queued request needs to start, ascending
+        self._arrived: list[Request] = []  # since the last decision (on_arrival)
+        self._admitted: list[Request] = []  # by the last decision
+        self._preempted: list[Request] = []  # by the last decision
+
+    def on_arrival(self, req: Request, now: float) -> None:
+        self._arrived.append(req)
+
     def schedule(self, view: SchedulerView) -> Decision:
+        if not self._sync(view):
+            return self._schedule_sorted(view)
+        p = self.params
+        budget = p.token_budget or view.pivot.s_pf
+        b = BatchBuilder(view.kv, budget)
+        running = sorted((next_deadline(r), r.req_id, r) for r in view.running)
+        victims = running[::-1]  # running requests, latest deadline first
+        queue, admitted = self._queue, self._admitted
+        min_need = self._needs[0] if self._needs else 0
+        n_live = len(view.running)
+        ri = wi = 0
+        nr, nw = len(running), len(queue)
+        while b.budget_left > 0:
+            if wi < nw and (n_live >= p.max_num_seqs or b.free_blocks < min_need):
+                # No waiting request can start before the next running one frees blocks (the
+                # waiting ones all need at least min_need), or none may start at all.
+                wi = (nw if n_live >= p.max_num_seqs or ri >= nr
+                      else bisect_left(queue, running[ri][:2], wi))
+            if ri < nr and (wi >= nw or running[ri] < queue[wi]):
+                dl, rid, r = running[ri]
+                ri += 1
+                if rid in b.preempted_ids:
+                    continue
+                n = min(r.num_new_tokens, b.budget_left)
+                while not b.fits(r, n):
+                    room = b.max_tokens_in_free_kv(r)
+                    if room > 0 and r.num_new_tokens > 1:
+                        n = min(n, room)  # cut a prompt chunk where free KV ends
+                    elif not self._preempt_later(b, victims, (dl, rid)):
+                        break
+                if not b.fits(r, n):
+                    continue
+                b.add(r, n)
+            elif wi < nw:
+                _, _, r = queue[wi]
+                wi += 1
+                if r.status != Status.WAITING:  # the hooks were bypassed: decide by the definition
+                    self._admitted.clear()
+                    self._queued.clear()
+                    self._queue.clear()
+                    self._needs.clear()
+                    return self._schedule_sorted(view)
+                # Admission needs the whole remaining prompt to fit in free KV (as vLLM and
+                # Sarathi do); blocks are still allocated per chunk. Admitting on a first chunk
+                # alone overcommits KV and, under load, turns deadline order into a preemption
+                # storm (each recomputed request is the most overdue one and evicts the next).
+                if not b.fits(r, r.num_new_tokens):
+                    continue
+                n_live += 1
+                b.add(r, min(r.num_new_tokens, b.budget_left))
+                admitted.append(r)
+            else:
+                break
+        return self._finish(b, view, victims, budget)
+
+    def _schedule_sorted(self, view: SchedulerView) -> Decision:
+        """The decision by the definition: every candidate sorted by deadline (used when the
+        queue cannot be trusted: requests reached it without the hooks)."""
         p = self.params
         budget = p.token_budget or view.pivot.s_pf
         b = BatchBuilder(view.kv, budget)
@@ -61,28 +138,67 @@ class EDFPolicy(Policy):
                 while not b.fits(r, n):
                     room = b.max_tokens_in_free_kv(r)
                     if room > 0 and r.num_new_tokens > 1:
-                        n = min(n, room)  # cut a prompt chunk where free KV ends
+                        n = min(n, room)
                     elif not self._preempt_later(b, victims, (dl, rid)):
                         break
                 if not b.fits(r, n):
                     continue
             else:
-                # Admission needs the whole remaining prompt to fit in free KV (as vLLM and
-                # Sarathi do); blocks are still allocated per chunk. Admitting on a first chunk
-                # alone overcommits KV and, under load, turns deadline order into a preemption
-                # storm (each recomputed request is the most overdue one and evicts the next).
                 if not b.fits(r, r.num_new_tokens):
                     continue
                 n_live += 1
+                self._admitted.append(r)
             b.add(r, n)
+        return self._finish(b, view, victims, budget)
+
+    def _finish(self, b: BatchBuilder, view: SchedulerView,
+                victims: list[tuple[float, int, Request]], budget: int) -> Decision:
         d = b.decision
         if not d.scheduled and view.running:  # cannot happen by the rule above; never stall
             for _, _, r in victims:
                 if r.req_id not in b.preempted_ids:
                     b.preempt(r)
                     break
+        self._preempted.extend(d.preempted)
         d.info["token_budget"] = float(budget)
         return d
+
+    # -- the waiting queue --------------------------------------------------------------------
+    def _sync(self, view: SchedulerView) -> bool:
+        """Bring the queue up to date with the last decision and the arrivals since; False if
+        it does not hold exactly ``view.waiting`` (then it is rebuilt for the next decision)."""
+        for r in self._admitted:
+            if r.status != Status.WAITING:
+                self._unqueue(r)
+        self._admitted.clear()
+        for group in (self._arrived, self._preempted):
+            for r in group:
+                if r.status == Status.WAITING and r.req_id not in self._queued:
+                    self._enqueue(r, view.kv.block_size)
+            group.clear()
+        if len(self._queue) == len(view.waiting):
+            return True
+        self._queue.clear()
+        self._queued.clear()
+        self._needs.clear()
+        for r in view.waiting:
+            self._enqueue(r, view.kv.block_size)
+        return False
+
+    def _enqueue(self, r: Request, block_size: int) -> None:
+        key = (next_deadline(r), r.req_id)
+        # A waiting request holds no blocks: it needs those of its whole sequence so far.
+        need = -(-(r.prompt_len + r.num_output_tokens) // block_size)
+        insort(self._queue, (*key, r))
+        insort(self._needs, need)
+        self._queued[r.req_id] = (key, need)
+
+    def _unqueue(self, r: Request) -> None:
+        entry = self._queued.pop(r.req_id, None)
+        if entry is not None:
+            key, need = entry
+            del self._queue[bisect_left(self._queue, key)]
+            del self._needs[bisect_left(self._needs, need)]
 
     @staticmethod
     def _preempt_later(b: BatchBuilder, victims: list[tuple[float, int, Request]],
