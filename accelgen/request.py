@@ -12,8 +12,10 @@ the clairvoyant Oracle, through an explicit hook) may know it.
 from __future__ import annotations
 
 import math
+from array import array
 from dataclasses import dataclass, field
 from enum import IntEnum
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -57,7 +59,8 @@ class Request:
     last_token_time: float = math.nan
     finish_time: float = math.nan
     reject_reason: str = ""
-    token_times: list[float] = field(default_factory=list)
+    # Every emitted token's time (s), 8 bytes each: a paper-size run emits ~17 M tokens.
+    token_times: array[float] = field(default_factory=partial(array, "d"))
     # Free slot for a policy's per-request bookkeeping (slack, queue level, carry-over, ...).
     policy_state: Any = None
 

@@ -177,7 +177,10 @@ def requests_frame(requests: Iterable[Request], output_len: np.ndarray) -> pd.Da
             r.ttft_slo, r.tbt_slo, r.jct_slo,
             _STATUS_NAMES[r.status],
             r.reject_reason, r.num_output_tokens, r.first_scheduled_time, r.first_token_time,
-            r.finish_time, r.num_preemptions, list(r.token_times)))
+            r.finish_time, r.num_preemptions,
+            # A float64 array per request (a list of Python floats costs 4x the memory); an
+            # empty one as [], so a column with no tokens at all keeps its list<null> type.
+            np.array(r.token_times, dtype=np.float64) if len(r.token_times) else []))
     return pd.DataFrame.from_records(rows, columns=list(REQUEST_COLUMNS))
 
 
