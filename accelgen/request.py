@@ -15,7 +15,6 @@ import math
 from array import array
 from dataclasses import dataclass, field
 from enum import IntEnum
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -60,7 +59,7 @@ class Request:
     finish_time: float = math.nan
     reject_reason: str = ""
     # Every emitted token's time (s), 8 bytes each: a paper-size run emits ~17 M tokens.
-    token_times: array[float] = field(default_factory=partial(array, "d"))
+    token_times: array[float] = field(default_factory=lambda: array("d"))
     # Free slot for a policy's per-request bookkeeping (slack, queue level, carry-over, ...).
     policy_state: Any = None
 

@@ -170,7 +170,7 @@ _STATUS_NAMES = {s: s.name.lower() for s in Status}
 def requests_frame(requests: Iterable[Request], output_len: np.ndarray) -> pd.DataFrame:
     """One row per request (``REQUEST_COLUMNS``); ``output_len[req_id]`` is the output length the
     request was to emit (its served length: the trace's, stopped at max_model_len)."""
-    rows = []
+    rows: list[tuple[Any, ...]] = []
     for r in requests:
         rows.append((
             r.req_id, r.arrival, r.source, r.online, r.prompt_len, int(output_len[r.req_id]),
