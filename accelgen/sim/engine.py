@@ -357,16 +357,19 @@ class Simulator:
         kv_used_tokens = self._kv_used_tokens
         finished = False
         for r, n in scheduled:
-            r.num_computed_tokens += n
+            computed = r.num_computed_tokens + n
+            r.num_computed_tokens = computed
             kv_used_tokens += n
-            if r.num_computed_tokens == r.prompt_len + r.num_output_tokens:
-                r.num_output_tokens += 1
+            out = r.num_output_tokens
+            if computed == r.prompt_len + out:  # the sequence is computed: sample a token
+                out += 1
+                r.num_output_tokens = out
                 r.token_times.append(end)
-                if r.num_output_tokens == 1:
+                if out == 1:
                     r.first_token_time = end
                 r.last_token_time = end
-                if r.num_output_tokens >= target[r.req_id]:
-                    kv_used_tokens -= r.num_computed_tokens
+                if out >= target[r.req_id]:
+                    kv_used_tokens -= computed
                     self._complete(r, end)
                     self._n_done += 1
                     finished = True
@@ -377,8 +380,9 @@ class Simulator:
             if self._bar is not None:
                 self._bar.n = self._n_done
                 self._bar.refresh()
+        total_blocks = kv.num_total_blocks
         self.log.append(
-            now, latency, shape, len(scheduled), kv.num_used_blocks, kv.num_total_blocks,
+            now, latency, shape, len(scheduled), total_blocks - kv.num_free_blocks, total_blocks,
             kv_used_tokens, decide_s, len(decision.preempted), len(waiting), len(running),
             len(self._swapped), swap_s, decision.info)
         self.policy.on_step_end(self._view, decision, latency)
