@@ -13,12 +13,12 @@ SLO-derived budget and no two-resource packing: it isolates what deadline order 
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+from bisect import bisect_left
 
 from pydantic import PositiveInt
 
 from accelgen.policies.base import Decision, Policy, PolicyParams, SchedulerView
-from accelgen.policies.common import BatchBuilder
+from accelgen.policies.common import BatchBuilder, OrderedWaiting
 from accelgen.request import Request, Status
 
 
@@ -43,31 +43,25 @@ class EDFPolicy(Policy):
 
     def __init__(self, params: PolicyParams | None = None, **overrides: object) -> None:
         super().__init__(params, **overrides)
-        # The waiting requests in deadline order, kept across decisions: a waiting request's
-        # deadline does not change while it waits (its next token's deadline is fixed), so the
-        # queue is updated on arrival, admission and preemption, never re-sorted. The running
-        # set (at most max_num_seqs) is sorted per decision and merged with it.
-        self._queue: list[tuple[float, int, Request]] = []  # (deadline, req_id, request)
-        # req_id -> (its key in _queue, its entry in _needs)
-        self._queued: dict[int, tuple[tuple[float, int], int]] = {}
-        self._needs: list[int] = []  # blocks each queued request needs to start, ascending
-        self._arrived: list[Request] = []  # since the last decision (on_arrival)
-        self._admitted: list[Request] = []  # by the last decision
-        self._preempted: list[Request] = []  # by the last decision
+        # The waiting requests in deadline order: a waiting request's deadline does not change
+        # while it waits (its next token's deadline is fixed). The running set (at most
+        # max_num_seqs) is sorted per decision and merged with it.
+        self._waiting = OrderedWaiting(next_deadline)
 
     def on_arrival(self, req: Request, now: float) -> None:
-        self._arrived.append(req)
+        self._waiting.arrived.append(req)
 
     def schedule(self, view: SchedulerView) -> Decision:
-        if not self._sync(view):
+        waiting = self._waiting
+        if not waiting.sync(view):
             return self._schedule_sorted(view)
         p = self.params
         budget = p.token_budget or view.pivot.s_pf
         b = BatchBuilder(view.kv, budget)
         running = sorted((next_deadline(r), r.req_id, r) for r in view.running)
         victims = running[::-1]  # running requests, latest deadline first
-        queue, admitted = self._queue, self._admitted
-        min_need = self._needs[0] if self._needs else 0
+        queue, admitted = waiting.entries, waiting.admitted
+        min_need = waiting.needs[0] if waiting.needs else 0
         n_live = len(view.running)
         ri = wi = 0
         nr, nw = len(running), len(queue)
@@ -96,10 +90,7 @@ class EDFPolicy(Policy):
                 _, _, r = queue[wi]
                 wi += 1
                 if r.status != Status.WAITING:  # the hooks were bypassed: decide by the definition
-                    self._admitted.clear()
-                    self._queued.clear()
-                    self._queue.clear()
-                    self._needs.clear()
+                    waiting.reset()
                     return self._schedule_sorted(view)
                 # Admission needs the whole remaining prompt to fit in free KV (as vLLM and
                 # Sarathi do); blocks are still allocated per chunk. Admitting on a first chunk
@@ -147,7 +138,7 @@ class EDFPolicy(Policy):
                 if not b.fits(r, r.num_new_tokens):
                     continue
                 n_live += 1
-                self._admitted.append(r)
+                self._waiting.admitted.append(r)
             b.add(r, n)
         return self._finish(b, view, victims, budget)
 
@@ -159,46 +150,9 @@ class EDFPolicy(Policy):
                 if r.req_id not in b.preempted_ids:
                     b.preempt(r)
                     break
-        self._preempted.extend(d.preempted)
+        self._waiting.preempted.extend(d.preempted)
         d.info["token_budget"] = float(budget)
         return d
-
-    # -- the waiting queue --------------------------------------------------------------------
-    def _sync(self, view: SchedulerView) -> bool:
-        """Bring the queue up to date with the last decision and the arrivals since; False if
-        it does not hold exactly ``view.waiting`` (then it is rebuilt for the next decision)."""
-        for r in self._admitted:
-            if r.status != Status.WAITING:
-                self._unqueue(r)
-        self._admitted.clear()
-        for group in (self._arrived, self._preempted):
-            for r in group:
-                if r.status == Status.WAITING and r.req_id not in self._queued:
-                    self._enqueue(r, view.kv.block_size)
-            group.clear()
-        if len(self._queue) == len(view.waiting):
-            return True
-        self._queue.clear()
-        self._queued.clear()
-        self._needs.clear()
-        for r in view.waiting:
-            self._enqueue(r, view.kv.block_size)
-        return False
-
-    def _enqueue(self, r: Request, block_size: int) -> None:
-        key = (next_deadline(r), r.req_id)
-        # A waiting request holds no blocks: it needs those of its whole sequence so far.
-        need = -(-(r.prompt_len + r.num_output_tokens) // block_size)
-        insort(self._queue, (*key, r))
-        insort(self._needs, need)
-        self._queued[r.req_id] = (key, need)
-
-    def _unqueue(self, r: Request) -> None:
-        entry = self._queued.pop(r.req_id, None)
-        if entry is not None:
-            key, need = entry
-            del self._queue[bisect_left(self._queue, key)]
-            del self._needs[bisect_left(self._needs, need)]
 
     @staticmethod
     def _preempt_later(b: BatchBuilder, victims: list[tuple[float, int, Request]],
