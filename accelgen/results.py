@@ -54,26 +54,35 @@ REQUEST_COLUMNS = (
 class IterationLog:
     """Append-only iteration log, compact enough for a 4 M-iteration run: rows are appended as
     tuples (cheap in the simulator's hot loop) and every ``CHUNK_ROWS`` rows are moved into typed
-    numpy columns (8 bytes a value instead of a Python object each); the policy's diagnostics go
-    into one float column per name (NaN where a row lacks it). ``to_frame`` gives the table the
-    rows make (names, order, dtypes), without holding the rows as objects."""
+    numpy columns (8 bytes a value instead of a Python object each), stored in segments of
+    ``SEGMENT_ROWS`` rows; the policy's diagnostics go into one float column per name (NaN where
+    a row lacks it). ``to_frame`` gives the table the rows make (names, order, dtypes).
+
+    Why segments of 8 MB: each is its own memory mapping, so the ones ``to_frame`` joins (column
+    by column) go back to the system at once; small arrays would leave their memory in the
+    allocator's heap and the peak would hold the log twice."""
 
     CHUNK_ROWS = 1 << 16
+    SEGMENT_ROWS = 1 << 20
 
-    __slots__ = ("_chunks", "_info", "_info_chunks", "_num_chunked", "_rows", "decision_time")
+    __slots__ = ("_capacity", "_cols", "_info", "_info_cols", "_num_stored", "_rows",
+                 "decision_time")
 
     def __init__(self) -> None:
-        self._rows: list[tuple[Any, ...]] = []  # the rows since the last chunk
-        self._chunks: list[list[np.ndarray]] = []  # per chunk: one array per ITERATION_COLUMNS
-        self._num_chunked = 0  # rows in ``_chunks``
-        # Diagnostics by name, in first-seen order: the values of the rows since the last chunk,
-        # and one array per chunk.
+        self._rows: list[tuple[Any, ...]] = []  # the rows not yet stored in the columns
+        # Per ITERATION_COLUMNS entry: its segments (the same lengths in every column; the
+        # last one partly filled). ``_capacity``: their total length, ``_num_stored``: rows.
+        self._cols: list[list[np.ndarray]] = [[] for _ in ITERATION_COLUMNS]
+        self._capacity = 0
+        self._num_stored = 0
+        # Diagnostics by name, in first-seen order: the values of the rows not yet stored, and
+        # segments aligned with ``_cols``.
         self._info: dict[str, array[float]] = {}
-        self._info_chunks: dict[str, list[np.ndarray]] = {}
+        self._info_cols: dict[str, list[np.ndarray]] = {}
         self.decision_time: array[float] = array("d")
 
     def __len__(self) -> int:
-        return self._num_chunked + len(self._rows)
+        return self._num_stored + len(self._rows)
 
     def append(self, start: float, latency: float, shape: BatchShape, batch_size: int,
                kv_used_blocks: int, kv_total_blocks: int, kv_used_tokens: int,
@@ -88,17 +97,17 @@ class IterationLog:
         self.decision_time.append(decision_time)
         self._append_info(info.as_dict() if type(info) is InfoRow else info, len(rows))
         if len(rows) >= self.CHUNK_ROWS:
-            self._compact()
+            self._store()
 
     def _append_info(self, info: MutableMapping[str, float], num_rows: int) -> None:
-        """Add one row's diagnostics; ``num_rows``: rows since the last chunk, this one too."""
+        """Add one row's diagnostics; ``num_rows``: rows not yet stored, this one too."""
         cols = self._info
         complete = len(info) == len(cols)
         for key, value in info.items():
             col = cols.get(key)
             if col is None:  # a name first seen now: NaN in every earlier row
                 col = cols[key] = array("d", _NAN_ROW) * (num_rows - 1)
-                self._info_chunks[key] = [np.full(len(c[0]), math.nan) for c in self._chunks]
+                self._info_cols[key] = [np.full(len(seg), math.nan) for seg in self._cols[0]]
                 complete = False
             col.append(value)
         if not complete:  # some names are missing from this row
@@ -106,26 +115,49 @@ class IterationLog:
                 if len(col) < num_rows:
                     col.append(math.nan)
 
-    def _compact(self) -> None:
-        if not self._rows:
+    def _store(self) -> None:
+        """Move the tuple rows (and their diagnostics) into the column segments."""
+        rows = self._rows
+        k = len(rows)
+        if not k:
             return
-        columns = zip(*self._rows, strict=True)
-        self._chunks.append([np.array(c, dtype=dt) for c, dt in
-                             zip(columns, _ITERATION_DTYPES, strict=True)])
-        for key, col in self._info.items():
-            self._info_chunks[key].append(np.array(col, dtype=np.float64))
-            self._info[key] = array("d")
-        self._num_chunked += len(self._rows)
+        columns = [np.array(c, dtype=dt)
+                   for c, dt in zip(zip(*rows, strict=True), _ITERATION_DTYPES, strict=True)]
+        infos = {key: np.array(col, dtype=np.float64) for key, col in self._info.items()}
+        done = 0
+        while done < k:
+            if self._num_stored == self._capacity:
+                for segs, dt in zip(self._cols, _ITERATION_DTYPES, strict=True):
+                    segs.append(np.empty(self.SEGMENT_ROWS, dtype=dt))
+                for segs in self._info_cols.values():
+                    segs.append(np.full(self.SEGMENT_ROWS, math.nan))
+                self._capacity += self.SEGMENT_ROWS
+            last = len(self._cols[0][-1])
+            off = self._num_stored - (self._capacity - last)
+            take = min(k - done, last - off)
+            for segs, values in zip(self._cols, columns, strict=True):
+                segs[-1][off:off + take] = values[done:done + take]
+            for key, values in infos.items():
+                self._info_cols[key][-1][off:off + take] = values[done:done + take]
+            done += take
+            self._num_stored += take
         self._rows = []
+        for key in self._info:
+            self._info[key] = array("d")
 
-    def _one_chunk(self) -> None:
-        """Every row in one chunk of contiguous arrays (kept: a second ``to_frame``, e.g. of a
-        log flushed while a server runs, copies nothing again)."""
-        self._compact()
-        if len(self._chunks) > 1:
-            self._chunks = [[np.concatenate(parts) for parts in zip(*self._chunks, strict=True)]]
-            for key, parts in self._info_chunks.items():
-                self._info_chunks[key] = [np.concatenate(parts)]
+    def _join(self) -> None:
+        """Every row stored, each column in one array of exactly its rows (kept: a second
+        ``to_frame``, e.g. of a log flushed while a server runs, copies nothing again)."""
+        self._store()
+        n = self._num_stored
+        for segments in (*self._cols, *self._info_cols.values()):
+            if len(segments) == 1 and len(segments[0]) == n:
+                continue
+            parts = segments[:-1]
+            parts.append(segments[-1][:len(segments[-1]) - (self._capacity - n)])
+            joined = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            segments[:] = [joined]  # the segments are freed here, column by column
+        self._capacity = n
 
     def row(self, index: int) -> tuple[Any, ...]:
         """One logged row (``ITERATION_COLUMNS`` order, without the diagnostics)."""
@@ -133,21 +165,22 @@ class IterationLog:
         i = index + n if index < 0 else index
         if not 0 <= i < n:
             raise IndexError(f"iteration {index} not in a log of {n}")
-        if i >= self._num_chunked:
-            return self._rows[i - self._num_chunked]
-        for chunk in self._chunks:
-            if i < len(chunk[0]):
-                return tuple(c[i].item() for c in chunk)
-            i -= len(chunk[0])
-        raise AssertionError("unreachable")
+        if i >= self._num_stored:
+            return self._rows[i - self._num_stored]
+        s = 0
+        while i >= len(self._cols[0][s]):
+            i -= len(self._cols[0][s])
+            s += 1
+        return tuple(segs[s][i].item() for segs in self._cols)
 
     def to_frame(self) -> pd.DataFrame:
         if not len(self):
             return pd.DataFrame.from_records([], columns=list(ITERATION_COLUMNS))
-        self._one_chunk()
-        data: dict[str, Any] = dict(zip(ITERATION_COLUMNS, self._chunks[0], strict=True))
-        for key, parts in self._info_chunks.items():
-            data[f"info_{key}"] = parts[0]
+        self._join()
+        data: dict[str, Any] = {name: segs[0] for name, segs in
+                                zip(ITERATION_COLUMNS, self._cols, strict=True)}
+        for key, segs in self._info_cols.items():
+            data[f"info_{key}"] = segs[0]
         # copy=False: the frame shares the log's arrays (pandas copy-on-write protects both).
         return pd.DataFrame(data, copy=False)
 

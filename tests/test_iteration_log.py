@@ -40,9 +40,10 @@ _info = st.dictionaries(st.sampled_from(_KEYS),
 
 
 @settings(max_examples=40, deadline=None)
-@given(infos=st.lists(_info, min_size=1, max_size=40), chunk=st.integers(1, 7))
-def test_log_matches_records(infos: list[dict], chunk: int) -> None:
-    log = type("SmallChunks", (IterationLog,), {"CHUNK_ROWS": chunk})()
+@given(infos=st.lists(_info, min_size=1, max_size=40), chunk=st.integers(1, 7),
+       segment=st.integers(1, 9), frame_at=st.integers(0, 40))
+def test_log_matches_records(infos: list[dict], chunk: int, segment: int, frame_at: int) -> None:
+    log = type("Small", (IterationLog,), {"CHUNK_ROWS": chunk, "SEGMENT_ROWS": segment})()
     rows = []
     for i, info in enumerate(infos):
         shape = BatchShape()
@@ -54,7 +55,10 @@ def test_log_matches_records(infos: list[dict], chunk: int) -> None:
                      shape.decode_seqs, shape.prefill_seqs, 2, shape.prefill_attn,
                      shape.decode_ctx, i, 491, 7 * i, i % 2, 10 - i % 3, 4, 0, 0.0))
         assert log.row(-1) == rows[-1]
+        if i == frame_at:  # a frame in the middle (a server's flushed log) changes nothing
+            pd.testing.assert_frame_equal(log.to_frame(), _reference(rows, infos[:i + 1]))
     assert log.row(0) == rows[0]
+    assert [log.row(i) for i in range(len(rows))] == rows
     want = _reference(rows, infos)
     got = log.to_frame()
     pd.testing.assert_frame_equal(got, want)
