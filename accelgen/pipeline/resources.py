@@ -48,6 +48,7 @@ MEASURED: dict[str, JobCost] = {
     "fastgen": JobCost(seconds=44.2, rss_mb=2497.0),
     "orca": JobCost(seconds=119.8, rss_mb=7051.0),  # 16.9 M iterations (batches of 8)
     "fastserve": JobCost(seconds=176.1, rss_mb=2414.0),
+    "edf": JobCost(seconds=864.3, rss_mb=2372.0),
     # AccelGen (and one Oracle search point, the same decision): the paper20k golden run of the
     # base build (/work/golden/paper20k/accelgen.log: 41:03 wall, 9.6 GB peak), not re-measured
     # here (its decision is issue 16's; 40 minutes a run).
