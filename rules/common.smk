@@ -12,6 +12,7 @@ from snakemake.utils import validate
 from accelgen.pipeline import config as pipeline_config
 from accelgen.pipeline.grid import SCENARIO_PREFIX, Grid
 from accelgen.pipeline.nbsource import code_digest
+from accelgen.pipeline.resources import job_resources
 
 # 1) The package's pydantic models (messages name the key, e.g. `systems.x.policy: unknown
 #    policy`); 2) the JSON schema generated from them (config/schema.json).
@@ -86,6 +87,16 @@ def deployment_inputs(wildcards):
 
 def system_args(wildcards):
     return _quote(GRID.system_args(wildcards.system))
+
+
+def sim_mem_mb(wildcards):
+    """SLURM memory of one simulation job, from measured full-size runs (accelgen.pipeline.resources)."""
+    return job_resources(GRID, wildcards.variant, wildcards.system)["mem_mb"]
+
+
+def sim_runtime(wildcards):
+    """SLURM runtime (minutes) of one simulation job (accelgen.pipeline.resources)."""
+    return job_resources(GRID, wildcards.variant, wildcards.system)["runtime"]
 
 
 def replay_args(wildcards):
