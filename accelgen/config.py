@@ -133,6 +133,9 @@ class SimOptions(StrictModel):
 
     add_scheduler_overhead: bool = False  # add measured decision wall time to simulated time
     max_iterations: PositiveInt | None = None
+    # Stop at this simulated time (s): no iteration starts at or after it; requests not done by
+    # then end ``unfinished`` (with the reason) and the summary states the window. Off: None.
+    horizon_s: PositiveFloat | None = None
     progress: bool = True
     swap_space_gb: float = Field(64.0, ge=0.0)  # host memory for swapped KV (FastServe)
     # Host transfers run on copy streams beside the iteration's compute, as FastServe's proactive

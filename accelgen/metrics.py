@@ -8,6 +8,7 @@ replay runner): ``requests`` (one row per request, ``token_times`` list column) 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -116,23 +117,35 @@ def iteration_metrics(its: pd.DataFrame, s_pf: int, model: ModelProfile | None =
     kv_util (allocated/total blocks), kv_unallocated, kv_used_frac (used tokens / allocated
     slots), mfu (when model and hardware are given)."""
     df = its.copy()
-    df["gpu_util_raw"] = df["forward_size"] / s_pf
-    df["gpu_util"] = df["gpu_util_raw"].clip(upper=1.0)
-    df["kv_util"] = df["kv_used_blocks"] / df["kv_total_blocks"]
-    df["kv_unallocated"] = 1.0 - df["kv_util"]
+    for name, values in _utilisation(its, s_pf, model, hardware, num_gpus):
+        df[name] = values
+    return df
+
+
+def _utilisation(its: pd.DataFrame, s_pf: int, model: ModelProfile | None,
+                 hardware: HardwareProfile | None, num_gpus: int) -> Iterator[tuple[str, Any]]:
+    """The utilisation columns of ``iteration_metrics``, one at a time (``summarize`` takes
+    each one's statistics and drops it: 4 M rows in the paper's setting)."""
+    raw = its["forward_size"] / s_pf
+    yield "gpu_util_raw", raw
+    yield "gpu_util", raw.clip(upper=1.0)
+    del raw
+    kv_util = its["kv_used_blocks"] / its["kv_total_blocks"]
+    yield "kv_util", kv_util
+    yield "kv_unallocated", 1.0 - kv_util
+    del kv_util
     if model is not None and hardware is not None:
         dense = 2.0 * (model.num_params - model.vocab_size * model.hidden_size)
         attn = 4.0 * model.num_layers * model.hidden_size
-        flops = dense * df["forward_size"] + attn * (df["prefill_attn"] + df["decode_ctx"])
-        df["mfu"] = flops / (hardware.peak_flops * num_gpus * df["latency"])
-    return df
+        flops = dense * its["forward_size"] + attn * (its["prefill_attn"] + its["decode_ctx"])
+        yield "mfu", flops / (hardware.peak_flops * num_gpus * its["latency"])
 
 
 def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, *, s_pf: int,
               model: ModelProfile | None = None, hardware: HardwareProfile | None = None,
               num_gpus: int = 1, goodput_window: float = 1.0) -> dict[str, Any]:
     pr = per_request(requests)
-    its = iteration_metrics(iterations, s_pf, model, hardware, num_gpus)
+    its = iterations
     fin = pr[served(pr)]
     n = len(pr)
     status = pr["status"]
@@ -175,12 +188,8 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, *, s_pf: int,
     out.update(_stats(pr["norm_latency"], "norm_latency"))
     if len(its):
         out.update(_stats(its["latency"], "iteration_time"))
-        out.update(_stats(its["gpu_util"], "gpu_util"))
-        out.update(_stats(its["gpu_util_raw"], "gpu_util_raw"))
-        out.update(_stats(its["kv_util"], "kv_util"))
-        out.update(_stats(its["kv_unallocated"], "kv_unallocated"))
-        if "mfu" in its:
-            out.update(_stats(its["mfu"], "mfu"))
+        for name, values in _utilisation(its, s_pf, model, hardware, num_gpus):
+            out.update(_stats(values, name))
         if "info_token_budget" in its:
             out.update(_stats(its["info_token_budget"], "token_budget"))
     return out

@@ -12,6 +12,7 @@ the clairvoyant Oracle, through an explicit hook) may know it.
 from __future__ import annotations
 
 import math
+from array import array
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
@@ -26,6 +27,7 @@ class Status(IntEnum):
     FINISHED = 3  # emitted its whole output
     REJECTED = 4  # never served, or given up on (``reject_reason`` says why)
     CUT = 5  # served, but its output was cut short (at max_model_len; ``reject_reason`` says so)
+    UNFINISHED = 6  # not done when the simulation stopped (``sim.horizon_s``; the reason says so)
 
 
 @dataclass(slots=True, eq=False)
@@ -56,7 +58,8 @@ class Request:
     last_token_time: float = math.nan
     finish_time: float = math.nan
     reject_reason: str = ""
-    token_times: list[float] = field(default_factory=list)
+    # Every emitted token's time (s), 8 bytes each: a paper-size run emits ~17 M tokens.
+    token_times: array[float] = field(default_factory=lambda: array("d"))
     # Free slot for a policy's per-request bookkeeping (slack, queue level, carry-over, ...).
     policy_state: Any = None
 

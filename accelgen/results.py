@@ -22,6 +22,7 @@ import math
 import os
 import shutil
 import tempfile
+from array import array
 from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,43 +52,147 @@ REQUEST_COLUMNS = (
 
 
 class IterationLog:
-    """Column-wise append-only log; cheap enough for the simulator's hot loop."""
+    """Append-only iteration log, compact enough for a 4 M-iteration run: rows are appended as
+    tuples (cheap in the simulator's hot loop) and every ``CHUNK_ROWS`` rows are moved into typed
+    numpy columns (8 bytes a value instead of a Python object each), stored in segments of
+    ``SEGMENT_ROWS`` rows; the policy's diagnostics go into one float column per name (NaN where
+    a row lacks it). ``to_frame`` gives the table the rows make (names, order, dtypes).
+
+    Why segments of 8 MB: each is its own memory mapping, so the ones ``to_frame`` joins (column
+    by column) go back to the system at once; small arrays would leave their memory in the
+    allocator's heap and the peak would hold the log twice."""
+
+    CHUNK_ROWS = 1 << 16
+    SEGMENT_ROWS = 1 << 20
+
+    __slots__ = ("_capacity", "_cols", "_info", "_info_cols", "_num_stored", "_rows",
+                 "decision_time")
 
     def __init__(self) -> None:
-        self.rows: list[tuple[Any, ...]] = []
-        self.info: list[MutableMapping[str, float]] = []
-        self.decision_time: list[float] = []
+        self._rows: list[tuple[Any, ...]] = []  # the rows not yet stored in the columns
+        # Per ITERATION_COLUMNS entry: its segments (the same lengths in every column; the
+        # last one partly filled). ``_capacity``: their total length, ``_num_stored``: rows.
+        self._cols: list[list[np.ndarray]] = [[] for _ in ITERATION_COLUMNS]
+        self._capacity = 0
+        self._num_stored = 0
+        # Diagnostics by name, in first-seen order: the values of the rows not yet stored, and
+        # segments aligned with ``_cols``.
+        self._info: dict[str, array[float]] = {}
+        self._info_cols: dict[str, list[np.ndarray]] = {}
+        self.decision_time: array[float] = array("d")
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return self._num_stored + len(self._rows)
 
     def append(self, start: float, latency: float, shape: BatchShape, batch_size: int,
                kv_used_blocks: int, kv_total_blocks: int, kv_used_tokens: int,
                decision_time: float, num_preempted: int, num_waiting: int, num_running: int,
                num_swapped: int, swap_time: float, info: MutableMapping[str, float]) -> None:
-        self.rows.append((
+        rows = self._rows
+        rows.append((
             start, latency, shape.prefill_tokens + shape.decode_seqs, shape.prefill_tokens,
             shape.decode_seqs, shape.prefill_seqs, batch_size, shape.prefill_attn,
             shape.decode_ctx, kv_used_blocks, kv_total_blocks, kv_used_tokens, num_preempted,
             num_waiting, num_running, num_swapped, swap_time))
-        self.info.append(info)
         self.decision_time.append(decision_time)
+        self._append_info(info.as_dict() if type(info) is InfoRow else info, len(rows))
+        if len(rows) >= self.CHUNK_ROWS:
+            self._store()
+
+    def _append_info(self, info: MutableMapping[str, float], num_rows: int) -> None:
+        """Add one row's diagnostics; ``num_rows``: rows not yet stored, this one too."""
+        cols = self._info
+        complete = len(info) == len(cols)
+        for key, value in info.items():
+            col = cols.get(key)
+            if col is None:  # a name first seen now: NaN in every earlier row
+                col = cols[key] = array("d", _NAN_ROW) * (num_rows - 1)
+                self._info_cols[key] = [np.full(len(seg), math.nan) for seg in self._cols[0]]
+                complete = False
+            col.append(value)
+        if not complete:  # some names are missing from this row
+            for col in cols.values():
+                if len(col) < num_rows:
+                    col.append(math.nan)
+
+    def _store(self) -> None:
+        """Move the tuple rows (and their diagnostics) into the column segments."""
+        rows = self._rows
+        k = len(rows)
+        if not k:
+            return
+        columns = [np.array(c, dtype=dt)
+                   for c, dt in zip(zip(*rows, strict=True), _ITERATION_DTYPES, strict=True)]
+        infos = {key: np.array(col, dtype=np.float64) for key, col in self._info.items()}
+        done = 0
+        while done < k:
+            if self._num_stored == self._capacity:
+                for segs, dt in zip(self._cols, _ITERATION_DTYPES, strict=True):
+                    segs.append(np.empty(self.SEGMENT_ROWS, dtype=dt))
+                for segs in self._info_cols.values():
+                    segs.append(np.full(self.SEGMENT_ROWS, math.nan))
+                self._capacity += self.SEGMENT_ROWS
+            last = len(self._cols[0][-1])
+            off = self._num_stored - (self._capacity - last)
+            take = min(k - done, last - off)
+            for segs, values in zip(self._cols, columns, strict=True):
+                segs[-1][off:off + take] = values[done:done + take]
+            for key, values in infos.items():
+                self._info_cols[key][-1][off:off + take] = values[done:done + take]
+            done += take
+            self._num_stored += take
+        self._rows = []
+        for key in self._info:
+            self._info[key] = array("d")
+
+    def _join(self) -> None:
+        """Every row stored, each column in one array of exactly its rows (kept: a second
+        ``to_frame``, e.g. of a log flushed while a server runs, copies nothing again)."""
+        self._store()
+        n = self._num_stored
+        for segments in (*self._cols, *self._info_cols.values()):
+            if len(segments) == 1 and len(segments[0]) == n:
+                continue
+            parts = segments[:-1]
+            parts.append(segments[-1][:len(segments[-1]) - (self._capacity - n)])
+            joined = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            segments[:] = [joined]  # the segments are freed here, column by column
+        self._capacity = n
+
+    def row(self, index: int) -> tuple[Any, ...]:
+        """One logged row (``ITERATION_COLUMNS`` order, without the diagnostics)."""
+        n = len(self)
+        i = index + n if index < 0 else index
+        if not 0 <= i < n:
+            raise IndexError(f"iteration {index} not in a log of {n}")
+        if i >= self._num_stored:
+            return self._rows[i - self._num_stored]
+        s = 0
+        while i >= len(self._cols[0][s]):
+            i -= len(self._cols[0][s])
+            s += 1
+        return tuple(segs[s][i].item() for segs in self._cols)
 
     def to_frame(self) -> pd.DataFrame:
-        df = pd.DataFrame.from_records(self.rows, columns=list(ITERATION_COLUMNS))
-        if not len(df):
-            return df
-        info = pd.DataFrame.from_records(
-            [r.as_dict() if isinstance(r, InfoRow) else r for r in self.info])
-        if len(info.columns):
-            info.columns = [f"info_{c}" for c in info.columns]
-            df = pd.concat([df, info.astype("float64")], axis=1)
-        return df
-
+        if not len(self):
+            return pd.DataFrame.from_records([], columns=list(ITERATION_COLUMNS))
+        self._join()
+        data: dict[str, Any] = {name: segs[0] for name, segs in
+                                zip(ITERATION_COLUMNS, self._cols, strict=True)}
+        for key, segs in self._info_cols.items():
+            data[f"info_{key}"] = segs[0]
+        # copy=False: the frame shares the log's arrays (pandas copy-on-write protects both).
+        return pd.DataFrame(data, copy=False)
 
     def timing_frame(self) -> pd.DataFrame:
-        times = np.asarray(self.decision_time, dtype=np.float64)
+        times = np.array(self.decision_time, dtype=np.float64)
         return pd.DataFrame({"decision_time": times})
+
+
+_NAN_ROW = (math.nan,)
+_FLOAT_COLUMNS = frozenset({"start", "latency", "prefill_attn", "swap_time"})
+_ITERATION_DTYPES = tuple(np.float64 if c in _FLOAT_COLUMNS else np.int64
+                          for c in ITERATION_COLUMNS)
 
 
 # The ``status`` column: ``finished``, ``cut`` or ``rejected`` (the last two with their reason in
@@ -99,14 +204,17 @@ def requests_frame(requests: Iterable[Request],
                    output_len: np.ndarray | Mapping[int, int]) -> pd.DataFrame:
     """One row per request (``REQUEST_COLUMNS``); ``output_len[req_id]`` is the output length the
     request was to emit (its served length: the trace's, stopped at max_model_len)."""
-    rows = []
+    rows: list[tuple[Any, ...]] = []
     for r in requests:
         rows.append((
             r.req_id, r.arrival, r.source, r.online, r.prompt_len, int(output_len[r.req_id]),
             r.ttft_slo, r.tbt_slo, r.jct_slo,
             _STATUS_NAMES[r.status],
             r.reject_reason, r.num_output_tokens, r.first_scheduled_time, r.first_token_time,
-            r.finish_time, r.num_preemptions, list(r.token_times)))
+            r.finish_time, r.num_preemptions,
+            # A float64 array per request (a list of Python floats costs 4x the memory); an
+            # empty one as [], so a column with no tokens at all keeps its list<null> type.
+            np.array(r.token_times, dtype=np.float64) if len(r.token_times) else []))
     return pd.DataFrame.from_records(rows, columns=list(REQUEST_COLUMNS))
 
 

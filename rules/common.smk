@@ -11,6 +11,8 @@ from snakemake.utils import validate
 
 from accelgen.pipeline import config as pipeline_config
 from accelgen.pipeline.grid import SCENARIO_PREFIX, Grid
+from accelgen.pipeline.nbsource import code_digest
+from accelgen.pipeline.resources import job_resources
 
 # 1) The package's pydantic models (messages name the key, e.g. `systems.x.policy: unknown
 #    policy`); 2) the JSON schema generated from them (config/schema.json).
@@ -21,8 +23,11 @@ except pipeline_config.PipelineConfigError as exc:
     raise WorkflowError(f"{exc}") from None
 validate(config, "../config/schema.json", set_default=False)
 
-# The interpreter running Snakemake (the project's venv): jobs use it, not whatever is on PATH.
-PY = shlex.quote(sys.executable)
+# Jobs run the interpreter that runs Snakemake (the project's venv), not whatever is on PATH. Its
+# path reaches them through the environment (set here) and not through the shell commands, since
+# Snakemake re-runs every job whose command text changed, e.g. after the checkout was moved.
+os.environ.update(ACCELGEN_PYTHON=sys.executable)
+PY = '"$ACCELGEN_PYTHON"'
 ACCELGEN = f"{PY} -m accelgen.cli"
 PIPELINE = f"{PY} -m accelgen.pipeline"
 DATA = GRID.data_root
@@ -84,6 +89,16 @@ def system_args(wildcards):
     return _quote(GRID.system_args(wildcards.system))
 
 
+def sim_mem_mb(wildcards):
+    """SLURM memory of one simulation job, from measured full-size runs (accelgen.pipeline.resources)."""
+    return job_resources(GRID, wildcards.variant, wildcards.system)["mem_mb"]
+
+
+def sim_runtime(wildcards):
+    """SLURM runtime (minutes) of one simulation job (accelgen.pipeline.resources)."""
+    return job_resources(GRID, wildcards.variant, wildcards.system)["runtime"]
+
+
 def replay_args(wildcards):
     return _quote(GRID.replay_args(wildcards.system))
 
@@ -123,3 +138,15 @@ def figure_spec(wildcards):
 def output_dir(wildcards, output):
     """The directory of a rule's first output (where a notebook writes its figures)."""
     return os.path.dirname(output[0])
+
+
+# Notebook jobs re-run when the notebook's code changes (params.code), not when its file is saved
+# with new outputs. Running a notebook in JupyterLab autosaves its outputs into notebooks/*.ipynb,
+# which would otherwise make it newer than its figures (README, "Explore in JupyterLab").
+def notebook_input(name):
+    return ancient(f"notebooks/{name}.ipynb")
+
+
+def notebook_code(name):
+    path = f"notebooks/{name}.ipynb"
+    return code_digest(path) if os.path.exists(path) else "missing"

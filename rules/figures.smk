@@ -10,6 +10,7 @@ AGGREGATE_FIGURES = "|".join(re.escape(f) for f in GRID.csv_figure_ids())
 
 
 rule aggregate:
+    localrule: True
     wildcard_constraints:
         figure=AGGREGATE_FIGURES,
     input:
@@ -35,13 +36,14 @@ for _group in GRID.groups():
             f"notebook_{_group}"
         localrule: True
         input:
-            notebook=f"notebooks/{_group}.ipynb",
+            notebook=notebook_input(_group),
             csv=[GRID.figure_file(f.id, "csv") for f in GRID.group_figures(_group)],
         output:
             [path for f in GRID.group_figures(_group) for path in GRID.figure_outputs(f)],
         params:
             figures=",".join(f.id for f in GRID.group_figures(_group)),
             figures_dir=output_dir,
+            code=notebook_code(_group),
         log:
             notebook=f"{LOGS}/notebooks/{_group}.ipynb",
             stderr=f"{LOGS}/notebooks/{_group}.log",

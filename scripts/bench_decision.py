@@ -137,8 +137,6 @@ def bench_state(label: str, args: argparse.Namespace, burst_s: float | None,
     view, reqs = build_state(args.waiting, args.running, args.seed, burst_s, loose_ttft)
     params = dict(kv.split("=", 1) for kv in args.accelgen_params.split(",") if kv)
     accel = make_policy("accelgen", params)
-    if args.no_kernel:
-        accel.use_kernel = False  # type: ignore[attr-defined]
     vllm = make_policy("vllm")
     for r in reqs:
         accel.on_arrival(r, r.arrival)
@@ -191,8 +189,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--state", choices=["trace", "burst", "loose", "all"], default="all")
     ap.add_argument("--accelgen-params", default="", help="k=v,... AccelGen parameter overrides")
-    ap.add_argument("--no-kernel", action="store_true",
-                    help="AccelGen without its compiled decision (the vectorised numpy classes)")
     args = ap.parse_args(argv)
     if args.state in ("trace", "all"):
         bench_state("trace", args, None)

@@ -98,26 +98,30 @@ def runs() -> list[Run]:
     out: list[Run] = []
     baselines = ("vllm", "vllm-v0", "sarathi", "fastgen", "orca", "fastserve", "edf",
                  "sarathi-slack")
-    accel = [("accelgen", "accelgen", ()), ("no-order", "accelgen/order", ()),
-             ("no-chunk", "accelgen/chunk", ()), ("no-batch", "accelgen/batch", ()),
+    # The AccelGen and Oracle runs were recorded when `paper` was the default budget rule and
+    # name it, so they still prove that rule decides as before; "budget-batch" is the default.
+    paper = ("budget_rule=paper",)
+    accel = [("accelgen", "accelgen", paper), ("no-order", "accelgen/order", paper),
+             ("no-chunk", "accelgen/chunk", paper), ("no-batch", "accelgen/batch", paper),
              ("budget-model", "accelgen", ("budget_rule=model",)),
-             ("no-era", "accelgen", ("era=false",)),
-             ("era-request", "accelgen", ("era_scope=request",)),
-             ("gamma0", "accelgen", ("gamma=0",))]
+             ("no-era", "accelgen", ("era=false", *paper)),
+             ("era-request", "accelgen", ("era_scope=request", *paper)),
+             ("gamma0", "accelgen", ("gamma=0", *paper)),
+             ("budget-batch", "accelgen", ())]
     grid = json.dumps({"kv_plan": ["exact", "none"], "gamma": [0.75, 0.25]})
     for trace, dep in (("quick-8rps", "opt-13b"), ("quick-0.2rps", "opt-13b")):
         for label, pol, params in accel:
             out.append(Run(f"{trace}/{label}", trace, dep, pol, params))
-        out.append(Run(f"{trace}/oracle", trace, dep, "oracle"))
-        out.append(Run(f"{trace}/oracle-search", trace, dep, "oracle", oracle_grid=grid))
+        out.append(Run(f"{trace}/oracle", trace, dep, "oracle", paper))
+        out.append(Run(f"{trace}/oracle-search", trace, dep, "oracle", paper, oracle_grid=grid))
         for pol in baselines:
             out.append(Run(f"{trace}/{pol}", trace, dep, pol))
-    for label, pol, params in accel[:1] + accel[4:7]:
+    for label, pol, params in accel[:1] + accel[4:7] + accel[8:]:
         out.append(Run(f"llama70b/{label}", "llama70b", "llama-3-70b", pol, params))
     out.append(Run("llama70b/vllm", "llama70b", "llama-3-70b", "vllm"))
     out.append(Run("llama70b/sarathi", "llama70b", "llama-3-70b", "sarathi"))
     for trace in ("long-mix", "era"):
-        for label, pol, params in accel[:3] + accel[5:7]:
+        for label, pol, params in accel[:3] + accel[5:7] + accel[8:]:
             out.append(Run(f"{trace}/{label}", trace, "opt-13b-16k", pol, params))
         out.append(Run(f"{trace}/sarathi", trace, "opt-13b-16k", "sarathi"))
         out.append(Run(f"{trace}/vllm", trace, "opt-13b-16k", "vllm"))
@@ -166,6 +170,8 @@ def record(out: Path, only: str | None, jobs: int) -> int:
         if r.oracle_grid is not None:
             cmd = _accelgen("oracle", "--trace", trace, *dep, "--seed", "0",
                             "--grid", r.oracle_grid, "--out", str(res))
+            for p in r.params:
+                cmd += ["--param", p]
         else:
             cmd = _accelgen("simulate", "--trace", trace, *dep, "--policy", r.policy,
                             "--seed", "0", "--no-progress", "--out", str(res))

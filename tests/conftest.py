@@ -7,24 +7,21 @@ from collections.abc import Sequence
 
 import pytest
 
-from accelgen.costmodel.base import BatchShape, CostModel
+from accelgen.costmodel.base import CostModel
+from accelgen.costmodel.linear import LinearCostModel
 from accelgen.kvcache import BlockManager
 from accelgen.policies.base import Pivot, Policy
 from accelgen.request import Request
 from accelgen.sim.engine import SimulationResult, Simulator
 
 
-class LinearCost(CostModel):
-    """T = base + per_token * S_f + per_ctx * decode_ctx: simple, monotone, easy to reason about."""
-
-    name = "linear-test"
+class LinearCost(LinearCostModel):
+    """The project's linear model with the tests' defaults: base + per_token x S_f + per_ctx x
+    (decode context + prefill attention pairs / 64). Simple, monotone, easy to reason about;
+    AccelGen's compiled decision evaluates it itself (``linear_terms``)."""
 
     def __init__(self, base: float = 0.010, per_token: float = 1e-4, per_ctx: float = 1e-7) -> None:
-        self.base, self.per_token, self.per_ctx = base, per_token, per_ctx
-
-    def iteration_time(self, shape: BatchShape) -> float:
-        return (self.base + self.per_token * (shape.prefill_tokens + shape.decode_seqs)
-                + self.per_ctx * (shape.decode_ctx + shape.prefill_attn / 64))
+        super().__init__(base, per_token, per_ctx, per_ctx / 64)
 
 
 def make_requests(specs: Sequence[tuple[float, int]], *, ttft_slo: float = 1.0,

@@ -13,6 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from accelgen.config import Deployment
+from accelgen.costmodel.factory import make_cost_model
 from accelgen.policies.accelgen import AccelGenPolicy
 from accelgen.policies.base import Decision, SchedulerView
 from accelgen.policies.registry import make_policy
@@ -28,6 +30,7 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("accelgen", {"era_scope": "prefill", "long_prompt_threshold": 200}),
     ("accelgen", {"long_prompt_threshold": 200}),
     ("accelgen", {"budget_rule": "model"}),
+    ("accelgen", {"budget_rule": "paper"}),
     ("accelgen", {"late_is_urgent": True}),
     ("accelgen", {"kv_growth_reserve": 0, "gamma": 0.0}),
     ("accelgen", {"spill_groups": False, "max_num_seqs": 3}),
@@ -69,3 +72,29 @@ def test_invariants_hold(name: str, params: dict[str, Any], trace, num_blocks: i
             assert r.status.name == "FINISHED", (name, params, r.req_id, r.reject_reason)
     if inner.params.era:
         assert policy.most_long <= 1
+
+
+_OPT13B = Deployment(model="opt-13b", hardware="a100", kv_cache_gb=12.0)
+
+
+@pytest.mark.parametrize("name", ["accelgen", "accelgen/order", "accelgen/batch", "oracle"])
+@pytest.mark.parametrize("cost_kind", ["linear", "analytic"])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(trace=mixed_slo_traces, num_blocks=st.integers(min_value=8, max_value=80))
+def test_batch_budget_iterations_fit_slo_min(name: str, cost_kind: str, trace,
+                                             num_blocks: int) -> None:
+    """Budget rule ``batch`` (default): when the cost model is the simulator's, no iteration
+    takes longer than the SLO_min it was planned for, unless the budget was at its minimum (then
+    nothing could save that token); and the budget is a real one (the analytic model is asked
+    for latencies mid-decision, also when a later slack group lowers SLO_min)."""
+    reqs, outs = trace_requests(trace)
+    cost = None if cost_kind == "linear" else make_cost_model(_OPT13B)
+    res = run_sim(reqs, outs, make_policy(name), num_blocks=num_blocks, block_size=16,
+                  s_pf=128, cost=cost)
+    its = res.iterations.to_frame()
+    if len(its) == 0:  # every request rejected up front (larger than the KV)
+        return
+    assert (its["info_token_budget"] >= 1).all()
+    planned = its[(its["info_budget_clamped_low"] == 0) & (its["info_slo_min"] < 1e9)]
+    late = planned[planned["latency"] > planned["info_slo_min"] + 1e-12]
+    assert late.empty, late[["latency", "info_slo_min", "info_token_budget"]].head()

@@ -12,16 +12,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 PACKAGE = Path(__file__).resolve().parent.parent / "accelgen"
-
-# Circles that exist on this branch and belong to other work: each is an expected failure
-# (strict: once it is gone, its test fails until the entry is removed here).
-KNOWN_CIRCLES: dict[frozenset[str], str] = {
-    frozenset({"accelgen.policies.accelgen", "accelgen.policies.accelgen_kernel"}):
-        "issue 16, the one AccelGen decision",
-}
 
 # package -> packages it must never import. sim and vllm_integration are the two backends (they
 # write through results, which imports neither); pipeline and profiling sit on top of both.
@@ -145,15 +136,7 @@ def test_the_graph_sees_function_local_imports_but_not_type_checking_ones() -> N
 
 def test_no_import_circles() -> None:
     found = circles(import_graph())
-    unexpected = [sorted(c) for c in found if c not in KNOWN_CIRCLES]
-    assert not unexpected, f"import circles: {unexpected}"
-
-
-@pytest.mark.parametrize("circle", list(KNOWN_CIRCLES),
-                         ids=[" <-> ".join(sorted(c)) for c in KNOWN_CIRCLES])
-@pytest.mark.xfail(strict=True, reason="a known circle owned by other work (KNOWN_CIRCLES)")
-def test_known_circle_is_gone(circle: frozenset[str]) -> None:
-    assert circle not in circles(import_graph())
+    assert not found, f"import circles: {[sorted(c) for c in found]}"
 
 
 def test_layers_point_one_way() -> None:

@@ -9,8 +9,12 @@ pipeline's columns. Then each notebook is executed with papermill and must write
 from __future__ import annotations
 
 import copy
+import json
+import os
+import shutil
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -20,14 +24,16 @@ import yaml
 from accelgen.cli import main as accelgen_main
 from accelgen.pipeline import config as pc
 from accelgen.pipeline.__main__ import main as pipeline_main
-from accelgen.pipeline.grid import Grid
+from accelgen.pipeline.grid import FIGURES, Grid
+from accelgen.pipeline.nbsource import code_digest, strip_outputs
+from accelgen.pipeline.notebooks import CONFIG_ENV, pipeline_outputs
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-# Notebooks of the figure pipeline (one per figure group); others in notebooks/ belong to other
-# parts of the project (e.g. fidelity.ipynb needs real-engine results, see docs/profiling.md).
-PIPELINE_GROUPS = ("measurement", "scenarios", "workload", "evaluation", "ablation", "sensitivity",
-                   "capacity")
+# Notebooks of the figure pipeline (one per figure group of the grid's figure table); others in
+# notebooks/ belong to other parts of the project (e.g. fidelity.ipynb needs real-engine results,
+# see docs/profiling.md).
+PIPELINE_GROUPS = tuple(dict.fromkeys(group for _key, _fid, group, *_ in FIGURES))
 
 
 def tiny_grid_config() -> dict:
@@ -162,7 +168,7 @@ def test_notebooks_have_a_parameters_cell_of_literals():
             assert isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant), \
                 f"{path.name}: parameters must be literal assignments"
         names = {t.id for n in tree.body for t in n.targets}
-        assert "figures_dir" in names, path.name
+        assert {"config", "figures_dir"} <= names, path.name
         if path.stem in PIPELINE_GROUPS:
             assert "figures" in names, path.name
 
@@ -190,3 +196,191 @@ def test_every_notebook_runs_under_papermill(tiny_figures, tmp_path):
     for fig in grid.figures.values():
         for ext in ("png", "pdf"):
             assert (figures_dir / f"{fig.id}.{ext}").stat().st_size > 1000, (fig.id, ext)
+
+
+# ----------------------------------------------------------------------------------------------
+# A new user's first day: notebooks opened before any pipeline run, or after a run of another
+# config, and exploring in JupyterLab.
+def fresh_clone(dest: Path) -> Path:
+    """What a notebook needs of a fresh clone (no results): Snakefile, config/, notebooks/."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("Snakefile", ".gitignore"):
+        shutil.copy2(ROOT / name, dest / name)
+    for name in ("config", "notebooks"):
+        shutil.copytree(ROOT / name, dest / name)
+    return dest
+
+
+def papermill(notebook: Path, out: Path, *params: str, cwd: Path,
+              env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    args = [x for name, value in zip(params[::2], params[1::2], strict=True)
+            for x in ("-p", name, value)]
+    return subprocess.run(
+        [sys.executable, "-m", "papermill", "-k", "python3", "--no-progress-bar", str(notebook),
+         str(out), *args], capture_output=True, text=True, timeout=600, cwd=cwd,
+        env={**os.environ, **(env or {})})
+
+
+def printed(executed: Path) -> str:
+    import nbformat
+
+    nb = nbformat.read(executed, as_version=4)
+    return "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
+
+
+def expected_targets(name: str) -> list[str]:
+    """The Snakemake targets whose outputs a notebook draws."""
+    targets = [key for key, _fid, group, *_ in FIGURES if group == name]
+    return targets or [name]  # fidelity.ipynb: target `fidelity`
+
+
+@pytest.fixture(scope="module")
+def notebooks_without_results(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
+    """Every notebook run with its default parameters in a fresh clone: {name: executed copy}."""
+    clone = fresh_clone(tmp_path_factory.mktemp("firstday") / "clone")
+    out = clone.parent / "executed"
+    out.mkdir()
+
+    def run(path: Path) -> tuple[str, Path, subprocess.CompletedProcess]:
+        dest = out / path.name
+        return path.stem, dest, papermill(path, dest, cwd=clone)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(run, sorted((clone / "notebooks").glob("*.ipynb"))))
+    failed = [f"--- {name} ---\n{res.stdout[-2000:]}{res.stderr[-3000:]}"
+              for name, _, res in results if res.returncode != 0]
+    assert not failed, "\n".join(failed)
+    return clone, {name: dest for name, dest, _ in results}
+
+
+def test_notebooks_without_results_say_which_target_to_run(notebooks_without_results):
+    _clone, executed = notebooks_without_results
+    assert set(executed) == {p.stem for p in NOTEBOOKS}
+    for name, path in executed.items():
+        text = printed(path)
+        for target in expected_targets(name):
+            assert f"run `snakemake --cores all {target}` first" in text, (name, target, text)
+
+
+def test_a_notebook_finds_the_outputs_of_the_config_named_at_lab_start(tiny_figures, tmp_path):
+    """JupyterLab started with ACCELGEN_CONFIG=config/paper.yaml: the notebook, unedited,
+    reads and writes the paper config's figures_dir (paper_figures/paper/)."""
+    figures_dir, _grid = tiny_figures
+    clone = fresh_clone(tmp_path / "clone")
+    paper_dir = clone / "paper_figures" / "paper"
+    paper_dir.mkdir(parents=True)
+    shutil.copy2(figures_dir / "fig10_ablation.csv", paper_dir)
+    res = papermill(clone / "notebooks" / "ablation.ipynb", tmp_path / "out.ipynb",
+                    cwd=clone / "notebooks", env={"ACCELGEN_CONFIG": "config/paper.yaml"})
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    for ext in ("png", "pdf"):
+        assert (paper_dir / f"fig10_ablation.{ext}").stat().st_size > 1000, ext
+    assert not (clone / "paper_figures" / "fig10_ablation.png").exists()
+
+
+def test_config_parameter_resolves_outputs_and_names_the_command(tmp_path, monkeypatch, capsys):
+    """The notebooks' `config` parameter (accelgen.figures.plots.use_config): the config's
+    figures_dir, a partial config extending config/quick.yaml as under Snakemake, and a
+    missing CSV named with the command for that config."""
+    from accelgen.figures import plots as P
+
+    clone = fresh_clone(tmp_path / "clone")
+    monkeypatch.chdir(clone)
+    monkeypatch.delenv(CONFIG_ENV, raising=False)
+    monkeypatch.setattr(P, "_config", None)  # restored afterwards
+    assert P.use_config(None, None) == "paper_figures"
+    assert P.use_config("config/paper.yaml", None) == "paper_figures/paper"
+    assert P.use_config("config/paper.yaml", "elsewhere") == "elsewhere"
+    (clone / "mine.yaml").write_text("name: mine\n")
+    out = pipeline_outputs("mine.yaml")
+    assert (out.name, out.figures_dir, out.results_root) == ("mine", "paper_figures",
+                                                             "results/mine")
+    monkeypatch.setenv(CONFIG_ENV, "config/paper.yaml")
+    figures_dir = P.use_config(None, None)
+    assert figures_dir == "paper_figures/paper"
+    capsys.readouterr()
+    assert P.load(figures_dir, "extra_pivots") is None
+    assert ("paper_figures/paper/extra_pivots.csv: missing (run `snakemake --cores all "
+            "--configfile config/paper.yaml extra_pivots` first)") in capsys.readouterr().out
+    grid = Grid(pc.load_file(ROOT / "config" / "paper.yaml"))
+    assert pipeline_outputs("config/paper.yaml").results_root == grid.results_root
+
+
+def test_tracked_notebooks_carry_no_outputs():
+    """Notebooks are committed as JupyterLab saves them here: no outputs, nbformat's layout."""
+    for path in NOTEBOOKS:
+        text = path.read_text()
+        stripped = json.dumps(strip_outputs(json.loads(text)), sort_keys=True, indent=1,
+                              ensure_ascii=False) + "\n"
+        assert text == stripped, f"{path.name}: outputs or run metadata committed"
+
+
+def test_code_digest_ignores_outputs_and_sees_code(notebooks_without_results, tmp_path):
+    _clone, executed = notebooks_without_results
+    for name, path in executed.items():
+        assert code_digest(path) == code_digest(ROOT / "notebooks" / f"{name}.ipynb"), name
+    nb = json.loads((ROOT / "notebooks" / "ablation.ipynb").read_text())
+    code = next(c for c in nb["cells"] if c["cell_type"] == "code"
+                and "parameters" not in c["metadata"].get("tags", []))
+    code["source"] = [*code["source"], "\nprint(1)"]
+    edited = tmp_path / "ablation.ipynb"
+    edited.write_text(json.dumps(nb))
+    assert code_digest(edited) != code_digest(ROOT / "notebooks" / "ablation.ipynb")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_running_a_notebook_in_jupyterlab_leaves_git_clean(notebooks_without_results, tmp_path):
+    """The Jupyter server of this venv (what JupyterLab runs on, with the config scripts/setup.sh
+    installs) saves an executed notebook the way Lab's autosave sends it (PUT /api/contents):
+    the tracked file stays as committed and `git status` is clean."""
+    import urllib.request
+
+    _clone, executed = notebooks_without_results
+    repo = fresh_clone(tmp_path / "repo")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.org"]
+    for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "clone"]):
+        subprocess.run([*git, *cmd], cwd=repo, check=True, capture_output=True)
+    name = "measurement.ipynb"
+    nb = json.loads(executed["measurement"].read_text())
+    assert any(c.get("outputs") for c in nb["cells"])  # outputs, execution counts, kernel info
+    port, token = free_port(), "firstday"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_server", "--no-browser", "--allow-root",
+         "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
+         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={repo}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    headers = {"Authorization": f"token {token}", "Content-Type": "application/json"}
+    try:
+        for _ in range(120):
+            try:
+                urllib.request.urlopen(urllib.request.Request(
+                    f"http://127.0.0.1:{port}/api/status", headers=headers), timeout=5)
+                break
+            except OSError:
+                assert server.poll() is None, server.stderr.read()[-3000:]
+                time.sleep(0.5)
+        body = json.dumps({"type": "notebook", "format": "json", "content": nb}).encode()
+        with urllib.request.urlopen(urllib.request.Request(
+                f"http://127.0.0.1:{port}/api/contents/notebooks/{name}", data=body,
+                method="PUT", headers=headers), timeout=60) as res:
+            assert res.status == 200
+    finally:
+        server.terminate()
+        try:
+            log = server.communicate(timeout=30)[1]
+        except subprocess.TimeoutExpired:
+            server.kill()
+            log = server.communicate()[1]
+    assert "accelgen.pipeline.nbsource | extension was successfully loaded" in log, \
+        "the Jupyter config is missing from this venv: run `bash scripts/setup.sh`\n" + log[-3000:]
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True,
+                            text=True, check=True).stdout
+    assert status == "", status
+    assert (repo / "notebooks" / name).read_bytes() == (ROOT / "notebooks" / name).read_bytes()

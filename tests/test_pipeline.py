@@ -4,8 +4,10 @@ everything before any job runs, the generated schema, and incremental re-runs on
 from __future__ import annotations
 
 import copy
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -178,29 +180,129 @@ def tiny_config() -> dict:
     return data
 
 
-def test_rerun_does_nothing_and_deleting_a_result_reruns_only_its_dependents(tmp_path):
-    work = tmp_path / "work"
-    work.mkdir()
-    for name in ("config", "notebooks"):
-        (work / name).symlink_to(ROOT / name)
-    cfg = tmp_path / "tiny.yaml"
-    cfg.write_text(yaml.safe_dump(tiny_config()))
-    common = ["-s", str(ROOT / "Snakefile"), "-d", str(work), "--configfile", str(cfg)]
-    # `results` (every trace and simulation: part of the default target) + one figure's CSV.
-    targets = ["results", "figs/fig04_slo_attainment.csv"]
-    res = snakemake(*common, "--cores", "2", *targets, cwd=work)
+# ----------------------------------------------------------------------------------------------
+def project_venv(dest: Path) -> Path:
+    """A venv inside a working copy, as `.venv` is, whose packages are this interpreter's (a .pth
+    file): its interpreter path moves with the working copy. Returns its python."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(dest)], check=True)
+    site = next(dest.glob("lib/python*/site-packages"))
+    lines = "".join(f"import site; site.addsitedir({d!r})\n" for d in sys.path
+                    if d.endswith("site-packages"))
+    (site / "zz_test_packages.pth").write_text(lines)
+    return dest / "bin" / "python"
+
+
+def test_reruns_follow_changes_not_saves_or_moves(tmp_path):
+    """On a tiny grid run in a checkout with its own .venv: a re-run does nothing; a notebook
+    saved with outputs re-runs nothing; after the checkout moves, nothing; a code change in a
+    notebook re-runs that notebook; a deleted result re-runs exactly what depends on it."""
+    first = tmp_path / "checkout"
+    first.mkdir()
+    for name in ("Snakefile", "environment.yml"):
+        shutil.copy2(ROOT / name, first / name)
+    for name in ("rules", "config", "notebooks", "profiles/default"):
+        shutil.copytree(ROOT / name, first / name)
+    python = project_venv(first / ".venv")
+    (first / "tiny.yaml").write_text(yaml.safe_dump(tiny_config()))
+
+    def plan(where: Path, *targets: str, cores: str | None = None) -> subprocess.CompletedProcess:
+        args = ["--cores", cores] if cores else ["-n"]
+        return subprocess.run(
+            [str(where / ".venv/bin/python"), "-m", "snakemake", *args, "--configfile",
+             "tiny.yaml", "--", *(targets or ("results", "fig04"))], cwd=where,
+            capture_output=True, text=True, timeout=600)
+
+    res = plan(first, cores="2")
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
-    assert (work / targets[1]).exists()
+    assert python.exists()
+    res = plan(first)
+    assert "Nothing to be done" in res.stdout + res.stderr, res.stdout[-3000:]
+    # The notebook saved after a run without the save hook (e.g. by another editor): the
+    # executed copy's outputs and kernel details in the tracked file.
+    tracked = first / "notebooks/measurement.ipynb"
+    nb = json.loads(tracked.read_text())
+    run = json.loads((first / "logs/citest/notebooks/measurement.ipynb").read_text())
+    by_id = {c["id"]: c for c in run["cells"]}
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code":
+            cell.update(outputs=by_id[cell["id"]]["outputs"],
+                        execution_count=by_id[cell["id"]]["execution_count"])
+    nb["metadata"] = run["metadata"]
+    assert sum(len(c.get("outputs", [])) for c in nb["cells"]) >= 4
+    tracked.write_text(json.dumps(nb, indent=1))
+    res = plan(first)
+    assert "Nothing to be done" in res.stdout + res.stderr, res.stdout[-3000:]
 
-    again = snakemake(*common, "-n", *targets, cwd=work)
-    assert again.returncode == 0
-    assert "Nothing to be done" in again.stdout + again.stderr, again.stdout[-3000:]
+    moved = tmp_path / "renamed"
+    first.rename(moved)
+    res = plan(moved)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "Nothing to be done" in res.stdout + res.stderr, res.stdout[-3000:]
 
-    run_dir = work / "results/citest/runs/tiny/opt-13b/vllm/seed0"
-    (run_dir / "summary.json").unlink()
-    res = snakemake(*common, "-n", *targets, cwd=work)
-    assert res.returncode == 0
+    nb = json.loads((moved / "notebooks/measurement.ipynb").read_text())
+    setup = next(c for c in nb["cells"] if "P.setup()" in "".join(c["source"]))
+    setup["source"] = [*setup["source"], "\nprint('edited')"]
+    (moved / "notebooks/measurement.ipynb").write_text(json.dumps(nb))
+    counts = job_counts(plan(moved).stdout)
+    assert counts.get("notebook_measurement") == 1, counts
+    assert not {"simulate", "trace", "aggregate"} & set(counts), counts
+
+    (moved / "results/citest/runs/tiny/opt-13b/vllm/seed0/summary.json").unlink()
+    res = plan(moved, "results", "figs/fig04_slo_attainment.csv")
     counts = job_counts(res.stdout)
     counts.pop("results", None)  # the target rule itself
     assert counts == {"simulate": 1, "aggregate": 1}, res.stdout[-3000:]
     assert "system=sarathi" not in res.stdout  # the other simulation is left alone
+
+
+# Jobs that take minutes to hours; every other rule takes seconds and runs on the submit host of
+# a cluster (`localrule: True`), where queueing it would cost more than running it. A trace of
+# downloaded datasets (config/gpu.yaml) tokenizes them: a job of its own; `download` stays local
+# (compute nodes often have no internet).
+CLUSTER_RULES = {
+    "sim": ({"backend": "sim"}, [], {"simulate", "fidelity_run"}),
+    "vllm": ({"backend": "vllm"}, [], {"replay", "fidelity_run"}),
+    "gpu": ({}, ["config/gpu.yaml"], {"profile", "trace", "replay"}),
+}
+
+
+# The rules a cluster executor would submit (not local, not target-only), from Snakemake's parsed
+# workflow. In a subprocess: a parsed workflow left in this process confuses vLLM's module scan.
+REMOTE_RULES = """
+import json, sys
+from pathlib import Path
+from snakemake.api import SnakemakeApi
+from snakemake.settings.types import (ConfigSettings, OutputSettings, ResourceSettings,
+                                      StorageSettings)
+config, configfiles = json.loads(sys.argv[1]), [Path(p) for p in json.loads(sys.argv[2])]
+with SnakemakeApi(OutputSettings()) as api:
+    settings = ConfigSettings(config=config, configfiles=configfiles)
+    workflow = api.workflow(snakefile=Path("Snakefile"), resource_settings=ResourceSettings(),
+                            config_settings=settings, storage_settings=StorageSettings())._workflow
+    print(json.dumps(sorted(r.name for r in workflow.rules
+                            if not (r.name in workflow._localrules or r.norun))))
+"""
+
+
+def remote_rules(case: str) -> set[str]:
+    config, configfiles, _ = CLUSTER_RULES[case]
+    res = subprocess.run([sys.executable, "-c", REMOTE_RULES, json.dumps(config),
+                          json.dumps(configfiles)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return set(json.loads(res.stdout.splitlines()[-1]))
+
+
+@pytest.mark.parametrize("case", sorted(CLUSTER_RULES))
+def test_only_long_jobs_go_to_the_cluster(case):
+    assert remote_rules(case) == CLUSTER_RULES[case][2]
+
+
+@pytest.mark.parametrize("name, cases", [("slurm", ["sim", "vllm"]), ("slurm-gpu", ["gpu"])])
+def test_slurm_profile_resources_apply_to_cluster_rules(name, cases):
+    profile = yaml.safe_load((ROOT / "profiles" / name / "config.yaml").read_text())
+    assert set(profile["set-resources"]) <= set().union(*(CLUSTER_RULES[c][2] for c in cases))
+    defaults = profile["default-resources"]
+    # Placeholders that work as they are: empty = the plugin's and the cluster's defaults.
+    assert defaults["slurm_account"] == "" and defaults["slurm_partition"] == ""
+    assert {"mem_mb", "runtime", "cpus_per_task"} <= set(defaults)

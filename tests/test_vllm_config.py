@@ -7,10 +7,10 @@ import math
 
 import pytest
 
+from accelgen.costmodel.linear import LinearCostModel, OnlineLinearCostModel
 from accelgen.vllm_integration.config import (
     ENV_VAR,
     AdapterConfig,
-    LinearCostModel,
     SLODefaults,
     SLOError,
     build_pivot,
@@ -143,7 +143,7 @@ def test_tiny_model_config(tmp_path) -> None:
 
 def test_online_cost_model_refits_to_measured_steps() -> None:
     from accelgen.costmodel.base import BatchShape
-    from accelgen.vllm_integration.config import CostSpec, OnlineLinearCostModel, build_cost_model
+    from accelgen.vllm_integration.config import CostSpec, build_cost_model
 
     cost = build_cost_model(CostSpec(kind="online", base_s=0.5, per_token_s=0.0, refit_every=4))
     assert isinstance(cost, OnlineLinearCostModel)

@@ -535,16 +535,3 @@ def test_logs_while_serving_hold_in_flight_and_aborted_requests(tmp_path) -> Non
     assert reqs.loc[1, "reject_reason"] == ABORTED_REASON
     assert len(reqs) == 3 and s.log_sink is not None and s.log_sink.writes >= 2
 
-
-def test_an_engine_can_start_after_the_compiled_decision_ran() -> None:
-    """vLLM's CPU worker scans every module's globals at start-up (``_rebind_kernels``); with
-    numba loaded by the AccelGen kernel that scan used to fail on llvmlite's library object, so a
-    second engine in the same process could not start."""
-    from llvmlite.binding import ffi
-    from vllm.triton_utils.dispatcher import _rebind_kernels
-
-    from accelgen.policies import accelgen_kernel  # noqa: F401  (loads numba and llvmlite)
-
-    assert not hasattr(ffi.lib, "__dict__")
-    _rebind_kernels([])  # the scan itself, with nothing to rebind
-    assert ffi.lib.LLVMPY_GetVersionInfo is not None  # C symbols still resolve

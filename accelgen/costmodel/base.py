@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from accelgen.costmodel.linear import LinearTerms
 
 
 @dataclass(slots=True)
@@ -44,11 +48,10 @@ class CostModel(ABC):
     def iteration_time(self, shape: BatchShape) -> float:
         """Latency of one iteration with the given batch composition."""
 
-    def linear_coefficients(self) -> tuple[float, float, float] | None:
-        """(base, per token, per decode-context token) when ``iteration_time`` is exactly
-        ``base + per_token x forward size + per_ctx x decode context`` (0 for an empty batch),
-        evaluated in that order; lets compiled code (``accelgen_kernel``) predict latencies
-        itself. None: ask ``iteration_time``."""
+    def linear_terms(self) -> LinearTerms | None:
+        """The coefficients when ``iteration_time`` is exactly ``linear.linear_time`` of them (the
+        linear model says so; no other model does). Compiled code (AccelGen's decision) then
+        evaluates latencies itself; otherwise it asks ``iteration_time`` between its steps."""
         return None
 
     def forward_time(self, forward_size: int) -> float:

@@ -293,8 +293,8 @@ def recalibrate(out_dir: Path) -> Deployment:
 
 
 # The code whose behaviour the fidelity numbers describe (hashed into sources.json of a run).
-SOURCES = ("policies/accelgen.py", "policies/accelgen_budget.py", "policies/accelgen_select.py",
-           "policies/accelgen_state.py", "policies/accelgen_kernel.py", "policies/vllm.py",
+SOURCES = ("policies/accelgen.py", "policies/accelgen_decision.py", "policies/accelgen_table.py",
+           "policies/accelgen_workspace.py", "policies/vllm.py",
            "vllm_integration/scheduler.py", "vllm_integration/replay.py", "sim/engine.py",
            "costmodel/calibrated.py", "costmodel/calibrate.py", "costmodel/points.py",
            "fidelity/run.py", "fidelity/config.py")

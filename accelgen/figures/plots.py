@@ -14,8 +14,12 @@ import numpy as np
 import pandas as pd
 
 from accelgen.figures.style import color, system_order
+from accelgen.pipeline.grid import FIGURES
+from accelgen.pipeline.notebooks import chosen_config, pipeline_outputs, snakemake_command
 
 ERRBAR_NOTE = "bars: mean; whiskers: 5th-95th percentile"
+# The pipeline config a notebook plots (set by use_config; named in messages).
+_config: str | None = None
 
 
 def setup() -> None:
@@ -29,12 +33,24 @@ def setup() -> None:
 
 
 def chdir_repo_root() -> Path:
-    """Run from the repository root whether started there (papermill) or in notebooks/
-    (JupyterLab opened on the notebook); paths in the notebooks are relative to the root."""
+    """Run from the repository root whether started there (papermill) or below it (JupyterLab
+    runs a notebook in its own directory: notebooks/, or logs/<name>/notebooks/ for the
+    pipeline's executed copies); paths in the notebooks are relative to the root."""
     here = Path.cwd()
-    if not (here / "Snakefile").exists() and (here.parent / "Snakefile").exists():
-        os.chdir(here.parent)
+    root = next((d for d in (here, *here.parents) if (d / "Snakefile").is_file()), None)
+    if root is not None and root != here:
+        os.chdir(root)
     return Path.cwd()
+
+
+def use_config(config: str | None = None, figures_dir: str | None = None) -> str:
+    """The figures directory a notebook reads and writes: ``figures_dir`` when given (the
+    pipeline passes its own), else that of the pipeline config ``config`` (None:
+    ``$ACCELGEN_CONFIG``, else config/quick.yaml; accelgen.pipeline.notebooks). Messages about
+    missing CSVs then name the command with that config."""
+    global _config
+    _config = chosen_config(config)
+    return str(figures_dir) if figures_dir else pipeline_outputs(_config).figures_dir
 
 
 def wanted(figures: str, fig_id: str) -> bool:
@@ -42,9 +58,11 @@ def wanted(figures: str, fig_id: str) -> bool:
 
 
 def load(figures_dir: str, fig_id: str) -> pd.DataFrame | None:
+    """A figure's CSV, or None after saying which target makes it."""
     path = Path(figures_dir) / f"{fig_id}.csv"
     if not path.exists():
-        print(f"{path}: missing (run `snakemake --cores all {fig_id.split('_')[0]}` first)")
+        target = next((key for key, fid, *_ in FIGURES if fid == fig_id), fig_id)
+        print(f"{path}: missing (run `{snakemake_command(_config, target)}` first)")
         return None
     return pd.read_csv(path)
 

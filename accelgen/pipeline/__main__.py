@@ -5,7 +5,7 @@
     aggregate   --spec JSON --out FILE.csv    a figure's CSV from its results directories
     schema      [--out config/schema.json]    the JSON schema of the pipeline config
     check       CONFIG.yaml                   validate a config and print the grid's size
-    estimate    CONFIG.yaml --benchmarks DIR  jobs of a config and a runtime estimate
+    estimate    CONFIG.yaml [--benchmarks DIR] jobs of a config and a runtime estimate
     claims-md   CLAIMS.csv [--update DOC]     the paper's claims beside ours, Markdown (SPEC 11)
 """
 
@@ -102,10 +102,13 @@ CLAIMS_BEGIN, CLAIMS_END = "<!-- claims:begin -->", "<!-- claims:end -->"
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
-    from accelgen.pipeline.estimate import estimate
+    from accelgen.pipeline.estimate import estimate, estimate_measured
 
-    print(estimate(args.config, args.benchmarks, cores=args.cores, alpha=args.alpha,
-                   measured_config=args.measured_config))
+    if args.benchmarks is None:
+        print(estimate_measured(args.config, cores=args.cores))
+    else:
+        print(estimate(args.config, args.benchmarks, cores=args.cores, alpha=args.alpha,
+                       measured_config=args.measured_config))
     return 0
 
 
@@ -138,8 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     s.set_defaults(func=cmd_claims_md)
     s = sub.add_parser("estimate")
     s.add_argument("config", type=Path)
-    s.add_argument("--benchmarks", type=Path, required=True,
-                   help="benchmarks/<name> of a finished run (per-job times)")
+    s.add_argument("--benchmarks", type=Path,
+                   help="benchmarks/<name> of a finished run (per-job times); default: the "
+                        "per-job times measured on full-size runs (accelgen.pipeline.resources)")
     s.add_argument("--measured-config", type=Path,
                    help="config of the measured run (default: config/<benchmarks dir name>.yaml)")
     s.add_argument("--cores", type=int, default=2)

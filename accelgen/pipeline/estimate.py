@@ -1,4 +1,5 @@
-"""Runtime estimate of a config's grid from the per-job times of a finished (quick) run.
+"""Runtime estimate of a config's grid: from per-job times measured on full-size runs
+(``estimate_measured``, the default), or from the per-job times of a finished run (``estimate``).
 
 Each simulation of the target config is matched to a measured one (same deployment and system,
 else same system, else same policy, else the median of all) and scaled by the ratio of request
@@ -39,6 +40,52 @@ def measured_times(bench_dir: Path | str) -> pd.DataFrame:
                      "cpu_time": float(t["cpu_time"].iloc[-1]) if "cpu_time" in t else
                      float(t["s"].iloc[-1])})
     return pd.DataFrame(rows)
+
+
+def estimate_measured(config: Path | str, cores: int = 2) -> str:
+    """The estimate from the per-job costs measured on full-size runs
+    (``accelgen.pipeline.resources``): each simulation's policy, request count and search
+    points priced by ``sim_seconds``."""
+    from accelgen.pipeline.resources import (
+        MEASURED,
+        MEASURED_ON,
+        base_policy,
+        run_job,
+        sim_seconds,
+    )
+
+    target = Grid(load(load_yaml(config)))
+    exp_of_run: dict[tuple[str, str, str, int], str] = {}
+    for fig in target.figures.values():
+        for ref in fig.runs:
+            exp_of_run.setdefault((ref["variant"], ref["deployment"], ref["system"], ref["seed"]),
+                                  fig.experiment)
+    runs = target.runs()
+    total = 0.0
+    per_exp: dict[str, float] = defaultdict(float)
+    per_policy: dict[str, float] = defaultdict(float)
+    for run in runs:
+        policy, n, points = run_job(target, run.variant, run.system)
+        t = sim_seconds(policy, n, points)
+        total += t
+        per_exp[exp_of_run.get((run.variant, run.deployment, run.system, run.seed), "?")] += t
+        per_policy[policy] += t
+    unmeasured = sorted({base_policy(run_job(target, r.variant, r.system)[0]) for r in runs}
+                        - set(MEASURED))
+    lines = [f"{config}: {len(runs)} simulations, {len(target.traces())} traces, "
+             f"{len(target.figures)} figures",
+             f"estimated simulation time: {total / 3600:.1f} CPU-hours "
+             f"(~{total / 3600 / cores:.1f} h on {cores} cores), per-job times measured on "
+             f"full-size runs ({MEASURED_ON}; accelgen/pipeline/resources.py), scaled by requests"]
+    if unmeasured:
+        lines.append(f"  not measured, priced as the slowest measured policy: {', '.join(unmeasured)}")
+    lines.append("by figure (experiment):")
+    for exp, t in sorted(per_exp.items(), key=lambda kv: -kv[1]):
+        lines.append(f"  {exp:12s} {t / 3600:8.2f} CPU-hours")
+    lines.append("by policy:")
+    for pol, t in sorted(per_policy.items(), key=lambda kv: -kv[1]):
+        lines.append(f"  {pol:16s} {t / 3600:8.2f} CPU-hours")
+    return "\n".join(lines)
 
 
 def estimate(config: Path | str, bench_dir: Path | str, cores: int = 2, alpha: float = 1.0,

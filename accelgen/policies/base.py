@@ -143,7 +143,7 @@ class Decision:
         built without the generated ``__init__``s. Why: in vLLM a step is scheduled right after a
         forward pass has evicted the caches, and there the two keyword-parsing ``__init__``s with
         their default factories took longer than the compiled decision they wrap
-        (``tests/test_accelgen_kernel.py`` checks that every field is set)."""
+        (``tests/test_accelgen_decision.py`` checks that every field is set)."""
         d = _new(Decision)
         d.scheduled = scheduled
         d.preempted = preempted

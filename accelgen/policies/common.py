@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
+from collections.abc import Callable
+
 from accelgen.kvcache import tokens_fitting
-from accelgen.policies.base import Decision, KVView
-from accelgen.request import Request
+from accelgen.policies.base import Decision, KVView, SchedulerView
+from accelgen.request import Request, Status
 
 
 class BatchBuilder:
@@ -21,7 +24,7 @@ class BatchBuilder:
         self.kv = kv
         self.free_blocks = kv.num_free_blocks
         self.budget_left = token_budget
-        self.decision = Decision()
+        self.decision = _empty_decision()
         self.scheduled_ids: set[int] = set()
         self.preempted_ids: set[int] = set()
 
@@ -34,8 +37,9 @@ class BatchBuilder:
         reserve = self.kv.watermark_blocks if admission else 0
         return need <= self.free_blocks - reserve
 
-    def add(self, req: Request, n: int) -> None:
-        self.free_blocks -= self.kv.blocks_needed(req, n)
+    def add(self, req: Request, n: int, need: int | None = None) -> None:
+        """Schedule ``n`` tokens of ``req``; ``need``: its ``blocks_needed(req, n)`` if known."""
+        self.free_blocks -= self.kv.blocks_needed(req, n) if need is None else need
         self.budget_left -= n
         self.decision.scheduled.append((req, n))
         self.scheduled_ids.add(req.req_id)
@@ -58,6 +62,89 @@ class BatchBuilder:
                 self.preempt(r)
                 return r
         return None
+
+
+class OrderedWaiting:
+    """The waiting requests sorted by ``(key(request), req_id)``, kept across decisions, for a
+    policy whose key does not change while a request waits (a deadline fixed at arrival or at
+    the last token): updated on arrival, admission and preemption instead of re-sorted at every
+    decision (the queue reaches ~19 K requests in the paper's setting).
+
+    The policy reports arrivals (``arrived``, from ``on_arrival``) and its own admissions and
+    preemptions (``admitted``, ``preempted``); ``sync`` applies them at the next decision and
+    checks the result against ``view.waiting``, rebuilding it when requests reached the queue
+    another way. ``needs`` holds the KV blocks each queued request needs to start (its whole
+    sequence so far: a waiting request holds none), ascending."""
+
+    __slots__ = ("_key", "_members", "admitted", "arrived", "entries", "needs", "preempted")
+
+    def __init__(self, key: Callable[[Request], float]) -> None:
+        self._key = key
+        self.entries: list[tuple[float, int, Request]] = []  # (key, req_id, request), ascending
+        self.needs: list[int] = []
+        self._members: dict[int, tuple[tuple[float, int], int]] = {}  # req_id -> (key, need)
+        self.arrived: list[Request] = []
+        self.admitted: list[Request] = []
+        self.preempted: list[Request] = []
+
+    def sync(self, view: SchedulerView) -> bool:
+        """Apply the changes since the last decision; True if ``entries`` now hold exactly the
+        waiting requests. False: they did not (the queue is rebuilt from ``view.waiting``, and
+        the caller decides by its definition once)."""
+        block_size = view.kv.block_size
+        for r in self.admitted:
+            if r.status != Status.WAITING:
+                self._remove(r)
+        self.admitted.clear()
+        for group in (self.arrived, self.preempted):
+            for r in group:
+                if r.status == Status.WAITING and r.req_id not in self._members:
+                    self._add(r, block_size)
+            group.clear()
+        if len(self.entries) == len(view.waiting):
+            return True
+        self.reset()
+        for r in view.waiting:
+            self._add(r, block_size)
+        return False
+
+    def reset(self) -> None:
+        self.entries.clear()
+        self.needs.clear()
+        self._members.clear()
+        self.admitted.clear()
+
+    def _add(self, r: Request, block_size: int) -> None:
+        key = (self._key(r), r.req_id)
+        need = -(-(r.prompt_len + r.num_output_tokens) // block_size)
+        insort(self.entries, (*key, r))
+        insort(self.needs, need)
+        self._members[r.req_id] = (key, need)
+
+    def _remove(self, r: Request) -> None:
+        member = self._members.pop(r.req_id, None)
+        if member is not None:
+            key, need = member
+            del self.entries[bisect_left(self.entries, key)]
+            del self.needs[bisect_left(self.needs, need)]
+
+
+def _empty_decision() -> Decision:
+    """``Decision()`` without the generated ``__init__`` and its six default factories (a
+    baseline decision in the simulator takes a few microseconds; that was a fifth of it)."""
+    d = _new(Decision)
+    d.scheduled = []
+    d.preempted = []
+    d.swap_out = []
+    d.swap_in = []
+    d.reserve = []
+    d.rejected = []
+    d.info = {}
+    d.wake_at = None
+    return d
+
+
+_new = object.__new__
 
 
 def is_prefilling(req: Request) -> bool:

@@ -13,10 +13,12 @@ SLO-derived budget and no two-resource packing: it isolates what deadline order 
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 from pydantic import PositiveInt
 
 from accelgen.policies.base import Decision, Policy, PolicyParams, SchedulerView
-from accelgen.policies.common import BatchBuilder
+from accelgen.policies.common import BatchBuilder, OrderedWaiting
 from accelgen.request import Request, Status
 
 
@@ -39,7 +41,73 @@ class EDFPolicy(Policy):
     Params = EDFParams
     params: EDFParams
 
+    def __init__(self, params: PolicyParams | None = None, **overrides: object) -> None:
+        super().__init__(params, **overrides)
+        # The waiting requests in deadline order: a waiting request's deadline does not change
+        # while it waits (its next token's deadline is fixed). The running set (at most
+        # max_num_seqs) is sorted per decision and merged with it.
+        self._waiting = OrderedWaiting(next_deadline)
+
+    def on_arrival(self, req: Request, now: float) -> None:
+        self._waiting.arrived.append(req)
+
     def schedule(self, view: SchedulerView) -> Decision:
+        waiting = self._waiting
+        if not waiting.sync(view):
+            return self._schedule_sorted(view)
+        p = self.params
+        budget = p.token_budget or view.pivot.s_pf
+        b = BatchBuilder(view.kv, budget)
+        running = sorted((next_deadline(r), r.req_id, r) for r in view.running)
+        victims = running[::-1]  # running requests, latest deadline first
+        queue, admitted = waiting.entries, waiting.admitted
+        min_need = waiting.needs[0] if waiting.needs else 0
+        n_live = len(view.running)
+        ri = wi = 0
+        nr, nw = len(running), len(queue)
+        while b.budget_left > 0:
+            if wi < nw and (n_live >= p.max_num_seqs or b.free_blocks < min_need):
+                # No waiting request can start before the next running one frees blocks (the
+                # waiting ones all need at least min_need), or none may start at all.
+                wi = (nw if n_live >= p.max_num_seqs or ri >= nr
+                      else bisect_left(queue, running[ri][:2], wi))
+            if ri < nr and (wi >= nw or running[ri] < queue[wi]):
+                dl, rid, r = running[ri]
+                ri += 1
+                if rid in b.preempted_ids:
+                    continue
+                n = min(r.num_new_tokens, b.budget_left)
+                while not b.fits(r, n):
+                    room = b.max_tokens_in_free_kv(r)
+                    if room > 0 and r.num_new_tokens > 1:
+                        n = min(n, room)  # cut a prompt chunk where free KV ends
+                    elif not self._preempt_later(b, victims, (dl, rid)):
+                        break
+                if not b.fits(r, n):
+                    continue
+                b.add(r, n)
+            elif wi < nw:
+                _, _, r = queue[wi]
+                wi += 1
+                if r.status != Status.WAITING:  # the hooks were bypassed: decide by the definition
+                    waiting.reset()
+                    return self._schedule_sorted(view)
+                # Admission needs the whole remaining prompt to fit in free KV (as vLLM and
+                # Sarathi do); blocks are still allocated per chunk. Admitting on a first chunk
+                # alone overcommits KV and, under load, turns deadline order into a preemption
+                # storm (each recomputed request is the most overdue one and evicts the next).
+                if not b.fits(r, r.num_new_tokens):
+                    continue
+                n_live += 1
+                b.add(r, min(r.num_new_tokens, b.budget_left))
+                admitted.append(r)
+            else:
+                break
+        return self._finish(b, view, victims, budget)
+
+    def _schedule_sorted(self, view: SchedulerView) -> Decision:
+        """The decision by the definition: every candidate sorted by deadline (used when the
+        queue cannot be trusted: requests reached it without the hooks)."""
         p = self.params
         budget = p.token_budget or view.pivot.s_pf
         b = BatchBuilder(view.kv, budget)
@@ -61,26 +129,28 @@ class EDFPolicy(Policy):
                 while not b.fits(r, n):
                     room = b.max_tokens_in_free_kv(r)
                     if room > 0 and r.num_new_tokens > 1:
-                        n = min(n, room)  # cut a prompt chunk where free KV ends
+                        n = min(n, room)
                     elif not self._preempt_later(b, victims, (dl, rid)):
                         break
                 if not b.fits(r, n):
                     continue
             else:
-                # Admission needs the whole remaining prompt to fit in free KV (as vLLM and
-                # Sarathi do); blocks are still allocated per chunk. Admitting on a first chunk
-                # alone overcommits KV and, under load, turns deadline order into a preemption
-                # storm (each recomputed request is the most overdue one and evicts the next).
                 if not b.fits(r, r.num_new_tokens):
                     continue
                 n_live += 1
+                self._waiting.admitted.append(r)
             b.add(r, n)
+        return self._finish(b, view, victims, budget)
+
+    def _finish(self, b: BatchBuilder, view: SchedulerView,
+                victims: list[tuple[float, int, Request]], budget: int) -> Decision:
         d = b.decision
         if not d.scheduled and view.running:  # cannot happen by the rule above; never stall
             for _, _, r in victims:
                 if r.req_id not in b.preempted_ids:
                     b.preempt(r)
                     break
+        self._waiting.preempted.extend(d.preempted)
         d.info["token_budget"] = float(budget)
         return d
 

@@ -13,12 +13,14 @@ TTFT slack instead of FIFO (the paper's FIFO-vs-slack measurement, figure 7).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import Literal
 
 from pydantic import Field, PositiveFloat, PositiveInt
 
 from accelgen.policies.base import Decision, Policy, PolicyParams, SchedulerView
-from accelgen.policies.common import BatchBuilder, is_prefilling
+from accelgen.policies.common import BatchBuilder, OrderedWaiting, is_prefilling
+from accelgen.request import Request
 
 
 class SarathiParams(PolicyParams):
@@ -38,6 +40,13 @@ class SarathiPolicy(Policy):
     Params = SarathiParams
     params: SarathiParams
 
+    def __init__(self, params: PolicyParams | None = None, **overrides: object) -> None:
+        super().__init__(params, **overrides)
+        # order: slack: the waiting requests by TTFT deadline, kept across decisions (all
+        # slacks fall at the same rate, so their order is the deadlines' order).
+        self._slack_order = (OrderedWaiting(_ttft_deadline) if self.params.order == "slack"
+                             else None)
+
     def token_budget(self, view: SchedulerView) -> int:
         p = self.params
         if p.system_slo is not None:
@@ -49,16 +58,18 @@ class SarathiPolicy(Policy):
         budget = self.token_budget(view)
         b = BatchBuilder(view.kv, budget)
         running = view.running
+        blocks_needed = view.kv.blocks_needed
         # Decodes first: never stalled, preempting the newest request when KV runs out.
         for i, r in enumerate(running):
             if r.req_id in b.preempted_ids or is_prefilling(r):
                 continue
-            while not b.fits(r, 1):
+            need = blocks_needed(r, 1)  # (preempting others frees blocks, not r's need)
+            while need > b.free_blocks:
                 if b.preempt_newest(running, i + 1) is None:
                     b.preempt(r)
                     break
             if r.req_id not in b.preempted_ids:
-                b.add(r, 1)
+                b.add(r, 1, need)
         # Ongoing prefills continue before any new prompt starts.
         for i, r in enumerate(running):
             if b.budget_left <= 0:
@@ -77,8 +88,15 @@ class SarathiPolicy(Policy):
                 b.add(r, n)
         watermark = int(self.params.watermark * view.kv.num_total_blocks)
         n_live = len(running) - len(b.decision.preempted)
-        queue = view.waiting if self.params.order == "fifo" else sorted(
-            view.waiting, key=lambda r: (r.arrival + r.ttft_slo - view.now, r.req_id))
+        admitted = None
+        if self.params.order == "fifo":
+            queue: Iterable[Request] = view.waiting
+        elif self._slack_order is not None and self._slack_order.sync(view):
+            queue = _by_slack(self._slack_order.entries, view.now)
+            admitted = self._slack_order.admitted
+        else:
+            queue = sorted(view.waiting, key=lambda r: (r.arrival + r.ttft_slo - view.now,
+                                                        r.req_id))
         for r in queue:
             if b.budget_left <= 0 or n_live >= self.params.max_num_seqs:
                 break
@@ -86,5 +104,35 @@ class SarathiPolicy(Policy):
                 break
             b.add(r, min(r.num_new_tokens, b.budget_left))
             n_live += 1
+            if admitted is not None:
+                admitted.append(r)
+        if self._slack_order is not None:
+            self._slack_order.preempted.extend(b.decision.preempted)
         b.decision.info["token_budget"] = budget
         return b.decision
+
+    def on_arrival(self, req: Request, now: float) -> None:
+        if self._slack_order is not None:
+            self._slack_order.arrived.append(req)
+
+
+def _ttft_deadline(r: Request) -> float:
+    return r.arrival + r.ttft_slo
+
+
+def _by_slack(entries: list[tuple[float, int, Request]], now: float) -> Iterator[Request]:
+    """The waiting requests by ``(deadline - now, req_id)``, from ``entries`` sorted by
+    ``(deadline, req_id)``: the same order, except where two deadlines round to the same slack
+    (subtraction is monotone, so such ties are neighbours): those go by req_id, as sorting by
+    slack puts them."""
+    i, n = 0, len(entries)
+    while i < n:
+        slack = entries[i][0] - now
+        j = i + 1
+        while j < n and entries[j][0] - now == slack:
+            j += 1
+        if j == i + 1:
+            yield entries[i][2]
+        else:
+            yield from (r for _, _, r in sorted(entries[i:j], key=lambda e: e[1]))
+        i = j

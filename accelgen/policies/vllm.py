@@ -30,19 +30,21 @@ class VLLMPolicy(Policy):
         budget = self.params.token_budget or view.pivot.s_pf
         b = BatchBuilder(view.kv, budget)
         running = view.running
+        blocks_needed = view.kv.blocks_needed
         for i, r in enumerate(running):
             if b.budget_left <= 0:
                 break
             if r.req_id in b.preempted_ids:
                 break  # everything from here on was preempted as a victim
             n = min(r.num_new_tokens, b.budget_left)
-            while not b.fits(r, n):
+            need = blocks_needed(r, n)  # (preempting others frees blocks, not r's need)
+            while need > b.free_blocks:
                 if b.preempt_newest(running, i + 1) is None:
                     b.preempt(r)
                     break
             if r.req_id in b.preempted_ids:
                 break
-            b.add(r, n)
+            b.add(r, n, need)
         if not b.decision.preempted:
             n_running = len(running)
             for r in view.waiting:

@@ -162,7 +162,7 @@ class _Driver:
             self.sched.max_num_scheduled_tokens = self.budget
         if len(self.sched.log) != before + 1:
             raise RuntimeError("an engine step scheduled nothing")
-        return self.sched.log.rows[-1]
+        return self.sched.log.row(-1)
 
     def _drain(self, ids: list[str]) -> None:
         live = [i for i in ids if i in self.sched.requests]

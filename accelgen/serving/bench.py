@@ -42,6 +42,7 @@ import json
 import math
 import os
 import time
+from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -312,7 +313,7 @@ def results_frames(reqs: list[Request], max_tokens: np.ndarray, outcomes: list[O
                    ) -> pd.DataFrame:
     """``requests.parquet`` rows: the trace's request fields with what the client saw."""
     for r, o in zip(reqs, outcomes, strict=True):
-        r.token_times = o.token_times
+        r.token_times = array("d", o.token_times)
         r.num_output_tokens = len(o.token_times)
         r.first_token_time = o.token_times[0] if o.token_times else math.nan
         r.last_token_time = o.token_times[-1] if o.token_times else math.nan

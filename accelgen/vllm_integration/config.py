@@ -28,7 +28,8 @@ from typing import Any, Literal
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError
 
 from accelgen.config import Deployment, PolicySpec, StrictModel, load_yaml
-from accelgen.costmodel.base import BatchShape, CostModel
+from accelgen.costmodel.base import CostModel
+from accelgen.costmodel.linear import LinearCostModel, OnlineLinearCostModel
 from accelgen.policies.base import Pivot, Policy
 from accelgen.policies.registry import make_policy
 from accelgen.request import Request
@@ -129,71 +130,6 @@ def _from_env(text: str) -> Any:
 
 # --------------------------------------------------------------------------------------------
 # cost model and pivot
-
-
-class LinearCostModel(CostModel):
-    """T = base + per_token x S_f + per_ctx x decode context: a fit of a small engine's steps."""
-
-    name = "linear"
-
-    def __init__(self, base_s: float, per_token_s: float, per_ctx_s: float = 0.0) -> None:
-        self.base_s, self.per_token_s, self.per_ctx_s = base_s, per_token_s, per_ctx_s
-
-    def iteration_time(self, shape: BatchShape) -> float:
-        n = shape.prefill_tokens + shape.decode_seqs
-        if n <= 0:
-            return 0.0
-        return self.base_s + self.per_token_s * n + self.per_ctx_s * shape.decode_ctx
-
-    def linear_coefficients(self) -> tuple[float, float, float] | None:
-        # Subclasses that change iteration_time must not inherit this.
-        if type(self).iteration_time is not LinearCostModel.iteration_time:
-            return None
-        return self.base_s, self.per_token_s, self.per_ctx_s
-
-
-class OnlineLinearCostModel(LinearCostModel):
-    """``LinearCostModel`` refitted to measured (forward size, step time) pairs.
-
-    Policies memoise latencies per cost model and pivot, so a refit happens only every
-    ``refit_every`` observations and the scheduler then hands the policy a new ``Pivot`` (see
-    ``AccelGenScheduler``), which makes such caches rebuild.
-    """
-
-    name = "online-linear"
-
-    def __init__(self, base_s: float, per_token_s: float, *, window: int = 256,
-                 refit_every: int = 32) -> None:
-        super().__init__(base_s, per_token_s)
-        self._x: list[float] = []
-        self._y: list[float] = []
-        self.window, self.refit_every = window, refit_every
-        self._since = 0
-        self.refits = 0
-
-    def observe(self, forward_size: int, seconds: float) -> bool:
-        """Record one measured step; returns True when the coefficients changed."""
-        if forward_size <= 0 or not math.isfinite(seconds) or seconds <= 0:
-            return False
-        self._x.append(float(forward_size))
-        self._y.append(seconds)
-        if len(self._x) > self.window:
-            del self._x[0], self._y[0]
-        self._since += 1
-        if self._since < self.refit_every:
-            return False
-        self._since = 0
-        n = len(self._x)
-        mx, my = sum(self._x) / n, sum(self._y) / n
-        sxx = sum((x - mx) ** 2 for x in self._x)
-        slope = (sum((x - mx) * (y - my) for x, y in zip(self._x, self._y, strict=True)) / sxx
-                 if sxx > 0 else 0.0)
-        # A line through noisy steps can tilt negative; latency never falls with more tokens.
-        slope = max(slope, 0.0)
-        self.base_s = max(my - slope * mx, 1e-6)
-        self.per_token_s = slope
-        self.refits += 1
-        return True
 
 
 def build_cost_model(spec: CostSpec) -> CostModel:

@@ -122,9 +122,11 @@ def build_engine(cfg: ReplayConfig, work_dir: Path | None = None) -> Any:
     """An in-process ``LLMEngine`` with the configured scheduler; returns it."""
     spec = cfg.engine
     _prepare_env(spec)
+    from accelgen.vllm_integration.llvmlite_guard import refuse_dunder_lookups
     from accelgen.vllm_integration.version import check_vllm_version
 
     check_vllm_version()
+    refuse_dunder_lookups()  # this process may have run numba-compiled code
     import vllm.envs
     from vllm import EngineArgs
     from vllm.v1.engine.llm_engine import LLMEngine

@@ -44,9 +44,12 @@ from typing import Any, NoReturn
 import numpy as np
 import pandas as pd
 
+from accelgen.vllm_integration.llvmlite_guard import refuse_dunder_lookups
 from accelgen.vllm_integration.version import check_vllm_version
 
 check_vllm_version()
+# Engines started later in this process (a second one, or after the JIT decision) need it.
+refuse_dunder_lookups()
 
 # vLLM imports follow the version check on purpose: on another version they may not even exist.
 from vllm.v1.core.sched.interface import PauseState  # noqa: E402
@@ -62,6 +65,7 @@ from vllm.v1.request import Request as VRequest  # noqa: E402
 from vllm.v1.request import RequestStatus  # noqa: E402
 
 from accelgen.costmodel.base import BatchShape  # noqa: E402
+from accelgen.costmodel.linear import OnlineLinearCostModel  # noqa: E402
 from accelgen.kvcache import KVQueries  # noqa: E402
 from accelgen.policies.base import Decision, Pivot, Policy, SchedulerView  # noqa: E402
 from accelgen.request import Request, Status, length_cap_reason, served_output_len  # noqa: E402
@@ -69,7 +73,6 @@ from accelgen.results import IterationLog, requests_frame  # noqa: E402
 from accelgen.vllm_integration.config import (  # noqa: E402
     AUTO_REQ_ID_BASE,
     AdapterConfig,
-    OnlineLinearCostModel,
     SLOError,
     build_cost_model,
     build_pivot,
@@ -485,11 +488,8 @@ class InstrumentedScheduler(Scheduler):
 
     def iterations_frame(self, start: int = 0) -> pd.DataFrame:
         """``iterations.parquet`` rows of the iterations logged from index ``start`` on."""
-        if not start:
-            return self.log.to_frame()
-        part = IterationLog()
-        part.rows, part.info = self.log.rows[start:], self.log.info[start:]
-        return part.to_frame()
+        frame = self.log.to_frame()  # shares the log's arrays: the slice copies only the delta
+        return frame.iloc[start:].reset_index(drop=True) if start else frame
 
     def timing_frame(self, start: int = 0) -> pd.DataFrame:
         """Wall times per logged iteration (s): ``decision_time`` (the whole ``schedule()``

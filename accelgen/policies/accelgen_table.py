@@ -1,93 +1,68 @@
-"""Struct-of-arrays mirror of the live requests, for AccelGen's vectorised decisions.
+"""AccelGen's mirror of the live requests: one record per request, read by the compiled decision.
 
-A decision looks at every unfinished request (about 1,256 in the benchmark); reading a handful of
-attributes from that many Python objects alone would cost a few hundred microseconds. The table
-keeps the fields the policy needs in numpy arrays and is updated incrementally, only where the
-state can change:
-
-- ``add`` on arrival (``Policy.on_arrival``);
-- ``refresh`` for the requests a step scheduled or preempted (``Policy.on_step_end``): their
-  computed tokens, output tokens, blocks and last-token time are re-read from the objects, so
-  the table follows whatever the executor really did;
-- ``remove`` on finish or rejection (``Policy.on_finish``).
-
-Live requests occupy slots ``0..n-1`` contiguously (a removal moves the last slot into the hole),
-so every per-decision computation works on array *views* ``[:n]`` without gathering. Slot numbers
-are therefore only valid inside one decision; across hooks requests are found by ``req_id``.
-
-The true output length is not stored: it is not on ``Request`` and the policy must not know it.
+Reading attributes from ~1,256 Python objects per decision would cost hundreds of microseconds,
+so the table keeps what the decision reads in a numpy record array (``REQUEST``; ``table.prompt``
+etc. are views of one field), updated only where the state can change: ``add`` on arrival,
+``refresh`` of the requests a step scheduled or preempted (re-read from the objects: the table
+follows what the executor really did), ``remove`` on finish or rejection. Live requests occupy
+rows ``0..n-1`` (a removal moves the last row into the hole), so a row number (a *slot*) is valid
+within one decision only; across hooks requests are found by ``req_id``.
 """
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from accelgen.request import Request, Status
 
-_INT_FIELDS = ("req_id", "prompt", "n_out", "computed", "blocks", "pred_out")
-_FLOAT_FIELDS = ("arrival", "ttft", "tbt", "jct", "last_tok", "deadline", "off_first", "off_step")
-_BOOL_FIELDS = ("running", "online", "lost")
-# Rows of the blocks ``ints``, ``floats``, ``flags`` (for code that takes the blocks whole).
-ROW = {f: i for fields in (_INT_FIELDS, _FLOAT_FIELDS, _BOOL_FIELDS) for i, f in enumerate(fields)}
+REQUEST = np.dtype([
+    ("req_id", np.int64),
+    ("prompt", np.int64),  # prompt tokens
+    ("n_out", np.int64),  # output tokens emitted
+    ("computed", np.int64),  # tokens whose KV is computed
+    ("blocks", np.int64),  # KV blocks held
+    ("pred_out", np.int64),  # S_g: predicted output length (offline JCT plan)
+    ("true_out", np.int64),  # true output length (clairvoyant policies only; else 0)
+    ("arrival", np.float64),
+    ("ttft", np.float64),
+    ("tbt", np.float64),
+    ("jct", np.float64),
+    ("last_tok", np.float64),  # time of the last output token
+    ("deadline", np.float64),  # deadline of the next output token
+    ("off_first", np.float64),  # offline: planned time of the first token (NaN until planned)
+    ("off_step", np.float64),  # offline: planned time per later token (allowance T_r + T_max)
+    ("running", np.bool_),  # holds KV (vLLM's running queue)
+    ("online", np.bool_),  # TTFT/TBT SLOs (else a JCT SLO)
+    ("lost", np.bool_),  # online and a token already missed its deadline (request SLO lost)
+], align=True)
 
 
 class RequestTable:
-    """Per-request arrays indexed by slot; ``objs[slot]`` is the request itself."""
+    """Rows of ``REQUEST`` indexed by slot; ``objs[slot]`` is the request itself."""
 
-    # Arrays are attributes named after the fields above (``self.prompt`` etc.).
-    req_id: np.ndarray
-    prompt: np.ndarray
-    n_out: np.ndarray
-    computed: np.ndarray
-    blocks: np.ndarray
-    pred_out: np.ndarray
-    arrival: np.ndarray
-    ttft: np.ndarray
-    tbt: np.ndarray
-    jct: np.ndarray
-    last_tok: np.ndarray
-    deadline: np.ndarray  # deadline of the request's next output token
-    off_first: np.ndarray  # offline: planned time of the first token (NaN until planned)
-    off_step: np.ndarray  # offline: planned time per later token (allowance T_r plus T_max)
-    running: np.ndarray
-    online: np.ndarray
-    lost: np.ndarray  # online and a token already missed its deadline (request SLO lost)
-    ints: np.ndarray  # (fields, capacity) blocks holding the arrays above as rows
-    floats: np.ndarray
-    flags: np.ndarray
+    rows: np.recarray
+    if TYPE_CHECKING:  # self.prompt etc.: a view of one field of ``rows`` each (``_alloc``)
+        def __getattr__(self, field: str) -> np.ndarray: ...
 
     def __init__(self, capacity: int = 1024) -> None:
         self.n = 0
+        self.capacity = 0
         self.objs: list[Request] = []
         self.slot_of: dict[int, int] = {}
         self.num_unplanned = 0  # offline requests whose JCT plan is still to be made
         self._alloc(capacity)
 
-    # -- storage -------------------------------------------------------------------------------
     def _alloc(self, capacity: int) -> None:
-        # One 2-D block per dtype; the named fields are its rows (views), so a removal moves a
-        # slot with three copies and the compiled decision (accelgen_kernel) takes three arrays.
-        ints = np.zeros((len(_INT_FIELDS), capacity), dtype=np.int64)
-        floats = np.full((len(_FLOAT_FIELDS), capacity), np.nan)
-        flags = np.zeros((len(_BOOL_FIELDS), capacity), dtype=bool)
-        old = getattr(self, "ints", None)
-        if old is not None:
-            ints[:, : self.n] = self.ints[:, : self.n]
-            floats[:, : self.n] = self.floats[:, : self.n]
-            flags[:, : self.n] = self.flags[:, : self.n]
-        self.ints, self.floats, self.flags = ints, floats, flags
-        for block, fields in ((ints, _INT_FIELDS), (floats, _FLOAT_FIELDS), (flags, _BOOL_FIELDS)):
-            for i, f in enumerate(fields):
-                setattr(self, f, block[i])
+        rows = np.zeros(capacity, dtype=REQUEST).view(np.recarray)
+        if self.capacity:
+            rows[: self.n] = self.rows[: self.n]
+        self.rows = rows
+        for name in REQUEST.names or ():
+            setattr(self, name, rows[name])
         self.capacity = capacity
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __contains__(self, req_id: int) -> bool:
-        return req_id in self.slot_of
 
     # -- membership ----------------------------------------------------------------------------
     def add(self, r: Request) -> int:
@@ -102,6 +77,7 @@ class RequestTable:
         self.req_id[s] = r.req_id
         self.prompt[s] = r.prompt_len
         self.pred_out[s] = r.predicted_output_len
+        self.true_out[s] = 0
         self.arrival[s] = r.arrival
         self.ttft[s] = r.ttft_slo
         self.tbt[s] = r.tbt_slo
@@ -112,7 +88,7 @@ class RequestTable:
         self.off_step[s] = math.nan
         if not r.online:
             self.num_unplanned += 1
-        self._read(s, r)
+        self._read(np.array([s]), [r])
         return s
 
     def remove(self, req_id: int) -> None:
@@ -123,8 +99,7 @@ class RequestTable:
             self.num_unplanned -= 1
         last = self.n - 1
         if s != last:  # move the last live request into the hole
-            for block in (self.ints, self.floats, self.flags):
-                block[:, s] = block[:, last]
+            self.rows[s] = self.rows[last]
             moved = self.objs[last]
             self.objs[s] = moved
             self.slot_of[moved.req_id] = s
@@ -138,18 +113,19 @@ class RequestTable:
             self.remove(rid)
         for r in reqs:
             if r.req_id in self.slot_of:
-                self._read(self.slot_of[r.req_id], r)
+                self._read(np.array([self.slot_of[r.req_id]]), [r])
             else:
                 self.add(r)
 
     # -- dynamic fields ------------------------------------------------------------------------
-    def _read(self, s: int, r: Request) -> None:
-        self.n_out[s] = r.num_output_tokens
-        self.computed[s] = r.num_computed_tokens
-        self.blocks[s] = r.num_blocks
-        self.running[s] = r.status == Status.RUNNING
-        self.last_tok[s] = r.last_token_time
-        self._set_deadline(np.array([s]))
+    def _read(self, slots: np.ndarray, reqs: list[Request]) -> None:
+        """Re-read the dynamic fields of ``reqs`` (in ``slots``) from the objects."""
+        self.n_out[slots] = [r.num_output_tokens for r in reqs]
+        self.computed[slots] = [r.num_computed_tokens for r in reqs]
+        self.blocks[slots] = [r.num_blocks for r in reqs]
+        self.running[slots] = [r.status == Status.RUNNING for r in reqs]
+        self.last_tok[slots] = [r.last_token_time for r in reqs]
+        self._set_deadline(slots)
 
     def refresh(self, reqs: list[Request]) -> None:
         """Re-read the dynamic fields of ``reqs`` (those a step changed) in one vectorised pass."""
@@ -158,15 +134,10 @@ class RequestTable:
             return
         slots = np.fromiter((self.slot_of[r.req_id] for r in live), dtype=np.int64, count=len(live))
         old_out, old_deadline = self.n_out[slots], self.deadline[slots]  # copies (fancy index)
-        self.n_out[slots] = [r.num_output_tokens for r in live]
-        self.computed[slots] = [r.num_computed_tokens for r in live]
-        self.blocks[slots] = [r.num_blocks for r in live]
-        self.running[slots] = [r.status == Status.RUNNING for r in live]
-        self.last_tok[slots] = [r.last_token_time for r in live]
+        self._read(slots, live)
         # A token emitted after its deadline loses the request's request-level SLO for good.
         self.lost[slots] |= (self.online[slots] & (self.n_out[slots] > old_out)
                              & (self.last_tok[slots] > old_deadline))
-        self._set_deadline(slots)
 
     def _set_deadline(self, slots: np.ndarray) -> None:
         """Deadline of the next output (SPEC 4.1): the first token by arrival + TTFT SLO, a later
@@ -205,10 +176,8 @@ class RequestTable:
         bad = []
         for s in range(self.n):
             r = self.objs[s]
-            want = (r.num_output_tokens, r.num_computed_tokens, r.num_blocks,
-                    r.status == Status.RUNNING)
-            got = (int(self.n_out[s]), int(self.computed[s]), int(self.blocks[s]),
-                   bool(self.running[s]))
+            want = (r.num_output_tokens, r.num_computed_tokens, r.num_blocks, r.status == Status.RUNNING)
+            got = (int(self.n_out[s]), int(self.computed[s]), int(self.blocks[s]), bool(self.running[s]))
             if want != got or self.slot_of.get(r.req_id) != s:
                 bad.append(f"req {r.req_id}: table {got} vs request {want}")
         return bad

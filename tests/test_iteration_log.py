@@ -1,0 +1,99 @@
+"""The compact iteration log gives the table its rows make (ITERATION_COLUMNS, then info_*)."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from accelgen.costmodel.base import BatchShape
+from accelgen.policies.base import InfoRow
+from accelgen.results import ITERATION_COLUMNS, IterationLog
+
+_KEYS = ("token_budget", "n_candidates", "slo_min", "swap_in")
+
+
+def _reference(rows: list[tuple], infos: list[dict]) -> pd.DataFrame:
+    """The table built from the rows as records (what the log must reproduce)."""
+    df = pd.DataFrame.from_records(rows, columns=list(ITERATION_COLUMNS))
+    info = pd.DataFrame.from_records(infos)
+    if len(info.columns):
+        info.columns = [f"info_{c}" for c in info.columns]
+        df = pd.concat([df, info.astype("float64")], axis=1)
+    return df
+
+
+def _parquet(df: pd.DataFrame) -> bytes:
+    buf = io.BytesIO()
+    pq.write_table(pa.Table.from_pandas(df, preserve_index=False), buf)
+    return buf.getvalue()
+
+
+_info = st.dictionaries(st.sampled_from(_KEYS),
+                        st.one_of(st.integers(0, 4096), st.floats(-1e6, 1e6)), max_size=4)
+
+
+@settings(max_examples=40, deadline=None)
+@given(infos=st.lists(_info, min_size=1, max_size=40), chunk=st.integers(1, 7),
+       segment=st.integers(1, 9), frame_at=st.integers(0, 40))
+def test_log_matches_records(infos: list[dict], chunk: int, segment: int, frame_at: int) -> None:
+    log = type("Small", (IterationLog,), {"CHUNK_ROWS": chunk, "SEGMENT_ROWS": segment})()
+    rows = []
+    for i, info in enumerate(infos):
+        shape = BatchShape()
+        shape.add_prefill(3 + i, i)
+        shape.add_decode(100 + i)
+        log.append(0.5 * i, 0.02 + i * 1e-3, shape, 2, i, 491, 7 * i, 1e-6, i % 2, 10 - i % 3, 4,
+                   0, 0.0, info)
+        rows.append((0.5 * i, 0.02 + i * 1e-3, shape.forward_size, shape.prefill_tokens,
+                     shape.decode_seqs, shape.prefill_seqs, 2, shape.prefill_attn,
+                     shape.decode_ctx, i, 491, 7 * i, i % 2, 10 - i % 3, 4, 0, 0.0))
+        assert log.row(-1) == rows[-1]
+        if i == frame_at:  # a frame in the middle (a server's flushed log) changes nothing
+            pd.testing.assert_frame_equal(log.to_frame(), _reference(rows, infos[:i + 1]))
+    assert log.row(0) == rows[0]
+    assert [log.row(i) for i in range(len(rows))] == rows
+    want = _reference(rows, infos)
+    got = log.to_frame()
+    pd.testing.assert_frame_equal(got, want)
+    assert _parquet(got) == _parquet(want)
+    assert _parquet(log.to_frame()) == _parquet(want)  # a second call gives the same table
+
+
+def test_info_rows_and_growth_after_to_frame() -> None:
+    log = IterationLog()
+    index = {"token_budget": 0, "n_urgent": 1}
+    log.append(0.0, 0.1, BatchShape(), 1, 1, 8, 1, 0.0, 0, 0, 1, 0, 0.0,
+               InfoRow(index, np.array([512.0, 3.0])))
+    first = log.to_frame()
+    log.append(0.1, 0.1, BatchShape(), 1, 1, 8, 1, 0.0, 0, 0, 1, 0, 0.0, {"token_budget": 256})
+    df = log.to_frame()
+    assert list(first["info_n_urgent"]) == [3.0]
+    assert df["info_token_budget"].tolist() == [512.0, 256.0]
+    assert math.isnan(df["info_n_urgent"].iloc[1])
+    assert len(log.timing_frame()) == 2
+
+
+def test_empty_log() -> None:
+    df = IterationLog().to_frame()
+    assert list(df.columns) == list(ITERATION_COLUMNS) and not len(df)
+
+
+def test_batch_builder_decision_sets_every_field() -> None:
+    """``BatchBuilder`` builds its ``Decision`` without the generated ``__init__``: it must equal
+    ``Decision()`` field by field (a field added later fails here until it is set there too)."""
+    from dataclasses import fields
+
+    from accelgen.kvcache import BlockManager
+    from accelgen.policies.base import Decision
+    from accelgen.policies.common import BatchBuilder
+
+    fast = BatchBuilder(BlockManager(8, 16), 64).decision
+    for f in fields(Decision):
+        assert getattr(fast, f.name) == getattr(Decision(), f.name), f.name

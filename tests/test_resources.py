@@ -1,0 +1,51 @@
+"""Pipeline job resources and the runtime estimate from the measured full-size runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from accelgen.config import load_yaml
+from accelgen.pipeline.config import load
+from accelgen.pipeline.estimate import estimate_measured
+from accelgen.pipeline.grid import Grid
+from accelgen.pipeline.resources import (
+    MEASURED,
+    REFERENCE_REQUESTS,
+    job_resources,
+    run_job,
+    sim_mem_mb,
+    sim_runtime_min,
+    sim_seconds,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("policy", sorted(MEASURED))
+def test_full_size_job_gets_more_than_was_measured(policy: str) -> None:
+    cost = MEASURED[policy]
+    assert sim_mem_mb(policy, REFERENCE_REQUESTS) >= cost.rss_mb
+    assert sim_runtime_min(policy, REFERENCE_REQUESTS) * 60 >= cost.seconds
+    assert sim_seconds(policy, REFERENCE_REQUESTS) == pytest.approx(cost.seconds)
+    # Smaller jobs cost less, never less than the floor.
+    assert sim_mem_mb(policy, 1000) <= sim_mem_mb(policy, REFERENCE_REQUESTS)
+    assert sim_seconds(policy, 1000) < sim_seconds(policy, REFERENCE_REQUESTS)
+
+
+def test_variants_cost_their_base_policy_and_a_search_its_points() -> None:
+    assert sim_seconds("accelgen/order", 5000) == sim_seconds("accelgen", 5000)
+    assert sim_seconds("sarathi-slack", 5000) == sim_seconds("sarathi", 5000)
+    assert sim_runtime_min("oracle", 20000, 9) > sim_runtime_min("oracle", 20000, 1)
+
+
+def test_paper_grid_jobs_and_estimate() -> None:
+    grid = Grid(load(load_yaml(ROOT / "config" / "paper.yaml")))
+    oracle = next(r for r in grid.runs() if grid.systems[r.system].policy == "oracle")
+    policy, n, points = run_job(grid, oracle.variant, oracle.system)
+    assert policy == "oracle" and points > 1 and n > 0
+    res = job_resources(grid, oracle.variant, oracle.system)
+    assert res["mem_mb"] >= 1000 and res["runtime"] >= 10
+    text = estimate_measured(ROOT / "config" / "paper.yaml")
+    assert "CPU-hours" in text and "by figure" in text and "evaluation" in text
