@@ -1,4 +1,5 @@
-"""Shared test helpers: a simple linear cost model and a one-call simulator runner."""
+"""Shared test helpers: a simple linear cost model, a one-call simulator runner, and a
+scheduler view for calling a policy's ``schedule`` directly."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import pytest
 from accelgen.costmodel.base import CostModel
 from accelgen.costmodel.linear import LinearCostModel
 from accelgen.kvcache import BlockManager
-from accelgen.policies.base import Pivot, Policy
-from accelgen.request import Request
+from accelgen.policies.base import Pivot, Policy, SchedulerView
+from accelgen.request import Request, Status
 from accelgen.sim.engine import SimulationResult, Simulator
 
 
@@ -32,6 +33,24 @@ def make_requests(specs: Sequence[tuple[float, int]], *, ttft_slo: float = 1.0,
         reqs.append(Request(req_id=i, arrival=arrival, prompt_len=prompt, source=source,
                             ttft_slo=ttft_slo, tbt_slo=tbt_slo, jct_slo=math.inf))
     return reqs
+
+
+def scheduler_view(waiting: list[Request], running: list[Request], kv: BlockManager, *,
+                   swapped: list[Request] | None = None, s_pf: int = 256,
+                   now: float = 0.0) -> SchedulerView:
+    """The view a policy's ``schedule`` sees, under the linear test cost model."""
+    cost = LinearCost()
+    return SchedulerView(now=now, waiting=waiting, running=running, swapped=swapped or [], kv=kv,
+                         cost=cost, pivot=Pivot(s_pf, cost.forward_time(s_pf)),
+                         max_model_len=100_000)
+
+
+def put_running(r: Request, kv: BlockManager, computed: int, outputs: int) -> Request:
+    """Put ``r`` in the running state holding KV for ``computed`` tokens."""
+    r.status, r.num_output_tokens = Status.RUNNING, outputs
+    kv.allocate(r, computed)
+    r.num_computed_tokens = computed
+    return r
 
 
 def run_sim(requests: list[Request], output_len: Sequence[int], policy: Policy, *,

@@ -6,27 +6,10 @@ from __future__ import annotations
 import pytest
 
 from accelgen.kvcache import BlockManager
-from accelgen.policies.base import Pivot, SchedulerView
 from accelgen.policies.registry import make_policy
-from accelgen.request import Request, Status
-from tests.conftest import LinearCost, make_requests, run_sim
+from accelgen.request import Request
+from tests.conftest import LinearCost, make_requests, put_running, run_sim, scheduler_view
 from tests.invariants import RecordingPolicy, check_invariants
-
-
-def _view(waiting: list[Request], running: list[Request], kv: BlockManager, *, s_pf: int = 256,
-          now: float = 0.0) -> SchedulerView:
-    cost = LinearCost()
-    return SchedulerView(now=now, waiting=waiting, running=running, swapped=[], kv=kv, cost=cost,
-                         pivot=Pivot(s_pf, cost.forward_time(s_pf)), max_model_len=100_000)
-
-
-def _running(r: Request, kv: BlockManager, computed: int, outputs: int) -> Request:
-    """Put ``r`` in the running state holding KV for ``computed`` tokens."""
-    r.status, r.num_output_tokens = Status.RUNNING, outputs
-    kv.allocate(r, computed)
-    r.num_computed_tokens = computed
-    return r
-
 
 # -- Orca ----------------------------------------------------------------------------------------
 
@@ -65,7 +48,7 @@ def test_orca_reservation_is_head_of_line() -> None:
     # whole reservation to be freed even though its own prompt would fit in the free blocks.
     kv = BlockManager(num_blocks=40, block_size=16)
     reqs = make_requests([(0.0, 20)] * 3)
-    d = make_policy("orca", {"max_seq_len": 320}).schedule(_view(list(reqs), [], kv))
+    d = make_policy("orca", {"max_seq_len": 320}).schedule(scheduler_view(list(reqs), [], kv))
     assert [r.req_id for r, _ in d.scheduled] == [0, 1]
     assert [(r.req_id, n) for r, n in d.reserve] == [(0, 320), (1, 320)]
 
@@ -103,9 +86,9 @@ def test_fastgen_split_prompt_continues_first() -> None:
 
 def test_fastgen_prompt_starts_only_if_whole_remainder_fits() -> None:
     kv = BlockManager(num_blocks=30, block_size=16)
-    holder = _running(make_requests([(0.0, 200)])[0], kv, 208, 9)  # 13 blocks
+    holder = put_running(make_requests([(0.0, 200)])[0], kv, 208, 9)  # 13 blocks
     new = make_requests([(0.0, 200), (0.0, 300)])[1]  # needs 19 blocks; 17 are free
-    d = make_policy("fastgen", {"token_budget": 128}).schedule(_view([new], [holder], kv))
+    d = make_policy("fastgen", {"token_budget": 128}).schedule(scheduler_view([new], [holder], kv))
     # A 127-token chunk would fit in 8 blocks, but FastGen waits for the whole prompt.
     assert [(r.req_id, n) for r, n in d.scheduled] == [(0, 1)]
     assert d.info["kv_gate_stop"] == 1.0
@@ -120,12 +103,12 @@ def test_fastgen_prompt_starts_only_if_whole_remainder_fits() -> None:
 
 def test_fastgen_flushes_last_kv_holder_when_nothing_fits() -> None:
     kv = BlockManager(num_blocks=4, block_size=16)
-    a = _running(make_requests([(0.0, 31)])[0], kv, 32, 2)
-    b = _running(make_requests([(0.0, 31), (0.0, 31)])[1], kv, 32, 2)
+    a = put_running(make_requests([(0.0, 31)])[0], kv, 32, 2)
+    b = put_running(make_requests([(0.0, 31), (0.0, 31)])[1], kv, 32, 2)
     assert kv.num_free_blocks == 0  # both want a third block for their next token
-    d = make_policy("fastgen").schedule(_view([], [a, b], kv))
+    d = make_policy("fastgen").schedule(scheduler_view([], [a, b], kv))
     assert d.scheduled == [] and d.preempted == [b]
-    d = make_policy("fastgen", {"deadlock_flush": "all"}).schedule(_view([], [a, b], kv))
+    d = make_policy("fastgen", {"deadlock_flush": "all"}).schedule(scheduler_view([], [a, b], kv))
     assert d.preempted == [b, a]
 
 
@@ -154,11 +137,11 @@ def test_edf_serves_earliest_deadline_first() -> None:
 
 def test_edf_preempts_only_later_deadlines() -> None:
     kv = BlockManager(num_blocks=4, block_size=16)
-    a = _running(make_requests([(0.0, 31)])[0], kv, 32, 2)
-    b = _running(make_requests([(0.0, 31), (0.0, 31)])[1], kv, 32, 2)
+    a = put_running(make_requests([(0.0, 31)])[0], kv, 32, 2)
+    b = put_running(make_requests([(0.0, 31), (0.0, 31)])[1], kv, 32, 2)
     a.last_token_time, b.last_token_time = 0.0, 0.0
     a.tbt_slo, b.tbt_slo = 0.5, 0.1  # b is due first
-    d = make_policy("edf").schedule(_view([], [a, b], kv))
+    d = make_policy("edf").schedule(scheduler_view([], [a, b], kv))
     assert d.preempted == [a]
     assert [r.req_id for r, _ in d.scheduled] == [b.req_id]
 

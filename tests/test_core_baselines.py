@@ -3,19 +3,12 @@
 from __future__ import annotations
 
 from accelgen.kvcache import BlockManager
-from accelgen.policies.base import Decision, Pivot, SchedulerView
+from accelgen.policies.base import Decision, SchedulerView
 from accelgen.policies.common import is_prefilling
 from accelgen.policies.registry import make_policy
 from accelgen.request import Status
-from tests.conftest import LinearCost, make_requests, run_sim
+from tests.conftest import LinearCost, make_requests, run_sim, scheduler_view
 from tests.invariants import RecordingPolicy, check_invariants
-
-
-def _view(waiting, running, kv, s_pf=256, now=0.0):
-    cost = LinearCost()
-    return SchedulerView(now=now, waiting=waiting, running=running, swapped=[], kv=kv,
-                         cost=cost, pivot=Pivot(s_pf, cost.forward_time(s_pf)),
-                         max_model_len=100_000)
 
 
 def test_vllm_v0_prefill_only_iterations_and_head_of_line_blocking() -> None:
@@ -39,9 +32,9 @@ def test_vllm_admission_needs_whole_prompt_to_fit() -> None:
     small = make_requests([(0.0, 200), (0.0, 100)])[1]
     # A 64-token budget would fit a first chunk of either, but vLLM (SPEC) admits only when the
     # whole remaining prompt fits in free KV, and stops at the head of the queue.
-    d = make_policy("vllm", {"token_budget": 64}).schedule(_view([reqs[0], small], [], kv))
+    d = make_policy("vllm", {"token_budget": 64}).schedule(scheduler_view([reqs[0], small], [], kv))
     assert d.scheduled == []
-    d = make_policy("vllm", {"token_budget": 64}).schedule(_view([small], [], kv))
+    d = make_policy("vllm", {"token_budget": 64}).schedule(scheduler_view([small], [], kv))
     assert [(r.req_id, n) for r, n in d.scheduled] == [(1, 64)]
     assert kv.blocks_needed(small, 64) == 4  # blocks are per chunk, not for the whole prompt
 
@@ -52,7 +45,7 @@ def test_vllm_preempts_newest_running_request() -> None:
     for r in reqs:  # every request holds one full block and wants to decode a 17th token
         r.status, r.num_output_tokens, r.num_computed_tokens, r.num_blocks = Status.RUNNING, 1, 16, 1
     kv.num_free_blocks = 0
-    d = make_policy("vllm").schedule(_view([], list(reqs), kv))
+    d = make_policy("vllm").schedule(scheduler_view([], list(reqs), kv))
     assert [r.req_id for r in d.preempted] == [3, 2]
     assert [r.req_id for r, _ in d.scheduled] == [0, 1]
 
@@ -85,5 +78,5 @@ def test_sarathi_system_slo_sets_budget() -> None:
     t_pf = cost.forward_time(256)
     for slo in (0.2, 0.4, 1.0):
         p = make_policy("sarathi", {"system_slo": slo})
-        d = p.schedule(_view([], [], kv))
+        d = p.schedule(scheduler_view([], [], kv))
         assert d.info["token_budget"] == max(16, int(256 * slo / t_pf))

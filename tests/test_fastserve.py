@@ -19,25 +19,17 @@ from accelgen.costmodel.base import BatchShape
 from accelgen.costmodel.factory import make_cost_model
 from accelgen.costmodel.profiles import DEPLOYMENTS
 from accelgen.kvcache import BlockManager
-from accelgen.policies.base import Decision, Pivot, SchedulerView
+from accelgen.policies.base import Decision, SchedulerView
 from accelgen.policies.fastserve import FastServePolicy, MLFQState
 from accelgen.request import Request, Status
 from accelgen.sim.runner import simulate
 from accelgen.workloads.build import build_trace
 from accelgen.workloads.config import WorkloadConfig
-from tests.conftest import LinearCost, make_requests, run_sim
+from tests.conftest import LinearCost, make_requests, put_running, run_sim, scheduler_view
 from tests.invariants import check_invariants
 
 ROOT = Path(__file__).resolve().parent.parent
 FS: dict[str, Any] = {"base_quantum": 0.02}  # quanta 20, 40, 80, 160, 320 ms under the linear test cost
-
-
-def _view(waiting: list[Request], running: list[Request], kv: BlockManager, *,
-          swapped: list[Request] | None = None, now: float = 0.0) -> SchedulerView:
-    cost = LinearCost()
-    return SchedulerView(now=now, waiting=waiting, running=running, swapped=swapped or [], kv=kv,
-                         cost=cost, pivot=Pivot(256, cost.forward_time(256)),
-                         max_model_len=100_000)
 
 
 def _order(res: Any) -> list[int]:
@@ -62,13 +54,13 @@ def test_skip_join_places_a_request_by_its_isolated_prefill_time() -> None:
     reqs = make_requests([(0.0, p) for p in prompts])
     for r in reqs:
         policy.on_arrival(r, 0.0)
-    policy.schedule(_view(list(reqs), [], BlockManager(num_blocks=2000, block_size=16)))
+    policy.schedule(scheduler_view(list(reqs), [], BlockManager(num_blocks=2000, block_size=16)))
     assert [r.policy_state.join_level for r in reqs] == [0, 1, 2, 3, 4, 4]
     # With more queues the longest prompt joins the first level that covers it (the artifact
     # adds queues as needed).
     wide = FastServePolicy(num_queues=12, **FS)
     r = make_requests([(0.0, 20_000)])[0]
-    wide.schedule(_view([r], [], BlockManager(num_blocks=2000, block_size=16)))
+    wide.schedule(scheduler_view([r], [], BlockManager(num_blocks=2000, block_size=16)))
     level = r.policy_state.join_level
     assert 4 < level < 11 and wide.quantum(level - 1) < times[5] <= wide.quantum(level)
 
@@ -93,13 +85,13 @@ def test_demotion_after_the_quantum_is_used_up() -> None:
     kv = BlockManager(num_blocks=100, block_size=16)
     r = make_requests([(0.0, 50)])[0]
     policy.on_arrival(r, 0.0)
-    d = policy.schedule(_view([r], [], kv))
+    d = policy.schedule(scheduler_view([r], [], kv))
     st_: MLFQState = r.policy_state
     assert st_.level == 0
     lat = cost.prefill_time(50)  # 15 ms: within the 20 ms quantum of level 0
-    policy.on_step_end(_view([], [r], kv), d, lat)
+    policy.on_step_end(scheduler_view([], [r], kv), d, lat)
     assert (st_.level, st_.attained) == (0, pytest.approx(lat))
-    policy.on_step_end(_view([], [r], kv, now=lat), d, 0.01)  # 25 ms > 20 ms: demoted
+    policy.on_step_end(scheduler_view([], [r], kv, now=lat), d, 0.01)  # 25 ms > 20 ms: demoted
     assert (st_.level, st_.attained) == (1, 0.0)
     # End to end: request 0 has used its top-level quantum when request 1 arrives at the same
     # level, so request 1 runs ahead of it.
@@ -226,19 +218,17 @@ def test_proactive_reserve_swaps_out_the_lowest_priority() -> None:
     kv = BlockManager(num_blocks=40, block_size=16, num_swap_blocks=100)
     policy = FastServePolicy(max_batch_size=1, free_block_reserve=4, **FS)
     r0, r1 = make_requests([(0.0, 200), (0.0, 20)])
-    r0.status, r0.num_output_tokens = Status.RUNNING, 3
-    kv.allocate(r0, 203)
-    r0.num_computed_tokens = 202  # one token still to feed back
+    put_running(r0, kv, computed=202, outputs=3)  # 13 blocks; one token still to feed back
     for r in (r0, r1):
         policy.on_arrival(r, 0.0)
     # r1 needs 2 blocks, 40 - 13 = 27 are free: no swap needed, with or without the reserve.
-    d = policy.schedule(_view([r1], [r0], kv))
+    d = policy.schedule(scheduler_view([r1], [r0], kv))
     assert [r.req_id for r, _ in d.scheduled] == [r1.req_id] and not d.swap_out
     # Now only 5 blocks are free: r1's 2 blocks fit but leave less than the reserve of 4.
     filler = make_requests([(0.0, 1)] * 3)[2]
     filler.status = Status.RUNNING
     kv.allocate(filler, 22 * 16)
-    d = policy.schedule(_view([r1], [r0], kv))
+    d = policy.schedule(scheduler_view([r1], [r0], kv))
     assert [r.req_id for r, _ in d.scheduled] == [r1.req_id]
     assert d.swap_out == [r0], "the reserve is kept by swapping out the lowest priority"
     # Without the reserve nothing is swapped out.
@@ -246,7 +236,7 @@ def test_proactive_reserve_swaps_out_the_lowest_priority() -> None:
     for r in (r0, r1):
         r.policy_state = None
         plain.on_arrival(r, 0.0)
-    d = plain.schedule(_view([r1], [r0], kv))
+    d = plain.schedule(scheduler_view([r1], [r0], kv))
     assert [r.req_id for r, _ in d.scheduled] == [r1.req_id] and not d.swap_out
 
 
@@ -259,12 +249,10 @@ def test_swapped_requests_come_back_ahead_of_their_turn() -> None:
     a, b = make_requests([(0.0, 100), (0.0, 10)])
     for r in (a, b):
         policy.on_arrival(r, 0.0)
-    a.status, a.num_output_tokens = Status.RUNNING, 2
-    kv.allocate(a, 102)
-    a.num_computed_tokens = 101
+    put_running(a, kv, computed=101, outputs=2)
     kv.swap_out(a)
     a.status = Status.SWAPPED
-    d = policy.schedule(_view([b], [], kv, swapped=[a]))
+    d = policy.schedule(scheduler_view([b], [], kv, swapped=[a]))
     assert [r.req_id for r, _ in d.scheduled] == [b.req_id]
     assert d.swap_in == [a], "a queued swapped request is brought back early"
     # Not while the decision has to swap something out (no ping-pong): e (level 0) runs, the
@@ -274,15 +262,11 @@ def test_swapped_requests_come_back_ahead_of_their_turn() -> None:
     policy2 = FastServePolicy(max_batch_size=1, free_block_reserve=4, base_quantum=0.012)
     for r in (c, hog, e):
         policy2.on_arrival(r, 0.0)
-    c.status, c.num_output_tokens = Status.RUNNING, 2
-    kv2.allocate(c, 42)  # 3 blocks
-    c.num_computed_tokens = 41
+    put_running(c, kv2, computed=41, outputs=2)  # 3 blocks
     kv2.swap_out(c)
     c.status = Status.SWAPPED
-    hog.status, hog.num_output_tokens = Status.RUNNING, 2
-    kv2.allocate(hog, 102)  # 7 blocks: 3 free
-    hog.num_computed_tokens = 101
-    d = policy2.schedule(_view([e], [hog], kv2, swapped=[c]))
+    put_running(hog, kv2, computed=101, outputs=2)  # 7 blocks: 3 free
+    d = policy2.schedule(scheduler_view([e], [hog], kv2, swapped=[c]))
     assert [r.req_id for r, _ in d.scheduled] == [e.req_id]
     assert d.swap_out == [hog] and d.swap_in == []
 
@@ -293,15 +277,13 @@ def test_new_prompts_wait_while_the_host_is_nearly_full() -> None:
     old, new = make_requests([(0.0, 100), (0.0, 10)])
     for r in (old, new):
         policy.on_arrival(r, 0.0)
-    old.status, old.num_output_tokens = Status.RUNNING, 2
-    kv.allocate(old, 102)
-    old.num_computed_tokens = 101
-    d = policy.schedule(_view([new], [old], kv))
+    put_running(old, kv, computed=101, outputs=2)
+    d = policy.schedule(scheduler_view([new], [old], kv))
     assert {r.req_id for r, _ in d.scheduled} == {old.req_id, new.req_id}
     # With the host full (under 10 % free) the new prompt is passed over; the started request
     # still runs.
     kv.num_free_swap_blocks = 0
-    d = policy.schedule(_view([new], [old], kv))
+    d = policy.schedule(scheduler_view([new], [old], kv))
     assert [r.req_id for r, _ in d.scheduled] == [old.req_id]
 
 
@@ -313,13 +295,11 @@ def test_new_prompts_stop_at_the_first_that_cannot_get_its_kv() -> None:
         kv = BlockManager(num_blocks=30, block_size=16)
         policy = FastServePolicy(base_quantum=0.012)  # level 0: prompts of up to 20 tokens
         r, p1, p2 = make_requests([(0.0, 10), (0.1, 130), (0.2, 60)])
-        r.status, r.num_output_tokens = Status.RUNNING, 390
-        kv.allocate(r, 400)
-        r.num_computed_tokens = 400
+        put_running(r, kv, computed=400, outputs=390)
         waiting = [p1, p2] if with_p1 else [p2]
         for q in (r, *waiting):
             policy.on_arrival(q, q.arrival)
-        d = policy.schedule(_view(waiting, [r], kv))
+        d = policy.schedule(scheduler_view(waiting, [r], kv))
         assert [q.policy_state.level for q in (r, *waiting)] == [0] + [1] * len(waiting)
         return [q.req_id for q, _ in d.scheduled]
 
@@ -337,13 +317,13 @@ def test_the_batch_stops_at_the_first_prompt_over_the_token_limit() -> None:
     reqs = make_requests([(0.0, 600), (0.001, 500), (0.002, 40)])
     for r in reqs:
         policy.on_arrival(r, r.arrival)
-    d = policy.schedule(_view(list(reqs), [], kv))
+    d = policy.schedule(scheduler_view(list(reqs), [], kv))
     assert [r.req_id for r, _ in d.scheduled] == [0], "strict order: no skipping past request 1"
     # A prompt longer than the limit runs when no other prompt is in the batch.
     big = make_requests([(0.0, 5000)])[0]
     policy = FastServePolicy(max_prompt_tokens=1000, base_quantum=10.0)
     policy.on_arrival(big, 0.0)
-    d = policy.schedule(_view([big], [], kv))
+    d = policy.schedule(scheduler_view([big], [], kv))
     assert d.scheduled == [(big, 5000)]
 
 
