@@ -173,16 +173,35 @@ class IterationLog:
             s += 1
         return tuple(segs[s][i].item() for segs in self._cols)
 
-    def to_frame(self) -> pd.DataFrame:
-        if not len(self):
+    def to_frame(self, start: int = 0) -> pd.DataFrame:
+        """The rows from ``start`` on. The whole log (``start`` 0) shares the log's arrays; a
+        later start (a server's log sink writing what is new) copies only those rows and leaves
+        the segments as they are, so each flush costs its own rows, not the log's length."""
+        if len(self) <= start:
             return pd.DataFrame.from_records([], columns=list(ITERATION_COLUMNS))
-        self._join()
-        data: dict[str, Any] = {name: segs[0] for name, segs in
-                                zip(ITERATION_COLUMNS, self._cols, strict=True)}
-        for key, segs in self._info_cols.items():
-            data[f"info_{key}"] = segs[0]
-        # copy=False: the frame shares the log's arrays (pandas copy-on-write protects both).
+        if start:
+            self._store()
+            cols = [self._rows_from(segs, start) for segs in self._cols]
+            infos = {key: self._rows_from(segs, start) for key, segs in self._info_cols.items()}
+        else:
+            self._join()
+            cols = [segs[0] for segs in self._cols]
+            infos = {key: segs[0] for key, segs in self._info_cols.items()}
+        data: dict[str, Any] = dict(zip(ITERATION_COLUMNS, cols, strict=True))
+        for key, values in infos.items():
+            data[f"info_{key}"] = values
+        # copy=False: the frame shares the arrays (pandas copy-on-write protects both).
         return pd.DataFrame(data, copy=False)
+
+    def _rows_from(self, segments: list[np.ndarray], start: int) -> np.ndarray:
+        """Stored rows ``start..`` of one column (only the last segment is partly filled)."""
+        parts, offset, last = [], 0, len(segments) - 1
+        for i, seg in enumerate(segments):
+            length = len(seg) - (self._capacity - self._num_stored) if i == last else len(seg)
+            if offset + length > start:
+                parts.append(seg[max(start - offset, 0):length])
+            offset += length
+        return np.concatenate(parts)
 
     def timing_frame(self) -> pd.DataFrame:
         times = np.array(self.decision_time, dtype=np.float64)

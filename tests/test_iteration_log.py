@@ -35,14 +35,18 @@ def _parquet(df: pd.DataFrame) -> bytes:
     return buf.getvalue()
 
 
+_ROW_ARGS = (99.0, 0.03, BatchShape(), 1, 0, 491, 0, 0.0, 0, 0, 1, 0, 0.0, {})
+_ROW = (99.0, 0.03, 0, 0, 0, 0, 1, 0.0, 0, 0, 491, 0, 0, 0, 1, 0, 0.0)
+
 _info = st.dictionaries(st.sampled_from(_KEYS),
                         st.one_of(st.integers(0, 4096), st.floats(-1e6, 1e6)), max_size=4)
 
 
 @settings(max_examples=40, deadline=None)
 @given(infos=st.lists(_info, min_size=1, max_size=40), chunk=st.integers(1, 7),
-       segment=st.integers(1, 9), frame_at=st.integers(0, 40))
-def test_log_matches_records(infos: list[dict], chunk: int, segment: int, frame_at: int) -> None:
+       segment=st.integers(1, 9), frame_at=st.integers(0, 40), start=st.integers(1, 45))
+def test_log_matches_records(infos: list[dict], chunk: int, segment: int, frame_at: int,
+                             start: int) -> None:
     log = type("Small", (IterationLog,), {"CHUNK_ROWS": chunk, "SEGMENT_ROWS": segment})()
     rows = []
     for i, info in enumerate(infos):
@@ -64,6 +68,19 @@ def test_log_matches_records(infos: list[dict], chunk: int, segment: int, frame_
     pd.testing.assert_frame_equal(got, want)
     assert _parquet(got) == _parquet(want)
     assert _parquet(log.to_frame()) == _parquet(want)  # a second call gives the same table
+    # The rows from `start` on (what a server's log sink writes at a flush): the same rows,
+    # before and after the log was joined, and an empty table past the end.
+    log.append(*_ROW_ARGS)
+    rows.append(_ROW)
+    want = _reference(rows, [*infos, {}])
+    tail = want.iloc[start:].reset_index(drop=True)
+    got = log.to_frame(start)
+    if start < len(rows):
+        pd.testing.assert_frame_equal(got, tail)
+        assert _parquet(log.to_frame()) == _parquet(want)
+        pd.testing.assert_frame_equal(log.to_frame(start), tail)
+    else:
+        assert got.empty and list(got.columns) == list(ITERATION_COLUMNS)
 
 
 def test_info_rows_and_growth_after_to_frame() -> None:

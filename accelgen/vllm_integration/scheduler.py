@@ -488,8 +488,7 @@ class InstrumentedScheduler(Scheduler):
 
     def iterations_frame(self, start: int = 0) -> pd.DataFrame:
         """``iterations.parquet`` rows of the iterations logged from index ``start`` on."""
-        frame = self.log.to_frame()  # shares the log's arrays: the slice copies only the delta
-        return frame.iloc[start:].reset_index(drop=True) if start else frame
+        return self.log.to_frame(start)
 
     def timing_frame(self, start: int = 0) -> pd.DataFrame:
         """Wall times per logged iteration (s): ``decision_time`` (the whole ``schedule()``
