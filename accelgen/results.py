@@ -60,7 +60,9 @@ class IterationLog:
 
     Why segments of 8 MB: each is its own memory mapping, so the ones ``to_frame`` joins (column
     by column) go back to the system at once; small arrays would leave their memory in the
-    allocator's heap and the peak would hold the log twice."""
+    allocator's heap and the peak would hold the log twice. The first segment holds only
+    ``CHUNK_ROWS`` rows, and a joined column is exactly its rows, so a short run's log costs what
+    its rows do (a few hundred iterations must not hold 8 MB a column)."""
 
     CHUNK_ROWS = 1 << 16
     SEGMENT_ROWS = 1 << 20
@@ -127,11 +129,12 @@ class IterationLog:
         done = 0
         while done < k:
             if self._num_stored == self._capacity:
+                size = self.SEGMENT_ROWS if self._capacity else self.CHUNK_ROWS
                 for segs, dt in zip(self._cols, _ITERATION_DTYPES, strict=True):
-                    segs.append(np.empty(self.SEGMENT_ROWS, dtype=dt))
+                    segs.append(np.empty(size, dtype=dt))
                 for segs in self._info_cols.values():
-                    segs.append(np.full(self.SEGMENT_ROWS, math.nan))
-                self._capacity += self.SEGMENT_ROWS
+                    segs.append(np.full(size, math.nan))
+                self._capacity += size
             last = len(self._cols[0][-1])
             off = self._num_stored - (self._capacity - last)
             take = min(k - done, last - off)
@@ -155,7 +158,8 @@ class IterationLog:
                 continue
             parts = segments[:-1]
             parts.append(segments[-1][:len(segments[-1]) - (self._capacity - n)])
-            joined = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            # A view of a partly filled segment would keep all of it: copy the rows.
+            joined = parts[0].copy() if len(parts) == 1 else np.concatenate(parts)
             segments[:] = [joined]  # the segments are freed here, column by column
         self._capacity = n
 

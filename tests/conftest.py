@@ -1,12 +1,16 @@
 """Shared test helpers: a simple linear cost model, a one-call simulator runner, and a
-scheduler view for calling a policy's ``schedule`` directly."""
+scheduler view for calling a policy's ``schedule`` directly. Also the hypothesis profiles:
+``ci`` (the default: the same examples on every run, so a red suite is reproducible) and
+``explore`` (``HYPOTHESIS_PROFILE=explore``: new random examples each run, for hunting)."""
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 
 import pytest
+from hypothesis import settings
 
 from accelgen.costmodel.base import CostModel
 from accelgen.costmodel.linear import LinearCostModel
@@ -14,6 +18,10 @@ from accelgen.kvcache import BlockManager
 from accelgen.policies.base import Pivot, Policy, SchedulerView
 from accelgen.request import Request, Status
 from accelgen.sim.engine import SimulationResult, Simulator
+
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+settings.register_profile("explore", derandomize=False, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 class LinearCost(LinearCostModel):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from accelgen.config import Deployment
@@ -77,10 +77,19 @@ def test_invariants_hold(name: str, params: dict[str, Any], trace, num_blocks: i
 _OPT13B = Deployment(model="opt-13b", hardware="a100", kv_cache_gb=12.0)
 
 
+# FCFS (/Order): a loose prompt chunk fills most of the budget, then a later group with a 20 ms
+# TBT would lower it below what is already in the batch (it must not join, nor claim SLO_min).
+_LATER_GROUP_TIGHTER = [(0.5, 16, 1, 0.2, 0.5, None), (1.773, 47, 20, 0.02, 0.5, None),
+                        (0.0, 100, 50, 0.2, 0.5, None), (0.5, 64, 66, 0.2, 0.05, None),
+                        (0.5, 304, 76, 0.05, 3.0, None), (0.5, 16, 1, 0.05, 0.5, None),
+                        (0.0, 16, 1, 0.2, 3.0, None)]
+
+
 @pytest.mark.parametrize("name", ["accelgen", "accelgen/order", "accelgen/batch", "oracle"])
 @pytest.mark.parametrize("cost_kind", ["linear", "analytic"])
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(trace=mixed_slo_traces, num_blocks=st.integers(min_value=8, max_value=80))
+@example(trace=_LATER_GROUP_TIGHTER, num_blocks=28)
 def test_batch_budget_iterations_fit_slo_min(name: str, cost_kind: str, trace,
                                              num_blocks: int) -> None:
     """Budget rule ``batch`` (default): when the cost model is the simulator's, no iteration

@@ -114,3 +114,17 @@ def test_batch_builder_decision_sets_every_field() -> None:
     fast = BatchBuilder(BlockManager(8, 16), 64).decision
     for f in fields(Decision):
         assert getattr(fast, f.name) == getattr(Decision(), f.name), f.name
+
+
+def test_short_log_holds_only_its_rows() -> None:
+    """A few hundred iterations must not hold a segment's megabytes per column once framed (a
+    test that keeps the results of many runs, e.g. hypothesis's failing examples, ran out of
+    memory that way)."""
+    log = IterationLog()
+    for i in range(300):
+        log.append(*_ROW_ARGS[:-1], {"token_budget": i})
+    df = log.to_frame()
+    for name in df.columns:
+        values = df[name].to_numpy()
+        owner = values if values.base is None else values.base
+        assert owner.nbytes == 300 * 8, name

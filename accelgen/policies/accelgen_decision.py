@@ -619,22 +619,23 @@ def _select(d: Any) -> int:
             return -1
         led.n_groups += 1
         # Members of a later group may have a tighter per-iteration SLO: the batch's budget
-        # follows the tightest one that joins.
+        # follows the tightest one that joins. A group whose budget the batch formed so far
+        # already fills cannot join: the batch stops here, planned for the SLOs it holds.
         m = math.inf
         for j in range(gn):
             c = d.cand[d.lists[j].group]
             if c.counted and c.slo_iter < m:
                 m = c.slo_iter
         if m < led.slo_min:
-            led.slo_min = m
             tokens, low, _ = token_budget(d, m)
             if tokens < 0:
                 return -1 - tokens
             if tokens < out.budget:
-                led.budget_left -= out.budget - tokens
-                out.budget, led.clamped_low = tokens, low
-                if led.budget_left <= 0:
+                left = led.budget_left - (out.budget - tokens)
+                if left <= 0:
                     return -1
+                led.budget_left, out.budget, led.clamped_low = left, tokens, low
+            led.slo_min = m
         before = out.n_sched
         if par.batch:
             _select_euclidean(d, gn)
