@@ -319,24 +319,21 @@ def _plan(d: Any) -> int:
     budget, and when the new budget's T_max is longer, urgency again at it (a larger budget means
     longer iterations). Returns -1, or a budget whose latency the cost model must give first."""
     st, led, out = d.state[0].step, d.state[0].ledger, d.state[0].outcome
-    t_prev = _t_max(d, st.prev_budget)
-    if math.isnan(t_prev):
+    t_max = _t_max(d, st.prev_budget)
+    if math.isnan(t_max):
         return st.prev_budget
-    slo_min = _urgency(d, t_prev)
+    slo_min = _urgency(d, t_max)
     tokens, low, high = token_budget(d, slo_min)
-    if tokens < 0:
-        return -1 - tokens
-    t_max = t_prev
-    if tokens != st.prev_budget:
+    if 0 <= tokens != st.prev_budget:
         t_new = _t_max(d, tokens)
         if math.isnan(t_new):
             return tokens
-        if t_new > t_prev:
+        if t_new > t_max:
             slo_min = min(slo_min, _urgency(d, t_new))
             tokens, low, high = token_budget(d, slo_min)
-            if tokens < 0:
-                return -1 - tokens
             t_max = t_new
+    if tokens < 0:
+        return -1 - tokens
     led.t_max, led.slo_min, led.clamped_low, led.clamped_high = t_max, slo_min, low, high
     out.budget = tokens
     return -1
@@ -416,12 +413,6 @@ def _add(d: Any, s: int, c: int) -> None:
         for i in range(d.state[0].step.n):
             if d.cand[i].is_long:
                 d.cand[i].available = False
-
-
-@_jit
-def _era_blocked(d: Any, s: int) -> bool:
-    owner = d.state[0].outcome.era_owner
-    return d.state[0].params.era and d.cand[s].is_long and 0 <= owner != s
 
 
 # -- preemption --------------------------------------------------------------------------------
@@ -546,7 +537,7 @@ def _add_urgent(d: Any) -> None:
             continue
         if led.budget_left <= 0:
             return
-        if d.cand[s].available and not _era_blocked(d, s):
+        if d.cand[s].available:
             _force(d, s, _victim_min_key(d, s), False)
 
 
@@ -753,7 +744,7 @@ def _select_euclidean(d: Any, gn: int) -> None:
         if best_kind == 0:
             s = lists[best_j].fresh
             _add(d, s, best_c)
-            long_out = out.era_owner == s and d.state[0].params.era  # other long prompts leave too
+            long_out = out.era_owner == s  # other long prompts leave too
             w = 0 if long_out else best_j
             for i in range(w, fl):
                 if i != best_j and not (long_out and d.cand[lists[i].fresh].is_long):
@@ -792,7 +783,7 @@ def _fill_in_order(d: Any, gn: int) -> None:
             return
         s = d.lists[j].group
         c = d.cand[s]
-        if not c.available or _era_blocked(d, s):
+        if not c.available:
             continue
         tokens = 0
         if c.is_decode:
