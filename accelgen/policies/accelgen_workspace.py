@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from accelgen.costmodel.linear import LinearTerms
     from accelgen.policies.accelgen import AccelGenParams
     from accelgen.policies.accelgen_table import RequestTable
-    from accelgen.policies.base import KVView, Pivot
+    from accelgen.policies.base import SchedulerView
 
 i8, f8, b1 = np.int64, np.float64, np.bool_
 
@@ -197,7 +197,8 @@ class Workspace:
             table.rows, _records(CANDIDATE, self.capacity), _records(LISTS, self.capacity),
             state.view(np.recarray), self.times, np.zeros(3 * self.capacity, np.int64))
         self._lists_views()
-        self.configured: tuple[object, ...] = ()
+        self.configured: tuple[object, ...] = ()  # (cost model, pivot, KV) of ``configure``
+        self.cap = 0
         self.exact_kv = False
         self._terms: LinearTerms | None = None
 
@@ -213,15 +214,24 @@ class Workspace:
         self.preempted, self.cut_chunks = lists["preempted"], lists["cut_chunks"]
 
     # -- what stays the same between decisions -----------------------------------------------
-    def configure(self, p: AccelGenParams, kv: KVView, pivot: Pivot, cost: CostModel,
-                  min_budget: int, cap: int, exact_kv: bool) -> None:
-        """The fixed inputs: parameters, KV geometry, budget clamps, and what the cost model offers
-        compiled code (``CostModel.linear_terms``; else forward times of the budgets 0..cap + 1)."""
+    def configure(self, p: AccelGenParams, view: SchedulerView, exact_kv: bool) -> bool:
+        """The fixed inputs, set again only for a new cost model, pivot or KV (returns whether it
+        did): parameters, KV geometry, the token budget's clamps (``cap`` = S_pf x budget_cap,
+        the minimum), and what the cost model offers compiled code (``CostModel.linear_terms``,
+        followed at every call; else forward times of the budgets 0..cap + 1)."""
+        cost, pivot, kv = view.cost, view.pivot, view.kv
+        key = self.configured
+        if key and key[0] is cost and key[1] is pivot and key[2] is kv:
+            self.use_cost(cost)
+            return False
+        self.configured = (cost, pivot, kv)
+        self.cap = cap = max(1, int(pivot.s_pf * p.budget_cap))
         par = self.arrays.state[0].params
         par.order, par.chunk, par.batch = p.order, p.chunk, p.batch
         par.gamma, par.spill_groups = p.gamma, p.spill_groups
         par.budget_model, par.budget_batch = p.budget_rule == "model", p.budget_rule == "batch"
-        par.min_budget, par.cap, par.s_pf, par.t_pf = min_budget, cap, pivot.s_pf, pivot.t_pf
+        par.min_budget, par.cap = min(max(1, p.min_budget or kv.block_size), cap), cap
+        par.s_pf, par.t_pf = pivot.s_pf, pivot.t_pf
         par.era, par.era_whole_request = p.era, p.era_scope == "request"
         par.long_threshold = p.long_prompt_threshold
         par.late_is_urgent, par.lost_last = p.late_is_urgent, p.lost_last
@@ -236,6 +246,7 @@ class Workspace:
         if not par.cost_linear:
             times.forward = [cost.forward_time(b) for b in range(cap + 2)]
         self.arrays = self.arrays._replace(times=times)
+        return True
 
     def use_cost(self, cost: CostModel) -> None:
         """Follow the cost model's linear terms (an online model's refit replaces them)."""
