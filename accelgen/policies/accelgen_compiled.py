@@ -23,10 +23,10 @@ import tempfile
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
-from typing import Any, cast, get_type_hints
+from typing import Any, cast
 
 from accelgen.policies.accelgen_table import RequestTable
-from accelgen.policies.accelgen_workspace import Step, Workspace
+from accelgen.policies.accelgen_workspace import Workspace
 
 DecideFn = Callable[..., int]
 
@@ -61,12 +61,10 @@ def _load_aot(path: Path) -> DecideFn:
 
 
 def _signature() -> tuple[Any, ...]:
-    """``decide``'s argument types: the arrays, then the ``Step`` fields."""
-    from numba import typeof, types
+    """``decide``'s argument types: the arrays (the step's inputs are in them)."""
+    from numba import typeof
 
-    kinds = {int: types.int64, float: types.float64, bool: types.boolean}
-    return (typeof(Workspace(RequestTable(capacity=1)).arrays),
-            *(kinds[t] for t in get_type_hints(Step).values()))
+    return (typeof(Workspace(RequestTable(capacity=1)).arrays),)
 
 
 def _compile(compile_: Callable[[], object]) -> None:

@@ -908,19 +908,14 @@ def _diagnostics(d: Any) -> None:
 
 # -- the decision ------------------------------------------------------------------------------
 @_jit
-def decide(d: Any, n: int, now: float, chunk_mean: float, era_owner: int, prev_budget: int,
-           free_blocks: int, admissions_left: int, plan_only: bool) -> int:
-    """One decision on the inputs ``Step`` names. Returns -1 when it is complete (the batch in
-    ``d.lists`` and the ``outcome``, diagnostics in ``info``), or a token budget whose full-batch
-    latency the cost model must give first."""
-    st = d.state[0].step
-    st.n, st.now, st.chunk_mean, st.era_owner = n, now, chunk_mean, era_owner
-    st.prev_budget, st.free_blocks, st.admissions_left, st.plan_only = (
-        prev_budget, free_blocks, admissions_left, plan_only)
+def decide(d: Any) -> int:
+    """One decision on the inputs in ``d.state[0].step`` (``Step``). Returns -1 when it is
+    complete (the batch in ``d.lists`` and the ``outcome``, diagnostics in ``info``), or a token
+    budget whose full-batch latency the cost model must give first."""
     while True:
         _columns(d)
         need = _plan(d)
-        if need >= 0 or plan_only:
+        if need >= 0 or d.state[0].step.plan_only:
             return need
         need = _form(d)
         if need >= 0:

@@ -65,7 +65,7 @@ LISTS = np.dtype([
 
 
 class Step(NamedTuple):
-    """The inputs of one decision: ``decide``'s arguments, kept in ``STEP``."""
+    """The inputs of one decision (``STEP``, written by ``Workspace.run``)."""
 
     n: int  # live requests (rows of the table)
     now: float
@@ -188,6 +188,7 @@ class Workspace:
     def __init__(self, table: RequestTable) -> None:
         self.capacity = table.capacity
         state = np.zeros(1, STATE)
+        self._step = state["step"]
         self._outcome = self._part(state, "outcome", np.int64)
         self._ask = self._part(state, "ask", np.float64)
         self.info_values = self._part(state, "info", np.float64)
@@ -276,9 +277,10 @@ class Workspace:
         (``ask``) from the cost model, and runs again from the start with it known."""
         if self.exact_kv:
             self._outcome[:] = 0  # the Oracle's counters accumulate over its passes
+        self._step[0] = step
         arrays = self.arrays
         asked = []
-        while (need := decide(arrays, *step)) >= 0:
+        while (need := decide(arrays)) >= 0:
             a = Ask._make(self._ask.tolist())
             self._full_batch[need] = cost.iteration_time(BatchShape(
                 int(a.prefill_tokens), int(a.prefill_tokens > 0), a.prefill_attn,
