@@ -561,14 +561,30 @@ def _oversize_head(d: Any) -> int:
 
 # -- 3b. step 2: SelectRequests (Algorithm 2) --------------------------------------------------
 @_jit
+def _fit(d: Any, s: int) -> int:
+    """Tokens ``s`` can run now without preempting anyone (0: none): a decode's one if its block
+    is free; a prompt's chunk within the budget and its KV room (a fresh prompt's room is its
+    whole prompt, if it may be admitted), under /Chunk only its whole rest."""
+    led, c = d.state[0].ledger, d.cand[s]
+    if c.is_decode:
+        return 1 if _next_blocks(d, s) <= led.kv_free else 0
+    if d.requests[s].running:
+        room = _prompt_room(d, s)
+    elif led.admissions >= 1 and _admission_need(d, s) <= _admissible(d):
+        room = c.rem
+    else:
+        return 0
+    if d.state[0].params.chunk:
+        return min(c.rem, led.budget_left, room)
+    return c.rem if c.rem <= led.budget_left and c.rem <= room else 0
+
+
+@_jit
 def _feasible(d: Any, s: int) -> bool:
     """``s`` could still join with its smallest piece of work (a whole prompt under /Chunk)."""
     led, c, chunk = d.state[0].ledger, d.cand[s], d.state[0].params.chunk
-    if not d.requests[s].running:
-        return (led.admissions >= 1 and _admission_need(d, s) <= _admissible(d)
-                and (chunk or c.rem <= led.budget_left))
-    if c.is_decode:
-        return _next_blocks(d, s) <= led.kv_free
+    if not d.requests[s].running or c.is_decode:
+        return _fit(d, s) >= 1  # (step 2 runs while budget is left)
     spare = min(led.kv_free, _admissible(d) + _owed(d, s))  # free and owed to nobody else
     if chunk:  # its next token's block
         return _next_blocks(d, s) <= spare
@@ -635,15 +651,6 @@ def _select(d: Any) -> int:
         if not par.spill_groups or out.n_sched == before:
             return -1
     return -1
-
-
-@_jit
-def _prompt_chunk(d: Any, s: int) -> int:
-    """Chunk of running prompt ``s`` that fits the budget and its KV room (0: none)."""
-    rem, left, room = d.cand[s].rem, d.state[0].ledger.budget_left, _prompt_room(d, s)
-    if d.state[0].params.chunk:
-        return min(rem, left, room)
-    return rem if rem <= left and rem <= room else 0
 
 
 @_jit
@@ -726,7 +733,7 @@ def _select_euclidean(d: Any, gn: int) -> None:
             best_d = _distance(a_c, a_m, tokens, (tokens + bs - 1) // bs * bs)
         for pi in range(pn):
             s = lists[pi].partial
-            tokens = _prompt_chunk(d, s)
+            tokens = _fit(d, s)
             if tokens < 1:
                 continue
             dist, key = _distance(a_c, a_m, tokens, _blocks_to_add(d, s, tokens) * bs), d.cand[s].key
@@ -777,21 +784,12 @@ def _select_euclidean(d: Any, gn: int) -> None:
 def _fill_in_order(d: Any, gn: int) -> None:
     """/Batch: take the group's candidates in key order, skipping those that do not fit; a
     prompt is cut where the budget or the free KV ends."""
-    led, chunk = d.state[0].ledger, d.state[0].params.chunk
+    led = d.state[0].ledger
     for j in range(gn):
         if led.budget_left <= 0:
             return
         s = d.lists[j].group
-        c = d.cand[s]
-        if not c.available:
-            continue
-        tokens = 0
-        if c.is_decode:
-            tokens = 1 if _next_blocks(d, s) <= led.kv_free else 0
-        elif d.requests[s].running:
-            tokens = _prompt_chunk(d, s)
-        elif led.admissions >= 1 and _admission_need(d, s) <= _admissible(d):
-            tokens = min(c.rem, led.budget_left) if chunk else (c.rem if c.rem <= led.budget_left else 0)
+        tokens = _fit(d, s) if d.cand[s].available else 0
         if tokens >= 1:
             _add(d, s, tokens)
 
