@@ -28,7 +28,7 @@ from typing import Any, cast
 from accelgen.policies.accelgen_table import RequestTable
 from accelgen.policies.accelgen_workspace import Workspace
 
-DecideFn = Callable[..., int]
+DecideFn = Callable[[Any], int]
 
 _HERE = Path(__file__).resolve().parent
 # Everything the compiled module is built from: the code, and the record layouts in its signature.
@@ -86,8 +86,7 @@ def _load_jit() -> DecideFn:
     sig = _signature()
     _compile(lambda: decide.compile(sig))
     # The compiled entry point, called directly: numba's dispatcher would resolve the argument
-    # types on every call (the arrays keep their types: same dtypes, same layout; the scalars
-    # are converted to the declared types).
+    # types on every call (the arrays keep their types: same dtypes, same layout).
     return cast(DecideFn, decide.overloads[sig].entry_point)
 
 

@@ -186,18 +186,16 @@ class Workspace:
     attribute access from Python costs a microsecond or two), the output lists through field views."""
 
     def __init__(self, table: RequestTable) -> None:
-        self.capacity = table.capacity
         state = np.zeros(1, STATE)
         self._step = state["step"]
         self._outcome = self._part(state, "outcome", np.int64)
         self._ask = self._part(state, "ask", np.float64)
         self.info_values = self._part(state, "info", np.float64)
-        self.times = _records(BUDGET_TIME, 1)
-        self._full_batch = self.times.view(np.ndarray)["full_batch"]
-        self.arrays = DecisionArrays(
-            table.rows, _records(CANDIDATE, self.capacity), _records(LISTS, self.capacity),
-            state.view(np.recarray), self.times, np.zeros(3 * self.capacity, np.int64))
-        self._lists_views()
+        times = _records(BUDGET_TIME, 1)
+        self._full_batch = times.view(np.ndarray)["full_batch"]
+        self.arrays = DecisionArrays(table.rows, _records(CANDIDATE, 0), _records(LISTS, 0),
+                                     state.view(np.recarray), times, np.zeros(0, np.int64))
+        self.follow(table)  # (sizes the per-request arrays)
         self.configured: tuple[object, ...] = ()  # (cost model, pivot, KV) of ``configure``
         self.cap = 0
         self.exact_kv = False
@@ -208,11 +206,6 @@ class Workspace:
         """A sub-record of ``state`` whose fields all have ``dtype``, as a plain array."""
         sub, offset = STATE.fields[name][:2]  # type: ignore[index]
         return state.view(np.uint8)[offset:offset + sub.itemsize].view(dtype)
-
-    def _lists_views(self) -> None:
-        lists = self.arrays.lists.view(np.ndarray)
-        self.slots, self.tokens = lists["slots"], lists["tokens"]
-        self.preempted, self.cut_chunks = lists["preempted"], lists["cut_chunks"]
 
     # -- what stays the same between decisions -----------------------------------------------
     def configure(self, p: AccelGenParams, view: SchedulerView, exact_kv: bool) -> bool:
@@ -241,7 +234,7 @@ class Workspace:
         par.exact_kv = self.exact_kv = exact_kv
         self._terms = None
         self.use_cost(cost)
-        self.times = times = _records(BUDGET_TIME, cap + 2)
+        times = _records(BUDGET_TIME, cap + 2)
         self._full_batch = times.view(np.ndarray)["full_batch"]
         self._full_batch[:] = math.nan
         if not par.cost_linear:
@@ -261,13 +254,14 @@ class Workspace:
             par.base_s, par.per_token_s, par.per_ctx_s, par.per_attn_s = terms
 
     def follow(self, table: RequestTable) -> None:
-        """Use the table's current rows (it reallocates them when it grows)."""
-        if table.capacity > self.capacity:
-            self.capacity = table.capacity
-            self.arrays = self.arrays._replace(cand=_records(CANDIDATE, table.capacity),
-                                               lists=_records(LISTS, table.capacity),
-                                               scratch=np.zeros(3 * table.capacity, np.int64))
-            self._lists_views()
+        """Use the table's current rows (reallocated when it grows) and per-request arrays as large."""
+        n = table.capacity
+        if n > len(self.arrays.cand):
+            self.arrays = self.arrays._replace(cand=_records(CANDIDATE, n), lists=_records(LISTS, n),
+                                               scratch=np.zeros(3 * n, np.int64))
+            lists = self.arrays.lists.view(np.ndarray)
+            self.slots, self.tokens = lists["slots"], lists["tokens"]
+            self.preempted, self.cut_chunks = lists["preempted"], lists["cut_chunks"]
         self.arrays = self.arrays._replace(requests=table.rows)
 
     # -- one decision ------------------------------------------------------------------------
