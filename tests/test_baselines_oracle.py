@@ -91,8 +91,8 @@ def test_oracle_uses_true_lengths_for_offline_plans() -> None:
 
 def test_oracle_refuses_without_clairvoyance() -> None:
     from accelgen.kvcache import BlockManager
-    from tests.test_baselines import _view
+    from tests.conftest import scheduler_view
 
-    view = _view(make_requests([(0.0, 10)]), [], BlockManager(10, 16))
+    view = scheduler_view(make_requests([(0.0, 10)]), [], BlockManager(10, 16))
     with pytest.raises(RuntimeError, match="clairvoyant"):
         make_policy("oracle").schedule(view)
