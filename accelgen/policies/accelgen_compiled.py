@@ -33,7 +33,8 @@ DecideFn = Callable[[Any], int]
 _HERE = Path(__file__).resolve().parent
 # Everything the compiled module is built from: the code, and the record layouts in its signature.
 _SOURCES = (_HERE / "accelgen_decision.py", _HERE / "accelgen_workspace.py",
-            _HERE / "accelgen_table.py", _HERE.parent / "costmodel" / "linear.py")
+            _HERE / "accelgen_table.py", _HERE.parent / "costmodel" / "linear.py",
+            _HERE.parent / "costmodel" / "base.py")
 ENV = "ACCELGEN_DECISION"
 
 

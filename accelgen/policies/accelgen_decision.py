@@ -233,9 +233,9 @@ def _t_max(d: Any, budget: int) -> float:
     else:
         full = d.times[budget].full_batch
         if math.isnan(full):
-            ask = d.state[0].ask
-            ask.prefill_tokens, ask.prefill_attn, ask.decode_seqs, ask.decode_ctx = (
-                prefill, attn, n, ctx)
+            ask = d.state[0].ask  # (a BatchShape)
+            ask.prefill_tokens, ask.prefill_seqs, ask.prefill_attn = prefill, prefill > 0, attn
+            ask.decode_seqs, ask.decode_ctx = n, ctx
             return math.nan
     fwd = _forward_time(d, budget)
     return fwd if fwd > full else full

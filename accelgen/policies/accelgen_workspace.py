@@ -4,7 +4,8 @@ runs one decision through them.
 Every quantity has a name: the arrays are numpy record arrays (``DecisionArrays``), whose fields
 numba compiles as attributes (``d.cand[s].slack``; with the JIT off the same code runs on
 ``np.recarray`` rows); the policy's side uses NamedTuples of the same fields (``Step``,
-``Outcome``, ``Ask``). The workspace is kept between decisions so that a decision allocates
+``Outcome``; the batch the decision asks the cost model about is a ``BatchShape``, ``ASK``,
+with one prompt chunk). The workspace is kept between decisions so that a decision allocates
 nothing: in vLLM each step runs right after a forward pass has evicted the caches
 (``docs/vllm.md``, *Scheduler time*). Nothing here imports numba.
 """
@@ -92,22 +93,12 @@ class Outcome(NamedTuple):
     oracle_n_over: int  # over-admitted requests so far (``lists.over``)
 
 
-class Ask(NamedTuple):
-    """The full batch whose latency the decision asks the cost model for (``ASK``, float64; a
-    ``BatchShape`` with one prompt chunk)."""
-
-    prefill_tokens: float
-    prefill_attn: float
-    decode_seqs: float
-    decode_ctx: float
-
-
 def _record(fields: type) -> np.dtype:
     kinds = {int: i8, float: f8, bool: b1}
     return np.dtype([(name, kinds[t]) for name, t in get_type_hints(fields).items()], align=True)
 
 
-STEP, OUTCOME, ASK = _record(Step), _record(Outcome), _record(Ask)
+STEP, OUTCOME, ASK = _record(Step), _record(Outcome), _record(BatchShape)
 
 LEDGER = np.dtype([
     # the running batch (for T_max)
@@ -189,7 +180,7 @@ class Workspace:
         state = np.zeros(1, STATE)
         self._step = state["step"]
         self._outcome = self._part(state, "outcome", np.int64)
-        self._ask = self._part(state, "ask", np.float64)
+        self._ask = state["ask"]
         self.info_values = self._part(state, "info", np.float64)
         times = _records(BUDGET_TIME, 1)
         self._full_batch = times.view(np.ndarray)["full_batch"]
@@ -275,10 +266,7 @@ class Workspace:
         arrays = self.arrays
         asked = []
         while (need := decide(arrays)) >= 0:
-            a = Ask._make(self._ask.tolist())
-            self._full_batch[need] = cost.iteration_time(BatchShape(
-                int(a.prefill_tokens), int(a.prefill_tokens > 0), a.prefill_attn,
-                int(a.decode_seqs), int(a.decode_ctx)))
+            self._full_batch[need] = cost.iteration_time(BatchShape(*self._ask[0].item()))
             asked.append(need)
         if asked:
             self._full_batch[asked] = math.nan
