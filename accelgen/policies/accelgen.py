@@ -133,7 +133,8 @@ class AccelGenPolicy(Policy):
         owner = self._era_owner
         admissions = (NO_ADMISSION_CAP if p.max_num_seqs is None
                       else p.max_num_seqs - int(t.running[: t.n].sum()))
-        # (the Step fields, in order; a NamedTuple per step costs microseconds in vLLM)
+        # (load: this process's build of the decision, cached; then the Step fields, in order: a
+        # NamedTuple per step costs microseconds in vLLM)
         return ws.run(load()[1], view.cost, t.n, view.now, self._chunk_mean,
                       t.slot_of.get(owner, -1) if owner is not None else -1, self._prev_budget,
                       view.kv.num_free_blocks, admissions, plan_only)
