@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 @numba.njit(cache=False)
-def _trivial(d: Any, *step: Any) -> Any:
+def _trivial(d: Any) -> Any:
     return d.state[0].step.n
 
 
@@ -90,13 +90,11 @@ def main(argv: list[str] | None = None) -> int:
 
     schedule()
     t = pol._table
-    ws = pol._prepare(view)
-    arrays = ws.arrays
-    step = arrays.state.view(np.ndarray)["step"][0].item()  # the last decision's inputs
+    arrays = pol._ws.arrays  # (its step record holds the last decision's inputs)
     build, decide = accelgen_compiled.load()
     jit_entry = accelgen_compiled._load_jit()
     # (-1: a linear cost model, nothing to ask)
-    assert decide(arrays, *step) == jit_entry(arrays, *step) == jit_decide(arrays, *step) == -1
+    assert decide(arrays) == jit_entry(arrays) == jit_decide(arrays) == -1
     junk = np.ones(int(args.evict_mb * 2**20 / 8))
 
     def timed(fns: list[Callable[[], Any]], cold: bool) -> list[float]:
@@ -116,10 +114,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.calls} calls each, cold = after reading {args.evict_mb:g} MB")
     rows: list[tuple[str, list[tuple[str, Callable[[], Any]]]]] = [
         ("the policy", [("schedule(view)", schedule)]),
-        ("decide(arrays, *step)", [(f"{build} build", lambda: decide(arrays, *step)),
-                                   ("JIT via the dispatcher", lambda: jit_decide(arrays, *step)),
-                                   ("JIT via the entry point", lambda: jit_entry(arrays, *step))]),
-        ("for scale", [("trivial njit, same arg", lambda: _trivial(arrays, *step)),
+        ("decide(arrays)", [(f"{build} build", lambda: decide(arrays)),
+                            ("JIT via the dispatcher", lambda: jit_decide(arrays)),
+                            ("JIT via the entry point", lambda: jit_entry(arrays))]),
+        ("for scale", [("trivial njit, same arg", lambda: _trivial(arrays)),
                        ("python loop x30", _loop)]),
     ]
     for title, fns in rows:

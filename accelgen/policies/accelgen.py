@@ -10,6 +10,7 @@ inputs) is a flag or an input of it. ``docs/accelgen.md`` describes it as implem
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import numpy as np
@@ -17,12 +18,7 @@ from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, Pos
 
 from accelgen.policies.accelgen_compiled import load
 from accelgen.policies.accelgen_table import RequestTable
-from accelgen.policies.accelgen_workspace import (
-    INFO_INDEX,
-    NO_ADMISSION_CAP,
-    Outcome,
-    Workspace,
-)
+from accelgen.policies.accelgen_workspace import INFO_INDEX, NO_ADMISSION_CAP, Outcome, Workspace
 from accelgen.policies.base import Decision, Policy, PolicyParams, SchedulerView
 from accelgen.request import Request
 
@@ -72,11 +68,9 @@ class AccelGenPolicy(Policy):
     def __init__(self, params: PolicyParams | None = None, **overrides: object) -> None:
         super().__init__(params, **overrides)
         self._table = RequestTable()
-        self._ws: Workspace | None = None
-        # The budget's clamps per cost model and pivot: (cost, S_pf, T_pf, cap, min_budget).
-        self._budget: tuple[object, int, float, int, int] | None = None
+        self._ws = Workspace(self._table)
         self._prev_budget = 0
-        self._chunk_mean: float | None = None  # L_c, starts at S_pf
+        self._chunk_mean = math.nan  # L_c, starts at S_pf (the first pivot)
         self._era_owner: int | None = None  # req_id of the long prompt holding ERA
         self._pending_cuts: list[int] = []
         # Tests switch this on: compare the table with the request objects every decision.
@@ -91,59 +85,59 @@ class AccelGenPolicy(Policy):
 
     def on_step_end(self, view: SchedulerView, decision: Decision, latency: float) -> None:
         self._table.refresh([r for r, _ in decision.scheduled] + decision.preempted)
-        if self._chunk_mean is not None:
-            w = self.params.chunk_mean_weight
-            for c in self._pending_cuts:
-                self._chunk_mean += w * (c - self._chunk_mean)
+        w = self.params.chunk_mean_weight
+        for c in self._pending_cuts:
+            self._chunk_mean += w * (c - self._chunk_mean)
         self._pending_cuts = []
 
     # -- decision ------------------------------------------------------------------------------
     def schedule(self, view: SchedulerView) -> Decision:
-        ws = self._prepare(view)
-        if self._table.n == 0:
+        out = self._run(view)
+        if out is None:
             return Decision(info={"token_budget": float(self._prev_budget), "n_candidates": 0.0})
-        return self._decision(ws, self._decide(ws, view))
+        return self._decision(out)
 
     def explain(self, view: SchedulerView) -> dict[int, dict[str, float]]:
         """Per request (by id): slack, urgency, per-iteration SLO, N_ck, whether it counts toward
         SLO_min, its deadline, whether it is lost, T_max and the token budget: the next decision's
         own columns after its plan. Read-only; for notebooks, tests and the adapter's logs."""
-        ws = self._prepare(view)
-        t = self._table
-        if t.n == 0:
+        out = self._run(view, plan_only=True)
+        if out is None:
             return {}
-        budget = float(self._decide(ws, view, plan_only=True).budget)
-        c, t_max = ws.arrays.cand.view(np.ndarray), float(ws.arrays.state[0].ledger.t_max)
+        t, arrays, budget = self._table, self._ws.arrays, float(out.budget)
+        c, t_max = arrays.cand.view(np.ndarray), float(arrays.state[0].ledger.t_max)
         cols = ("slack", "urgent", "slo_iter", "n_chunks", "counted", "lost")
         return {int(t.req_id[s]): {**{k: float(c[k][s]) for k in cols}, "deadline": float(t.deadline[s]),
                                    "t_max": t_max, "token_budget": budget} for s in range(t.n)}
 
-    def _prepare(self, view: SchedulerView) -> Workspace:
-        """Everything a decision reads besides the view: the table in sync with it, the workspace
-        configured for its cost model, pivot and KV, L_c, and the JCT plans still to make."""
-        t = self._table
+    def _run(self, view: SchedulerView, plan_only: bool = False) -> Outcome | None:
+        """One decision (None without requests), after what it reads besides the view: the table
+        in sync with it, the workspace configured for its cost model, pivot and KV, L_c, and the
+        JCT plans still to make."""
+        t, ws, p = self._table, self._ws, self.params
         # (the usual case checked inline: this runs every step, and in vLLM right after a
         # forward pass, when every call costs cache misses)
         if len(view.waiting) + len(view.running) != t.n or self.debug_verify:
             self._sync(view)
-        ws = self._ws
-        if ws is None:
-            ws = self._ws = Workspace(t)
-            self._decide_fn = load()[1]  # this process's build of the decision
-        elif ws.arrays.requests is not t.rows:  # the table grew
+        if ws.arrays.requests is not t.rows:  # the table grew
             ws.follow(t)
-        key = ws.configured
-        if key and key[0] is view.cost and key[1] is view.pivot and key[2] is view.kv:
-            ws.use_cost(view.cost)
-        else:
-            self._configure(ws, view)
+        if ws.configure(p, view, self._exact_kv()):  # a new cost model, pivot or KV
+            if math.isnan(self._chunk_mean):  # the first: L_c starts at S_pf, the budget at the cap
+                self._chunk_mean, self._prev_budget = float(view.pivot.s_pf), ws.cap
+            self._prev_budget = min(self._prev_budget, ws.cap)  # (an online refit keeps it)
         if t.num_unplanned:
-            p = self.params
-            lc = self._chunk_mean
-            assert lc is not None  # set by _configure
-            t.plan_offline(lc, view.cost.forward_time(self._prev_budget),
+            t.plan_offline(self._chunk_mean, view.cost.forward_time(self._prev_budget),
                            p.preempt_prob * p.preempt_max_s)
-        return ws
+        if t.n == 0:
+            return None
+        owner = self._era_owner
+        admissions = (NO_ADMISSION_CAP if p.max_num_seqs is None
+                      else p.max_num_seqs - int(t.running[: t.n].sum()))
+        # (load: this process's build of the decision, cached; then the Step fields, in order: a
+        # NamedTuple per step costs microseconds in vLLM)
+        return ws.run(load()[1], view.cost, t.n, view.now, self._chunk_mean,
+                      t.slot_of.get(owner, -1) if owner is not None else -1, self._prev_budget,
+                      view.kv.num_free_blocks, admissions, plan_only)
 
     def _sync(self, view: SchedulerView) -> None:
         """Adopt requests the hooks did not announce (e.g. an adapter that missed a hook)."""
@@ -155,40 +149,13 @@ class AccelGenPolicy(Policy):
             if bad:
                 raise AssertionError("AccelGen state out of sync: " + "; ".join(bad[:5]))
 
-    def _configure(self, ws: Workspace, view: SchedulerView) -> None:
-        """The token budget's clamps (S_pf x budget_cap, the minimum) and the workspace's fixed
-        inputs for a new cost model or pivot (an online model's refit keeps the last budget)."""
-        p, cost, pivot, kv = self.params, view.cost, view.pivot, view.kv
-        b = self._budget
-        if b is None or not (b[0] is cost and b[1] == pivot.s_pf and b[2] == pivot.t_pf):
-            cap = max(1, int(pivot.s_pf * p.budget_cap))
-            min_budget = min(max(1, p.min_budget or kv.block_size), cap)
-            self._prev_budget = cap if b is None else min(self._prev_budget, cap)
-            b = self._budget = (cost, pivot.s_pf, pivot.t_pf, cap, min_budget)
-        if self._chunk_mean is None:
-            self._chunk_mean = float(pivot.s_pf)
-        ws.configure(p, kv, pivot, cost, min_budget=b[4], cap=b[3], exact_kv=self._exact_kv())
-        ws.configured = (cost, pivot, kv)
-
     def _exact_kv(self) -> bool:
         """Whether the decision plans KV with the true output lengths (the Oracle)."""
         return False
 
-    def _decide(self, ws: Workspace, view: SchedulerView, plan_only: bool = False) -> Outcome:
-        t, p = self._table, self.params
-        owner = self._era_owner
-        admissions = (NO_ADMISSION_CAP if p.max_num_seqs is None
-                      else p.max_num_seqs - int(t.running[: t.n].sum()))
-        lc = self._chunk_mean
-        assert lc is not None
-        # (the Step fields, in order; a NamedTuple per step costs microseconds in vLLM)
-        return ws.run(self._decide_fn, view.cost, t.n, view.now, lc,
-                      t.slot_of.get(owner, -1) if owner is not None else -1, self._prev_budget,
-                      view.kv.num_free_blocks, admissions, plan_only)
-
-    def _decision(self, ws: Workspace, out: Outcome) -> Decision:
+    def _decision(self, out: Outcome) -> Decision:
         """The decision in the workspace; keeps its ERA owner, cut chunks and budget."""
-        t = self._table
+        t, ws = self._table, self._ws
         objs = t.objs
         ns, npre = out.n_sched, out.n_preempted
         self._era_owner = int(t.req_id[out.era_owner]) if out.era_owner >= 0 else None

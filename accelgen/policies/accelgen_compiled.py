@@ -23,17 +23,18 @@ import tempfile
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
-from typing import Any, cast, get_type_hints
+from typing import Any, cast
 
 from accelgen.policies.accelgen_table import RequestTable
-from accelgen.policies.accelgen_workspace import Step, Workspace
+from accelgen.policies.accelgen_workspace import Workspace
 
-DecideFn = Callable[..., int]
+DecideFn = Callable[[Any], int]
 
 _HERE = Path(__file__).resolve().parent
 # Everything the compiled module is built from: the code, and the record layouts in its signature.
 _SOURCES = (_HERE / "accelgen_decision.py", _HERE / "accelgen_workspace.py",
-            _HERE / "accelgen_table.py", _HERE.parent / "costmodel" / "linear.py")
+            _HERE / "accelgen_table.py", _HERE.parent / "costmodel" / "linear.py",
+            _HERE.parent / "costmodel" / "base.py")
 ENV = "ACCELGEN_DECISION"
 
 
@@ -61,12 +62,10 @@ def _load_aot(path: Path) -> DecideFn:
 
 
 def _signature() -> tuple[Any, ...]:
-    """``decide``'s argument types: the arrays, then the ``Step`` fields."""
-    from numba import typeof, types
+    """``decide``'s argument types: the arrays (the step's inputs are in them)."""
+    from numba import typeof
 
-    kinds = {int: types.int64, float: types.float64, bool: types.boolean}
-    return (typeof(Workspace(RequestTable(capacity=1)).arrays),
-            *(kinds[t] for t in get_type_hints(Step).values()))
+    return (typeof(Workspace(RequestTable(capacity=1)).arrays),)
 
 
 def _compile(compile_: Callable[[], object]) -> None:
@@ -88,8 +87,7 @@ def _load_jit() -> DecideFn:
     sig = _signature()
     _compile(lambda: decide.compile(sig))
     # The compiled entry point, called directly: numba's dispatcher would resolve the argument
-    # types on every call (the arrays keep their types: same dtypes, same layout; the scalars
-    # are converted to the declared types).
+    # types on every call (the arrays keep their types: same dtypes, same layout).
     return cast(DecideFn, decide.overloads[sig].entry_point)
 
 

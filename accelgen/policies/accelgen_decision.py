@@ -233,9 +233,9 @@ def _t_max(d: Any, budget: int) -> float:
     else:
         full = d.times[budget].full_batch
         if math.isnan(full):
-            ask = d.state[0].ask
-            ask.prefill_tokens, ask.prefill_attn, ask.decode_seqs, ask.decode_ctx = (
-                prefill, attn, n, ctx)
+            ask = d.state[0].ask  # (a BatchShape)
+            ask.prefill_tokens, ask.prefill_seqs, ask.prefill_attn = prefill, prefill > 0, attn
+            ask.decode_seqs, ask.decode_ctx = n, ctx
             return math.nan
     fwd = _forward_time(d, budget)
     return fwd if fwd > full else full
@@ -319,24 +319,21 @@ def _plan(d: Any) -> int:
     budget, and when the new budget's T_max is longer, urgency again at it (a larger budget means
     longer iterations). Returns -1, or a budget whose latency the cost model must give first."""
     st, led, out = d.state[0].step, d.state[0].ledger, d.state[0].outcome
-    t_prev = _t_max(d, st.prev_budget)
-    if math.isnan(t_prev):
+    t_max = _t_max(d, st.prev_budget)
+    if math.isnan(t_max):
         return st.prev_budget
-    slo_min = _urgency(d, t_prev)
+    slo_min = _urgency(d, t_max)
     tokens, low, high = token_budget(d, slo_min)
-    if tokens < 0:
-        return -1 - tokens
-    t_max = t_prev
-    if tokens != st.prev_budget:
+    if 0 <= tokens != st.prev_budget:
         t_new = _t_max(d, tokens)
         if math.isnan(t_new):
             return tokens
-        if t_new > t_prev:
+        if t_new > t_max:
             slo_min = min(slo_min, _urgency(d, t_new))
             tokens, low, high = token_budget(d, slo_min)
-            if tokens < 0:
-                return -1 - tokens
             t_max = t_new
+    if tokens < 0:
+        return -1 - tokens
     led.t_max, led.slo_min, led.clamped_low, led.clamped_high = t_max, slo_min, low, high
     out.budget = tokens
     return -1
@@ -416,12 +413,6 @@ def _add(d: Any, s: int, c: int) -> None:
         for i in range(d.state[0].step.n):
             if d.cand[i].is_long:
                 d.cand[i].available = False
-
-
-@_jit
-def _era_blocked(d: Any, s: int) -> bool:
-    owner = d.state[0].outcome.era_owner
-    return d.state[0].params.era and d.cand[s].is_long and 0 <= owner != s
 
 
 # -- preemption --------------------------------------------------------------------------------
@@ -546,7 +537,7 @@ def _add_urgent(d: Any) -> None:
             continue
         if led.budget_left <= 0:
             return
-        if d.cand[s].available and not _era_blocked(d, s):
+        if d.cand[s].available:
             _force(d, s, _victim_min_key(d, s), False)
 
 
@@ -570,14 +561,30 @@ def _oversize_head(d: Any) -> int:
 
 # -- 3b. step 2: SelectRequests (Algorithm 2) --------------------------------------------------
 @_jit
+def _fit(d: Any, s: int) -> int:
+    """Tokens ``s`` can run now without preempting anyone (0: none): a decode's one if its block
+    is free; a prompt's chunk within the budget and its KV room (a fresh prompt's room is its
+    whole prompt, if it may be admitted), under /Chunk only its whole rest."""
+    led, c = d.state[0].ledger, d.cand[s]
+    if c.is_decode:
+        return 1 if _next_blocks(d, s) <= led.kv_free else 0
+    if d.requests[s].running:
+        room = _prompt_room(d, s)
+    elif led.admissions >= 1 and _admission_need(d, s) <= _admissible(d):
+        room = c.rem
+    else:
+        return 0
+    if d.state[0].params.chunk:
+        return min(c.rem, led.budget_left, room)
+    return c.rem if c.rem <= led.budget_left and c.rem <= room else 0
+
+
+@_jit
 def _feasible(d: Any, s: int) -> bool:
     """``s`` could still join with its smallest piece of work (a whole prompt under /Chunk)."""
     led, c, chunk = d.state[0].ledger, d.cand[s], d.state[0].params.chunk
-    if not d.requests[s].running:
-        return (led.admissions >= 1 and _admission_need(d, s) <= _admissible(d)
-                and (chunk or c.rem <= led.budget_left))
-    if c.is_decode:
-        return _next_blocks(d, s) <= led.kv_free
+    if not d.requests[s].running or c.is_decode:
+        return _fit(d, s) >= 1  # (step 2 runs while budget is left)
     spare = min(led.kv_free, _admissible(d) + _owed(d, s))  # free and owed to nobody else
     if chunk:  # its next token's block
         return _next_blocks(d, s) <= spare
@@ -644,15 +651,6 @@ def _select(d: Any) -> int:
         if not par.spill_groups or out.n_sched == before:
             return -1
     return -1
-
-
-@_jit
-def _prompt_chunk(d: Any, s: int) -> int:
-    """Chunk of running prompt ``s`` that fits the budget and its KV room (0: none)."""
-    rem, left, room = d.cand[s].rem, d.state[0].ledger.budget_left, _prompt_room(d, s)
-    if d.state[0].params.chunk:
-        return min(rem, left, room)
-    return rem if rem <= left and rem <= room else 0
 
 
 @_jit
@@ -735,7 +733,7 @@ def _select_euclidean(d: Any, gn: int) -> None:
             best_d = _distance(a_c, a_m, tokens, (tokens + bs - 1) // bs * bs)
         for pi in range(pn):
             s = lists[pi].partial
-            tokens = _prompt_chunk(d, s)
+            tokens = _fit(d, s)
             if tokens < 1:
                 continue
             dist, key = _distance(a_c, a_m, tokens, _blocks_to_add(d, s, tokens) * bs), d.cand[s].key
@@ -753,7 +751,7 @@ def _select_euclidean(d: Any, gn: int) -> None:
         if best_kind == 0:
             s = lists[best_j].fresh
             _add(d, s, best_c)
-            long_out = out.era_owner == s and d.state[0].params.era  # other long prompts leave too
+            long_out = out.era_owner == s  # other long prompts leave too
             w = 0 if long_out else best_j
             for i in range(w, fl):
                 if i != best_j and not (long_out and d.cand[lists[i].fresh].is_long):
@@ -786,21 +784,12 @@ def _select_euclidean(d: Any, gn: int) -> None:
 def _fill_in_order(d: Any, gn: int) -> None:
     """/Batch: take the group's candidates in key order, skipping those that do not fit; a
     prompt is cut where the budget or the free KV ends."""
-    led, chunk = d.state[0].ledger, d.state[0].params.chunk
+    led = d.state[0].ledger
     for j in range(gn):
         if led.budget_left <= 0:
             return
         s = d.lists[j].group
-        c = d.cand[s]
-        if not c.available or _era_blocked(d, s):
-            continue
-        tokens = 0
-        if c.is_decode:
-            tokens = 1 if _next_blocks(d, s) <= led.kv_free else 0
-        elif d.requests[s].running:
-            tokens = _prompt_chunk(d, s)
-        elif led.admissions >= 1 and _admission_need(d, s) <= _admissible(d):
-            tokens = min(c.rem, led.budget_left) if chunk else (c.rem if c.rem <= led.budget_left else 0)
+        tokens = _fit(d, s) if d.cand[s].available else 0
         if tokens >= 1:
             _add(d, s, tokens)
 
@@ -917,19 +906,14 @@ def _diagnostics(d: Any) -> None:
 
 # -- the decision ------------------------------------------------------------------------------
 @_jit
-def decide(d: Any, n: int, now: float, chunk_mean: float, era_owner: int, prev_budget: int,
-           free_blocks: int, admissions_left: int, plan_only: bool) -> int:
-    """One decision on the inputs ``Step`` names. Returns -1 when it is complete (the batch in
-    ``d.lists`` and the ``outcome``, diagnostics in ``info``), or a token budget whose full-batch
-    latency the cost model must give first."""
-    st = d.state[0].step
-    st.n, st.now, st.chunk_mean, st.era_owner = n, now, chunk_mean, era_owner
-    st.prev_budget, st.free_blocks, st.admissions_left, st.plan_only = (
-        prev_budget, free_blocks, admissions_left, plan_only)
+def decide(d: Any) -> int:
+    """One decision on the inputs in ``d.state[0].step`` (``Step``). Returns -1 when it is
+    complete (the batch in ``d.lists`` and the ``outcome``, diagnostics in ``info``), or a token
+    budget whose full-batch latency the cost model must give first."""
     while True:
         _columns(d)
         need = _plan(d)
-        if need >= 0 or plan_only:
+        if need >= 0 or d.state[0].step.plan_only:
             return need
         need = _form(d)
         if need >= 0:

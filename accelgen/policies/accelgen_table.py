@@ -111,11 +111,8 @@ class RequestTable:
         keep = {r.req_id for r in reqs}
         for rid in [rid for rid in self.slot_of if rid not in keep]:
             self.remove(rid)
-        for r in reqs:
-            if r.req_id in self.slot_of:
-                self._read(np.array([self.slot_of[r.req_id]]), [r])
-            else:
-                self.add(r)
+        slots = np.array([self.add(r) for r in reqs], dtype=np.int64)  # (the known ones: their slot)
+        self._read(slots, reqs)
 
     # -- dynamic fields ------------------------------------------------------------------------
     def _read(self, slots: np.ndarray, reqs: list[Request]) -> None:
@@ -159,9 +156,6 @@ class RequestTable:
         """
         n = self.n
         todo = np.flatnonzero(~self.online[:n] & np.isnan(self.off_first[:n]))
-        if todo.size == 0:
-            self.num_unplanned = 0
-            return
         nck = np.ceil(self.prompt[todo] / chunk_len)
         s_g = np.maximum(self.pred_out[todo], 1)
         t_e = nck * t_max + s_g * (t_max + preempt_term)

@@ -4,7 +4,8 @@ runs one decision through them.
 Every quantity has a name: the arrays are numpy record arrays (``DecisionArrays``), whose fields
 numba compiles as attributes (``d.cand[s].slack``; with the JIT off the same code runs on
 ``np.recarray`` rows); the policy's side uses NamedTuples of the same fields (``Step``,
-``Outcome``, ``Ask``). The workspace is kept between decisions so that a decision allocates
+``Outcome``; the batch the decision asks the cost model about is a ``BatchShape``, ``ASK``,
+with one prompt chunk). The workspace is kept between decisions so that a decision allocates
 nothing: in vLLM each step runs right after a forward pass has evicted the caches
 (``docs/vllm.md``, *Scheduler time*). Nothing here imports numba.
 """
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from accelgen.costmodel.linear import LinearTerms
     from accelgen.policies.accelgen import AccelGenParams
     from accelgen.policies.accelgen_table import RequestTable
-    from accelgen.policies.base import KVView, Pivot
+    from accelgen.policies.base import SchedulerView
 
 i8, f8, b1 = np.int64, np.float64, np.bool_
 
@@ -65,7 +66,7 @@ LISTS = np.dtype([
 
 
 class Step(NamedTuple):
-    """The inputs of one decision: ``decide``'s arguments, kept in ``STEP``."""
+    """The inputs of one decision (``STEP``, written by ``Workspace.run``)."""
 
     n: int  # live requests (rows of the table)
     now: float
@@ -92,22 +93,12 @@ class Outcome(NamedTuple):
     oracle_n_over: int  # over-admitted requests so far (``lists.over``)
 
 
-class Ask(NamedTuple):
-    """The full batch whose latency the decision asks the cost model for (``ASK``, float64; a
-    ``BatchShape`` with one prompt chunk)."""
-
-    prefill_tokens: float
-    prefill_attn: float
-    decode_seqs: float
-    decode_ctx: float
-
-
 def _record(fields: type) -> np.dtype:
     kinds = {int: i8, float: f8, bool: b1}
     return np.dtype([(name, kinds[t]) for name, t in get_type_hints(fields).items()], align=True)
 
 
-STEP, OUTCOME, ASK = _record(Step), _record(Outcome), _record(Ask)
+STEP, OUTCOME, ASK = _record(Step), _record(Outcome), _record(BatchShape)
 
 LEDGER = np.dtype([
     # the running batch (for T_max)
@@ -186,18 +177,18 @@ class Workspace:
     attribute access from Python costs a microsecond or two), the output lists through field views."""
 
     def __init__(self, table: RequestTable) -> None:
-        self.capacity = table.capacity
         state = np.zeros(1, STATE)
+        self._step = state["step"]
         self._outcome = self._part(state, "outcome", np.int64)
-        self._ask = self._part(state, "ask", np.float64)
+        self._ask = state["ask"]
         self.info_values = self._part(state, "info", np.float64)
-        self.times = _records(BUDGET_TIME, 1)
-        self._full_batch = self.times.view(np.ndarray)["full_batch"]
-        self.arrays = DecisionArrays(
-            table.rows, _records(CANDIDATE, self.capacity), _records(LISTS, self.capacity),
-            state.view(np.recarray), self.times, np.zeros(3 * self.capacity, np.int64))
-        self._lists_views()
-        self.configured: tuple[object, ...] = ()
+        times = _records(BUDGET_TIME, 1)
+        self._full_batch = times.view(np.ndarray)["full_batch"]
+        self.arrays = DecisionArrays(table.rows, _records(CANDIDATE, 0), _records(LISTS, 0),
+                                     state.view(np.recarray), times, np.zeros(0, np.int64))
+        self.follow(table)  # (sizes the per-request arrays)
+        self.configured: tuple[object, ...] = ()  # (cost model, pivot, KV) of ``configure``
+        self.cap = 0
         self.exact_kv = False
         self._terms: LinearTerms | None = None
 
@@ -207,21 +198,25 @@ class Workspace:
         sub, offset = STATE.fields[name][:2]  # type: ignore[index]
         return state.view(np.uint8)[offset:offset + sub.itemsize].view(dtype)
 
-    def _lists_views(self) -> None:
-        lists = self.arrays.lists.view(np.ndarray)
-        self.slots, self.tokens = lists["slots"], lists["tokens"]
-        self.preempted, self.cut_chunks = lists["preempted"], lists["cut_chunks"]
-
     # -- what stays the same between decisions -----------------------------------------------
-    def configure(self, p: AccelGenParams, kv: KVView, pivot: Pivot, cost: CostModel,
-                  min_budget: int, cap: int, exact_kv: bool) -> None:
-        """The fixed inputs: parameters, KV geometry, budget clamps, and what the cost model offers
-        compiled code (``CostModel.linear_terms``; else forward times of the budgets 0..cap + 1)."""
+    def configure(self, p: AccelGenParams, view: SchedulerView, exact_kv: bool) -> bool:
+        """The fixed inputs, set again only for a new cost model, pivot or KV (returns whether it
+        did): parameters, KV geometry, the token budget's clamps (``cap`` = S_pf x budget_cap,
+        the minimum), and what the cost model offers compiled code (``CostModel.linear_terms``,
+        followed at every call; else forward times of the budgets 0..cap + 1)."""
+        cost, pivot, kv = view.cost, view.pivot, view.kv
+        key = self.configured
+        if key and key[0] is cost and key[1] is pivot and key[2] is kv:
+            self.use_cost(cost)
+            return False
+        self.configured = (cost, pivot, kv)
+        self.cap = cap = max(1, int(pivot.s_pf * p.budget_cap))
         par = self.arrays.state[0].params
         par.order, par.chunk, par.batch = p.order, p.chunk, p.batch
         par.gamma, par.spill_groups = p.gamma, p.spill_groups
         par.budget_model, par.budget_batch = p.budget_rule == "model", p.budget_rule == "batch"
-        par.min_budget, par.cap, par.s_pf, par.t_pf = min_budget, cap, pivot.s_pf, pivot.t_pf
+        par.min_budget, par.cap = min(max(1, p.min_budget or kv.block_size), cap), cap
+        par.s_pf, par.t_pf = pivot.s_pf, pivot.t_pf
         par.era, par.era_whole_request = p.era, p.era_scope == "request"
         par.long_threshold = p.long_prompt_threshold
         par.late_is_urgent, par.lost_last = p.late_is_urgent, p.lost_last
@@ -230,12 +225,13 @@ class Workspace:
         par.exact_kv = self.exact_kv = exact_kv
         self._terms = None
         self.use_cost(cost)
-        self.times = times = _records(BUDGET_TIME, cap + 2)
+        times = _records(BUDGET_TIME, cap + 2)
         self._full_batch = times.view(np.ndarray)["full_batch"]
         self._full_batch[:] = math.nan
         if not par.cost_linear:
             times.forward = [cost.forward_time(b) for b in range(cap + 2)]
         self.arrays = self.arrays._replace(times=times)
+        return True
 
     def use_cost(self, cost: CostModel) -> None:
         """Follow the cost model's linear terms (an online model's refit replaces them)."""
@@ -249,13 +245,14 @@ class Workspace:
             par.base_s, par.per_token_s, par.per_ctx_s, par.per_attn_s = terms
 
     def follow(self, table: RequestTable) -> None:
-        """Use the table's current rows (it reallocates them when it grows)."""
-        if table.capacity > self.capacity:
-            self.capacity = table.capacity
-            self.arrays = self.arrays._replace(cand=_records(CANDIDATE, table.capacity),
-                                               lists=_records(LISTS, table.capacity),
-                                               scratch=np.zeros(3 * table.capacity, np.int64))
-            self._lists_views()
+        """Use the table's current rows (reallocated when it grows) and per-request arrays as large."""
+        n = table.capacity
+        if n > len(self.arrays.cand):
+            self.arrays = self.arrays._replace(cand=_records(CANDIDATE, n), lists=_records(LISTS, n),
+                                               scratch=np.zeros(3 * n, np.int64))
+            lists = self.arrays.lists.view(np.ndarray)
+            self.slots, self.tokens = lists["slots"], lists["tokens"]
+            self.preempted, self.cut_chunks = lists["preempted"], lists["cut_chunks"]
         self.arrays = self.arrays._replace(requests=table.rows)
 
     # -- one decision ------------------------------------------------------------------------
@@ -265,13 +262,11 @@ class Workspace:
         (``ask``) from the cost model, and runs again from the start with it known."""
         if self.exact_kv:
             self._outcome[:] = 0  # the Oracle's counters accumulate over its passes
+        self._step[0] = step
         arrays = self.arrays
         asked = []
-        while (need := decide(arrays, *step)) >= 0:
-            a = Ask._make(self._ask.tolist())
-            self._full_batch[need] = cost.iteration_time(BatchShape(
-                int(a.prefill_tokens), int(a.prefill_tokens > 0), a.prefill_attn,
-                int(a.decode_seqs), int(a.decode_ctx)))
+        while (need := decide(arrays)) >= 0:
+            self._full_batch[need] = cost.iteration_time(BatchShape(*self._ask[0].item()))
             asked.append(need)
         if asked:
             self._full_batch[asked] = math.nan

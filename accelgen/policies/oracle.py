@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from typing import Literal
 
 from accelgen.policies.accelgen import AccelGenParams, AccelGenPolicy
-from accelgen.policies.accelgen_workspace import Outcome, Workspace
+from accelgen.policies.accelgen_workspace import Outcome
 from accelgen.policies.base import Decision, PolicyParams, SchedulerView
 from accelgen.request import Request
 
@@ -66,20 +66,17 @@ class OraclePolicy(AccelGenPolicy):
         if view.true_output_len is None:
             raise RuntimeError("the Oracle is clairvoyant: it needs a backend that grants "
                                "view.true_output_len (the simulator does; vLLM does not)")
-        t = self._table
-        if self._true is None:
+        if self._true is None or len(view.waiting) + len(view.running) != self._table.n:
             self._true = view.true_output_len
-            self._patch(range(t.n))
-        if len(view.waiting) + len(view.running) != t.n:
-            self._sync(view)  # rebuilt from the request objects: the true lengths again
-            self._patch(range(t.n))
+            self._sync(view)  # (rebuilt from the request objects: the true lengths again)
+            self._patch(range(self._table.n))
         return super().schedule(view)
 
-    def _decision(self, ws: Workspace, out: Outcome) -> Decision:
+    def _decision(self, out: Outcome) -> Decision:
         if out.n_preempted and self._exact_kv():
             # never: the exact plan has no victims; a violation is a bug, not a choice
             raise AssertionError("Oracle preempted under an exact KV plan")
-        d = super()._decision(ws, out)
+        d = super()._decision(out)
         d.info["clairvoyant"] = 1.0
         d.info["oracle_reforms"] = float(out.oracle_reforms)
         d.info["oracle_excluded"] = float(out.oracle_excluded)
