@@ -39,8 +39,9 @@ what the paper leaves open. docs/baselines.md maps every rule below to its sourc
 
 Cost per decision: the queues are kept incrementally (sorted keys per KV residency), so a
 decision reads the head of the queues, its victims and, under host pressure, the swapped requests
-that might still fit; never the waiting queue. Only the periodic starvation check reads every
-queued request.
+that might still fit; never the waiting queue. The periodic starvation check reads the requests
+served in the last ``starve_after`` seconds and those below the top level, not the backlog that
+stays starving from one check to the next.
 """
 
 from __future__ import annotations
@@ -123,6 +124,9 @@ class FastServePolicy(Policy):
         self._decisions = 0
         self._swap_capacity: int | None = None  # host swap blocks, read at the first decision
         self._swapped_sizes: list[int] = []  # host blocks of every swapped request, ascending
+        # When requests were last served (or arrived): (time, [(request, n), ...]) ascending,
+        # so a starvation check reads only the last starve_after seconds of it.
+        self._served: list[tuple[float, list[tuple[Request, int]]]] = []
 
     # -- levels -----------------------------------------------------------------------------------
     def quantum(self, level: int) -> float:
@@ -177,6 +181,7 @@ class FastServePolicy(Policy):
         lvl = self.join_level(view.cost.prefill_time(r.prompt_len))
         r.policy_state = MLFQState(lvl, 0.0, r.arrival, lvl)
         self._file(r, lvl, head=False)
+        insort(self._served, (r.arrival, [(r, 0)]), key=_first)
 
     def _sync(self, view: SchedulerView) -> None:
         """File new arrivals; move the requests the last decision changed to the index of their
@@ -196,13 +201,45 @@ class FastServePolicy(Policy):
                     self._admit(r, view)
 
     def _promote_starving(self, now: float) -> int:
+        """Every queued request not served for ``starve_after`` moves to the head of the top
+        level, in its present order: the queue becomes [starving ones, in order] + [the
+        others, in order], all starving ones at level 0. Only requests whose place changes are
+        refiled: the starving ones at lower levels go to the top level's tail (behind the
+        starving ones already there), then the top level's others behind them; the same order
+        as refiling every starving request at the head, without a pass over a backlog that
+        stays starving from check to check (~19 K requests in the paper's setting)."""
         limit = self.params.starve_after
-        starving = [r for k in _in_order([ix.keys for ix in self._index.values()])
-                    if now - (r := self._by_key[k]).policy_state.last_service >= limit]
-        for r in reversed(starving):  # to the head of the top level, in their present order
+        by_key = self._by_key
+        fresh = self._recently_served(now)
+        promoted = len(by_key) - len(fresh)
+        if promoted == 0:
+            return 0
+        top = 1 << _SEQ_BITS  # keys below it: level 0
+        lower = sorted(k for ix in self._index.values() for k in ix.keys[bisect_left(ix.keys, top):]
+                       if now - by_key[k].policy_state.last_service >= limit)
+        lower.extend(sorted(st.key for r in fresh if (st := r.policy_state).key < top))
+        for k in lower:
+            r = by_key[k]
             self._unfile(r)
-            self._file(r, 0, head=True)
-        return len(starving)
+            self._file(r, 0, head=False)
+        return promoted
+
+    def _recently_served(self, now: float) -> list[Request]:
+        """The queued requests served (or arrived) less than ``starve_after`` ago, from the
+        service log (``_served``: (time, batch) ascending), whose older part is dropped."""
+        limit = self.params.starve_after
+        served = self._served
+        del served[:bisect_left(served, True, key=lambda e: now - e[0] < limit)]
+        fresh: dict[int, Request] = {}
+        for _, batch in served:
+            for r, _ in batch:
+                st = r.policy_state
+                if st.key >= 0 and now - st.last_service < limit:
+                    fresh[r.req_id] = r
+        if len(served) > 2 * len(fresh) + 1024:  # a long starve_after keeps every batch
+            served[:] = sorted(((r.policy_state.last_service, [(r, 0)]) for r in fresh.values()),
+                               key=_first)
+        return list(fresh.values())
 
     # -- the decision -----------------------------------------------------------------------------
     def schedule(self, view: SchedulerView) -> Decision:
@@ -334,6 +371,7 @@ class FastServePolicy(Policy):
 
     def on_step_end(self, view: SchedulerView, decision: Decision, latency: float) -> None:
         end = view.now + latency
+        self._served.append((end, decision.scheduled))  # ends only grow: stays in order
         last = self.params.num_queues - 1
         # Unfinished members keep their place (at the head of their level, unless requests that
         # could not run this time stand before them); a demoted one goes to the head of the
@@ -423,6 +461,10 @@ def _in_order(streams: list[list[int]] | list[Iterator[int]]) -> Iterator[int]:
     if len(live) == 1:
         return iter(live[0])
     return merge(*live)
+
+
+def _first(entry: tuple[float, object]) -> float:
+    return entry[0]
 
 
 def _after(keys: list[int], key: int) -> Iterator[int]:
