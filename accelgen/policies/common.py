@@ -24,7 +24,7 @@ class BatchBuilder:
         self.kv = kv
         self.free_blocks = kv.num_free_blocks
         self.budget_left = token_budget
-        self.decision = _empty_decision()
+        self.decision = empty_decision()
         self.scheduled_ids: set[int] = set()
         self.preempted_ids: set[int] = set()
 
@@ -208,7 +208,7 @@ class NeedIndex:
         return best
 
 
-def _empty_decision() -> Decision:
+def empty_decision() -> Decision:
     """``Decision()`` without the generated ``__init__`` and its six default factories (a
     baseline decision in the simulator takes a few microseconds; that was a fifth of it)."""
     d = _new(Decision)

@@ -54,6 +54,7 @@ from heapq import merge
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt
 
 from accelgen.policies.base import Decision, KVView, Policy, PolicyParams, SchedulerView
+from accelgen.policies.common import empty_decision
 from accelgen.request import Request, Status
 
 # A request's place in the MLFQ is one integer: its level in the high bits, then a sequence
@@ -103,8 +104,7 @@ class _Residency:
         del self.keys[bisect_left(self.keys, key)]
 
 
-def _needs_prompt_pass(r: Request) -> bool:
-    return r.num_output_tokens == 0 or r.num_new_tokens > 1
+_SWAPPED = Status.SWAPPED
 
 
 class FastServePolicy(Policy):
@@ -250,7 +250,7 @@ class FastServePolicy(Policy):
                     if self._decisions % p.starve_check_every == 0 else 0)
         kv = view.kv
         by_key, index = self._by_key, self._index
-        d = Decision()
+        d = empty_decision()
 
         if self._swap_capacity is None:
             self._swap_capacity = kv.num_free_swap_blocks + sum(r.num_swapped_blocks
@@ -271,15 +271,27 @@ class FastServePolicy(Policy):
         # found for one ahead of it, and fewer victims rank below it.
         unreachable = 1 << 62
         keys = _in_order(list(streams.values()))
-        while len(batch) < p.max_batch_size:
+        max_batch, block_size, evicted = p.max_batch_size, kv.block_size, room.evicted
+        while len(batch) < max_batch:
             key = next(keys, -1)
             if key < 0:
                 break
             r = by_key[key]
-            if room.evicted and r.req_id in room.evicted:
+            if evicted and r.req_id in evicted:
                 continue  # made room for a request ahead of it
-            n = r.num_new_tokens
-            need = _blocks_for_step(kv, r, n)
+            # Device blocks it needs to run its n pending tokens, including any it must
+            # swap back in (kv.blocks_needed's rule, inlined: ~12 candidates a decision).
+            computed = r.num_computed_tokens
+            n = r.prompt_len + r.num_output_tokens - computed
+            swapped = r.status is _SWAPPED
+            need = -(-(computed + n) // block_size)
+            if swapped:
+                if need < r.num_swapped_blocks:
+                    need = r.num_swapped_blocks
+            else:
+                need -= r.num_blocks
+                if need < 0:
+                    need = 0
             if need >= unreachable:
                 if r.status == Status.WAITING and self._narrow(streams, r, unreachable, room):
                     keys = _in_order([_after(ks, key) for ks in streams.values()])
@@ -301,7 +313,7 @@ class FastServePolicy(Policy):
                     if self._narrow(streams, r, unreachable, room):
                         keys = _in_order([_after(ks, key) for ks in streams.values()])
                     continue
-            prompt = _needs_prompt_pass(r)
+            prompt = n > 1 or r.num_output_tokens == 0  # it needs a prompt pass
             if prompt and prompt_tokens > 0 and prompt_tokens + n > p.max_prompt_tokens:
                 break  # head-of-line: nothing behind it joins this batch
             if plan is not None:
@@ -310,7 +322,7 @@ class FastServePolicy(Policy):
             if prompt:
                 prompt_tokens += n
             batch.append(r)
-            if r.status == Status.SWAPPED:
+            if swapped:
                 d.swap_in.append(r)
             d.scheduled.append((r, n))
         if room.free < reserve and batch:
@@ -470,10 +482,3 @@ def _first(entry: tuple[float, object]) -> float:
 def _after(keys: list[int], key: int) -> Iterator[int]:
     """The keys greater than ``key``, lazily (no copy of a long queue)."""
     return map(keys.__getitem__, range(bisect_right(keys, key), len(keys)))
-
-
-def _blocks_for_step(kv: KVView, r: Request, n: int) -> int:
-    """Device blocks ``r`` needs to run ``n`` more tokens, including any it must swap back in."""
-    if r.status == Status.SWAPPED:
-        return max(r.num_swapped_blocks, -(-(r.num_computed_tokens + n) // kv.block_size))
-    return kv.blocks_needed(r, n)
