@@ -462,6 +462,69 @@ def test_the_load_checker_sees_every_rule_at_work() -> None:
     assert sum(r.num_preemptions for r in res.requests) > 0  # victims recomputed: host full
 
 
+class DefinitionFastServe(FastServePolicy):
+    """FastServe whose starvation check refiles every starving request at the head of the top
+    level, in its present order (the rule as written, a pass over every queued request)."""
+
+    def _promote_starving(self, now: float) -> int:
+        limit = self.params.starve_after
+        queued = sorted(self._by_key.items())
+        starving = [r for _, r in queued if now - r.policy_state.last_service >= limit]
+        for r in reversed(starving):
+            self._unfile(r)
+            self._file(r, 0, head=True)
+        return len(starving)
+
+
+def _promotion_runs(trace: list[tuple[float, int, int]], num_blocks: int, swap_factor: int,
+                    batch: int, starve_every: int, starve_after: float,
+                    base_quantum: float) -> list[Any]:
+    trace = sorted(trace, key=lambda x: x[0])
+    runs = []
+    for cls in (FastServePolicy, DefinitionFastServe):
+        policy = cls(max_batch_size=batch, max_prompt_tokens=300, base_quantum=base_quantum,
+                     starve_after=starve_after, starve_check_every=starve_every)
+        reqs = make_requests([(a, p) for a, p, _ in trace])
+        runs.append(run_sim(reqs, [o for *_, o in trace], policy, num_blocks=num_blocks,
+                            block_size=16, num_swap_blocks=swap_factor * num_blocks,
+                            kv_bytes_per_token=1024, host_link_bandwidth=1e7))
+    fast, ref = runs
+    assert [(r.req_id, r.status, r.num_preemptions, tuple(r.token_times)) for r in fast.requests] \
+        == [(r.req_id, r.status, r.num_preemptions, tuple(r.token_times)) for r in ref.requests]
+    assert fast.iterations.to_frame().equals(ref.iterations.to_frame())
+    return runs
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(trace=st.lists(st.tuples(st.floats(min_value=0.0, max_value=2.0, allow_nan=False),
+                                st.integers(min_value=1, max_value=400),
+                                st.integers(min_value=1, max_value=60)),
+                      min_size=10, max_size=60),
+       num_blocks=st.integers(min_value=8, max_value=60), swap_factor=st.sampled_from([0, 1, 4]),
+       batch=st.integers(min_value=1, max_value=6), starve_every=st.sampled_from([1, 3, 10]),
+       starve_after=st.sampled_from([0.05, 0.2, 1.0]), base_quantum=st.sampled_from([0.01, 0.2]))
+def test_starvation_check_decides_as_the_definition(trace: list[tuple[float, int, int]],
+                                                    num_blocks: int, swap_factor: int, batch: int,
+                                                    starve_every: int, starve_after: float,
+                                                    base_quantum: float) -> None:
+    """The starvation check refiles only the requests whose place changes; every decision is
+    the one refiling every starving request gives (requests, tokens and the iteration log)."""
+    _promotion_runs(trace, num_blocks, swap_factor, batch, starve_every, starve_after,
+                    base_quantum)
+
+
+def test_the_starvation_comparison_sees_promotions() -> None:
+    # One fixed heavy trace: promotions of requests at every level, some already at the top,
+    # and requests served at the top level since (a quantum long enough to stay there).
+    rng = np.random.default_rng(7)
+    trace = [(float(a), int(p), int(o)) for a, p, o in zip(
+        rng.uniform(0, 2, 80), rng.integers(1, 400, 80), rng.integers(1, 60, 80), strict=True)]
+    fast, _ = _promotion_runs(trace, num_blocks=30, swap_factor=1, batch=3, starve_every=3,
+                              starve_after=0.2, base_quantum=0.2)
+    promoted = fast.iterations.to_frame()["info_promoted"].to_numpy()
+    assert (promoted > 0).sum() > 10 and promoted.max() > 5
+
+
 # -- low load: FastServe serves like vLLM ----------------------------------------------------------
 
 # vLLM's capacity on the quick workload (OPT-13B, 12 GiB KV): its throughput stops following the

@@ -78,3 +78,70 @@ def test_slack_ties_go_by_request_id() -> None:
     entries = [(1.0, 2, c), (2.0, 0, a), (1e6, 1, b)]
     assert [r.req_id for r in _by_slack(entries, now)] == sorted(
         [0, 1, 2], key=lambda i: ({2: 1.0, 0: 2.0, 1: 1e6}[i] - now, i))
+
+
+# One operation on a need index: ("add", key, need), ("remove", index into the live entries),
+# or ("first", key, free).
+_need_ops = st.lists(st.one_of(
+    st.tuples(st.just("add"), st.integers(0, 40), st.integers(0, 20)),
+    st.tuples(st.just("remove"), st.integers(0, 1_000)),
+    st.tuples(st.just("first"), st.integers(0, 45), st.integers(-1, 25))), max_size=80)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=_need_ops, max_need=st.sampled_from([20, 21, 31, 100]))
+def test_need_index_finds_the_first_fitting_entry(ops: list[tuple], max_need: int) -> None:
+    """``NeedIndex.first`` against a pass over every entry (needs 0-20, equal keys told apart
+    by req_id, free blocks below, within and beyond the needs held)."""
+    from accelgen.policies.common import NeedIndex
+    from tests.conftest import make_requests
+
+    index = NeedIndex(max_need=max_need)
+    live: list[tuple[tuple[float, int, object], int]] = []  # (entry, need), insertion order
+    next_id = 0
+    for op in ops:
+        if op[0] == "add":
+            (r,) = make_requests([(0.0, 1)])
+            entry = (float(op[1]), next_id, r)
+            next_id += 1
+            index.add(entry, op[2])
+            live.append((entry, op[2]))
+        elif op[0] == "remove" and live:
+            entry, need = live.pop(op[1] % len(live))
+            index.remove(entry[:2], need)
+        elif op[0] == "first":
+            key = (float(op[1]), -1)
+            expected = min((e for e, need in live if e[:2] >= key and need <= op[2]),
+                           default=None, key=lambda e: e[:2])
+            assert index.first(key, op[2]) is expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(specs=st.lists(st.tuples(st.integers(0, 30), st.integers(1, 3000)), min_size=1,
+                      max_size=40),
+       queries=st.lists(st.tuples(st.integers(0, 45), st.integers(0, 3000)), max_size=10))
+def test_ordered_waiting_fitting_positions(specs: list[tuple[int, int]],
+                                           queries: list[tuple[int, int]]) -> None:
+    """``OrderedWaiting.fitting``: the first position from ``start`` on whose request needs at
+    most ``free`` blocks, also after the index grew for needs beyond its first size (block
+    size 1: a prompt of p tokens needs p blocks)."""
+    from accelgen.policies.common import OrderedWaiting
+    from tests.conftest import make_requests
+
+    reqs = make_requests([(float(a), p) for a, p in specs])
+    queue = OrderedWaiting(lambda r: r.arrival, by_need=True)
+    for r in reqs:
+        queue._add(r, 1)
+    order = sorted(reqs, key=lambda r: (r.arrival, r.req_id))
+    assert [e[2] for e in queue.entries] == order
+    for start, free in queries:
+        expected = next((i for i in range(start, len(order)) if order[i].prompt_len <= free),
+                        len(order))
+        assert queue.fitting(start, free) == expected
+    for r in order[::2]:
+        queue._remove(r)
+    rest = order[1::2]
+    for start, free in queries:
+        expected = next((i for i in range(start, len(rest)) if rest[i].prompt_len <= free),
+                        len(rest))
+        assert queue.fitting(start, free) == expected

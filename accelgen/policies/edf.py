@@ -45,8 +45,9 @@ class EDFPolicy(Policy):
         super().__init__(params, **overrides)
         # The waiting requests in deadline order: a waiting request's deadline does not change
         # while it waits (its next token's deadline is fixed). The running set (at most
-        # max_num_seqs) is sorted per decision and merged with it.
-        self._waiting = OrderedWaiting(next_deadline)
+        # max_num_seqs) is sorted per decision and merged with it. Indexed by the blocks each
+        # needs, so the ones that do not fit in the free KV are passed over without a look.
+        self._waiting = OrderedWaiting(next_deadline, by_need=True)
 
     def on_arrival(self, req: Request, now: float) -> None:
         self._waiting.arrived.append(req)
@@ -65,12 +66,23 @@ class EDFPolicy(Policy):
         n_live = len(view.running)
         ri = wi = 0
         nr, nw = len(running), len(queue)
+        block_size = view.kv.block_size
         while b.budget_left > 0:
-            if wi < nw and (n_live >= p.max_num_seqs or b.free_blocks < min_need):
-                # No waiting request can start before the next running one frees blocks (the
-                # waiting ones all need at least min_need), or none may start at all.
-                wi = (nw if n_live >= p.max_num_seqs or ri >= nr
-                      else bisect_left(queue, running[ri][:2], wi))
+            if wi < nw:
+                # Pass over, in one step, the waiting requests before the next running one that
+                # may not start or do not fit in the free blocks (the admission test below
+                # would pass over each of them; only a running request can free blocks).
+                free = b.free_blocks
+                if n_live >= p.max_num_seqs or free < min_need:  # none may start, none fits
+                    skip_to = nw
+                else:
+                    head = queue[wi][2]
+                    skip_to = (waiting.fitting(wi, free) if head.status is Status.WAITING
+                               and free < -(-(head.prompt_len + head.num_output_tokens)
+                                            // block_size) else wi)
+                if skip_to > wi:
+                    wi = (skip_to if n_live >= p.max_num_seqs or ri >= nr
+                          else min(skip_to, bisect_left(queue, running[ri][:2], wi)))
             if ri < nr and (wi >= nw or running[ri] < queue[wi]):
                 dl, rid, r = running[ri]
                 ri += 1
