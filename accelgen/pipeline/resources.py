@@ -46,9 +46,12 @@ MEASURED: dict[str, JobCost] = {
     "vllm-v0": JobCost(seconds=42.6, rss_mb=2480.0),
     "sarathi": JobCost(seconds=42.9, rss_mb=2393.0),
     "fastgen": JobCost(seconds=44.2, rss_mb=2497.0),
-    "orca": JobCost(seconds=119.8, rss_mb=7051.0),  # 16.9 M iterations (batches of 8)
-    "fastserve": JobCost(seconds=176.1, rss_mb=2414.0),
-    "edf": JobCost(seconds=864.3, rss_mb=2372.0),
+    # `/usr/bin/time -v accelgen simulate` on the same trace, build b428608 (issue 17's
+    # baselines: EDF's need index, FastServe's starvation check), load 1.0-1.2; vllm 40.0 s
+    # in the same run
+    "orca": JobCost(seconds=102.9, rss_mb=3445.0),  # 16.9 M iterations (batches of 8)
+    "fastserve": JobCost(seconds=97.8, rss_mb=1626.0),
+    "edf": JobCost(seconds=78.3, rss_mb=1584.0),
     # AccelGen (and one Oracle search point, the same decision): the paper20k golden run of the
     # base build (/work/golden/paper20k/accelgen.log: 41:03 wall, 9.6 GB peak), not re-measured
     # here (its decision is issue 16's; 40 minutes a run).

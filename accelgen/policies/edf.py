@@ -66,7 +66,8 @@ class EDFPolicy(Policy):
         n_live = len(view.running)
         ri = wi = 0
         nr, nw = len(running), len(queue)
-        block_size = view.kv.block_size
+        kv = view.kv
+        block_size = kv.block_size
         while b.budget_left > 0:
             if wi < nw:
                 # Pass over, in one step, the waiting requests before the next running one that
@@ -89,6 +90,10 @@ class EDFPolicy(Policy):
                 if rid in b.preempted_ids:
                     continue
                 n = min(r.num_new_tokens, b.budget_left)
+                need = kv.blocks_needed(r, n)
+                if need <= b.free_blocks:  # the common case: its KV fits as it is
+                    b.add(r, n, need)
+                    continue
                 while not b.fits(r, n):
                     room = b.max_tokens_in_free_kv(r)
                     if room > 0 and r.num_new_tokens > 1:
