@@ -61,13 +61,12 @@ class EDFPolicy(Policy):
         b = BatchBuilder(view.kv, budget)
         running = sorted((next_deadline(r), r.req_id, r) for r in view.running)
         victims = running[::-1]  # running requests, latest deadline first
-        queue, admitted = waiting.entries, waiting.admitted
+        queue = waiting.entries
         min_need = waiting.needs[0] if waiting.needs else 0
         n_live = len(view.running)
         ri = wi = 0
         nr, nw = len(running), len(queue)
-        kv = view.kv
-        block_size = kv.block_size
+        block_size = view.kv.block_size
         while b.budget_left > 0:
             if wi < nw:
                 # Pass over, in one step, the waiting requests before the next running one that
@@ -85,39 +84,18 @@ class EDFPolicy(Policy):
                     wi = (skip_to if n_live >= p.max_num_seqs or ri >= nr
                           else min(skip_to, bisect_left(queue, running[ri][:2], wi)))
             if ri < nr and (wi >= nw or running[ri] < queue[wi]):
-                dl, rid, r = running[ri]
+                entry = running[ri]
                 ri += 1
-                if rid in b.preempted_ids:
-                    continue
-                n = min(r.num_new_tokens, b.budget_left)
-                need = kv.blocks_needed(r, n)
-                if need <= b.free_blocks:  # the common case: its KV fits as it is
-                    b.add(r, n, need)
-                    continue
-                while not b.fits(r, n):
-                    room = b.max_tokens_in_free_kv(r)
-                    if room > 0 and r.num_new_tokens > 1:
-                        n = min(n, room)  # cut a prompt chunk where free KV ends
-                    elif not self._preempt_later(b, victims, (dl, rid)):
-                        break
-                if not b.fits(r, n):
-                    continue
-                b.add(r, n)
+                if entry[1] not in b.preempted_ids:
+                    self._add_running(b, victims, entry)
             elif wi < nw:
                 _, _, r = queue[wi]
                 wi += 1
                 if r.status != Status.WAITING:  # the hooks were bypassed: decide by the definition
                     waiting.reset()
                     return self._schedule_sorted(view)
-                # Admission needs the whole remaining prompt to fit in free KV (as vLLM and
-                # Sarathi do); blocks are still allocated per chunk. Admitting on a first chunk
-                # alone overcommits KV and, under load, turns deadline order into a preemption
-                # storm (each recomputed request is the most overdue one and evicts the next).
-                if not b.fits(r, r.num_new_tokens):
-                    continue
-                n_live += 1
-                b.add(r, min(r.num_new_tokens, b.budget_left))
-                admitted.append(r)
+                if self._admit(b, r):
+                    n_live += 1
             else:
                 break
         return self._finish(b, view, victims, budget)
@@ -138,26 +116,42 @@ class EDFPolicy(Policy):
                 break
             if rid in b.preempted_ids:
                 continue
-            running = r.status == Status.RUNNING
-            if not running and n_live >= p.max_num_seqs:
-                continue
-            n = min(r.num_new_tokens, b.budget_left)
-            if running:
-                while not b.fits(r, n):
-                    room = b.max_tokens_in_free_kv(r)
-                    if room > 0 and r.num_new_tokens > 1:
-                        n = min(n, room)
-                    elif not self._preempt_later(b, victims, (dl, rid)):
-                        break
-                if not b.fits(r, n):
-                    continue
-            else:
-                if not b.fits(r, r.num_new_tokens):
-                    continue
+            if r.status == Status.RUNNING:
+                self._add_running(b, victims, (dl, rid, r))
+            elif n_live < p.max_num_seqs and self._admit(b, r):
                 n_live += 1
-                self._waiting.admitted.append(r)
-            b.add(r, n)
         return self._finish(b, view, victims, budget)
+
+    def _add_running(self, b: BatchBuilder, victims: list[tuple[float, int, Request]],
+                     entry: tuple[float, int, Request]) -> None:
+        """Schedule running request ``entry`` = (deadline, req_id, request) for its pending
+        tokens within the budget; when its KV does not fit, cut a prompt chunk where free KV
+        ends or recompute later-deadline running requests, and skip it if neither makes room."""
+        dl, rid, r = entry
+        n = min(r.num_new_tokens, b.budget_left)
+        need = b.kv.blocks_needed(r, n)
+        if need <= b.free_blocks:  # the common case: its KV fits as it is
+            b.add(r, n, need)
+            return
+        while not b.fits(r, n):
+            room = b.max_tokens_in_free_kv(r)
+            if room > 0 and r.num_new_tokens > 1:
+                n = min(n, room)  # cut a prompt chunk where free KV ends
+            elif not self._preempt_later(b, victims, (dl, rid)):
+                break
+        if b.fits(r, n):
+            b.add(r, n)
+
+    def _admit(self, b: BatchBuilder, r: Request) -> bool:
+        """Start waiting request ``r`` if its whole remaining prompt fits in free KV (as vLLM and
+        Sarathi do; blocks are still allocated per chunk). Admitting on a first chunk alone
+        overcommits KV and, under load, turns deadline order into a preemption storm (each
+        recomputed request is the most overdue one and evicts the next)."""
+        if not b.fits(r, r.num_new_tokens):
+            return False
+        b.add(r, min(r.num_new_tokens, b.budget_left))
+        self._waiting.admitted.append(r)
+        return True
 
     def _finish(self, b: BatchBuilder, view: SchedulerView,
                 victims: list[tuple[float, int, Request]], budget: int) -> Decision:
