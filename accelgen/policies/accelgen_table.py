@@ -7,10 +7,20 @@ etc. are views of one field), updated only where the state can change: ``add`` o
 follows what the executor really did), ``remove`` on finish or rejection. Live requests occupy
 rows ``0..n-1`` (a removal moves the last row into the hole), so a row number (a *slot*) is valid
 within one decision only; across hooks requests are found by ``req_id``.
+
+*Dormant* requests (``dormancy`` on: the policy orders lost prompts last, first come first
+served): waiting online requests whose next deadline has passed. Their order among themselves
+(arrival) and every column the decision reads from them are fixed until they run again, so the
+table keeps them apart, sorted by their queue key (``DORMANT``), and the decision passes over them
+in steps that do not grow with their number (``accelgen_decision``: ``docs/accelgen.md``,
+*Cost*). Every other live request is *active*: ``active`` lists their slots in ascending order.
+Under overload nearly the whole queue is dormant: a decision then costs about what the running
+set does.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from typing import TYPE_CHECKING
 
@@ -37,7 +47,20 @@ REQUEST = np.dtype([
     ("running", np.bool_),  # holds KV (vLLM's running queue)
     ("online", np.bool_),  # TTFT/TBT SLOs (else a JCT SLO)
     ("lost", np.bool_),  # online and a token already missed its deadline (request SLO lost)
+    ("dormant", np.bool_),  # in ``dormant`` (else in ``active``)
 ], align=True)
+
+# A dormant request, in queue order (key, then slot: the decision's order on equal keys). The
+# table writes key and slot; the decision derives the rest when the queue changed (``reindex``).
+DORMANT = np.dtype([
+    ("key", np.float64),  # its queue key: arrival + LOST_OFFSET
+    ("slot", np.int64),
+    ("need", np.int64),  # blocks its admission needs
+    ("final", np.int64),  # blocks it holds at its last forward pass (the Oracle's exact plan)
+    ("long", np.bool_),  # ERA: a long prompt
+], align=True)
+
+LOST_OFFSET = 1e9  # a lost prompt's queue key is this plus its arrival (after every on-track key)
 
 
 class RequestTable:
@@ -53,13 +76,22 @@ class RequestTable:
         self.objs: list[Request] = []
         self.slot_of: dict[int, int] = {}
         self.num_unplanned = 0  # offline requests whose JCT plan is still to be made
+        self.dormancy = False  # set by the policy (``AccelGenPolicy``)
+        self.n_active = self.n_dormant = 0
+        self.reindex = False  # the dormant queue changed since the decision last indexed it
+        # (deadline, req_id) of waiting online active requests: the next to turn dormant first
+        self._watch: list[tuple[float, int]] = []
         self._alloc(capacity)
 
     def _alloc(self, capacity: int) -> None:
         rows = np.zeros(capacity, dtype=REQUEST).view(np.recarray)
+        active = np.zeros(capacity, dtype=np.int64)
+        dormant = np.zeros(capacity, dtype=DORMANT).view(np.recarray)
         if self.capacity:
             rows[: self.n] = self.rows[: self.n]
-        self.rows = rows
+            active[: self.n_active] = self.active[: self.n_active]
+            dormant[: self.n_dormant] = self.dormant_queue[: self.n_dormant]
+        self.rows, self.active, self.dormant_queue = rows, active, dormant
         for name in REQUEST.names or ():
             setattr(self, name, rows[name])
         self.capacity = capacity
@@ -86,9 +118,13 @@ class RequestTable:
         self.lost[s] = False
         self.off_first[s] = math.nan
         self.off_step[s] = math.nan
+        self.dormant[s] = False
         if not r.online:
             self.num_unplanned += 1
+        self.active[self.n_active] = s  # (the largest slot: the list stays sorted)
+        self.n_active += 1
         self._read(np.array([s]), [r])
+        self._watch_if_waiting(s)
         return s
 
     def remove(self, req_id: int) -> None:
@@ -97,12 +133,22 @@ class RequestTable:
             return
         if not self.online[s] and math.isnan(self.off_first[s]):
             self.num_unplanned -= 1
+        self._leave(s)
         last = self.n - 1
         if s != last:  # move the last live request into the hole
+            moved_dormant = bool(self.dormant[last])
+            if moved_dormant:
+                self._dormant_delete(last)
+            else:
+                self._active_delete(last)
             self.rows[s] = self.rows[last]
             moved = self.objs[last]
             self.objs[s] = moved
             self.slot_of[moved.req_id] = s
+            if moved_dormant:
+                self._dormant_insert(s)
+            else:
+                self._active_insert(s)
         self.objs.pop()
         self.n = last
 
@@ -113,6 +159,13 @@ class RequestTable:
             self.remove(rid)
         slots = np.array([self.add(r) for r in reqs], dtype=np.int64)  # (the known ones: their slot)
         self._read(slots, reqs)
+        # Every request active again (the sweep before the next decision finds the dormant ones).
+        self.n_active, self.n_dormant, self.reindex = self.n, 0, True
+        self.active[: self.n] = np.arange(self.n)
+        self.dormant[: self.n] = False
+        self._watch = []
+        for s in range(self.n):
+            self._watch_if_waiting(s)
 
     # -- dynamic fields ------------------------------------------------------------------------
     def _read(self, slots: np.ndarray, reqs: list[Request]) -> None:
@@ -135,6 +188,73 @@ class RequestTable:
         # A token emitted after its deadline loses the request's request-level SLO for good.
         self.lost[slots] |= (self.online[slots] & (self.n_out[slots] > old_out)
                              & (self.last_tok[slots] > old_deadline))
+        if self.dormancy:  # dormant requests that run again; preempted ones to watch
+            for s in slots[~self.running[slots] | self.dormant[slots]].tolist():
+                if self.dormant[s] and self.running[s]:
+                    self._dormant_delete(s)
+                    self._active_insert(s)
+                else:
+                    self._watch_if_waiting(s)
+
+    # -- active and dormant requests -----------------------------------------------------------
+    def sweep(self, now: float) -> None:
+        """Waiting online requests whose deadline passed before ``now`` turn dormant."""
+        watch = self._watch
+        while watch and watch[0][0] < now:
+            deadline, rid = heapq.heappop(watch)
+            s = self.slot_of.get(rid)
+            if (s is not None and not self.running[s] and not self.dormant[s]
+                    and self.deadline[s] == deadline):
+                self._active_delete(s)
+                self._dormant_insert(s)
+
+    def _watch_if_waiting(self, s: int) -> None:
+        if self.dormancy and self.online[s] and not self.running[s] and not self.dormant[s]:
+            heapq.heappush(self._watch, (float(self.deadline[s]), int(self.req_id[s])))
+
+    def _leave(self, s: int) -> None:
+        if self.dormant[s]:
+            self._dormant_delete(s)
+        else:
+            self._active_delete(s)
+
+    def _active_insert(self, s: int) -> None:
+        a, n = self.active, self.n_active
+        p = int(np.searchsorted(a[:n], s))
+        a[p + 1: n + 1] = a[p:n]
+        a[p] = s
+        self.n_active = n + 1
+        self.dormant[s] = False
+
+    def _active_delete(self, s: int) -> None:
+        a, n = self.active, self.n_active
+        p = int(np.searchsorted(a[:n], s))
+        a[p: n - 1] = a[p + 1: n]
+        self.n_active = n - 1
+
+    def _dormant_position(self, key: float, s: int) -> int:
+        """Where (key, s) is, or goes, in the dormant queue."""
+        q = self.dormant_queue[: self.n_dormant]
+        lo, hi = np.searchsorted(q.key, key, "left"), np.searchsorted(q.key, key, "right")
+        return int(lo + np.searchsorted(q.slot[lo:hi], s))
+
+    def _dormant_insert(self, s: int) -> None:
+        key = float(self.arrival[s]) + LOST_OFFSET
+        q, m = self.dormant_queue, self.n_dormant
+        p = self._dormant_position(key, s)
+        q[p + 1: m + 1] = q[p:m]
+        q.key[p], q.slot[p] = key, s
+        self.n_dormant = m + 1
+        self.dormant[s] = True
+        self.reindex = True
+
+    def _dormant_delete(self, s: int) -> None:
+        q, m = self.dormant_queue, self.n_dormant
+        p = self._dormant_position(float(self.arrival[s]) + LOST_OFFSET, s)
+        q[p: m - 1] = q[p + 1: m]
+        self.n_dormant = m - 1
+        self.dormant[s] = False
+        self.reindex = True
 
     def _set_deadline(self, slots: np.ndarray) -> None:
         """Deadline of the next output (SPEC 4.1): the first token by arrival + TTFT SLO, a later
@@ -174,4 +294,14 @@ class RequestTable:
             got = (int(self.n_out[s]), int(self.computed[s]), int(self.blocks[s]), bool(self.running[s]))
             if want != got or self.slot_of.get(r.req_id) != s:
                 bad.append(f"req {r.req_id}: table {got} vs request {want}")
+        active = self.active[: self.n_active].tolist()
+        dormant = self.dormant_queue[: self.n_dormant]
+        order = sorted(zip(dormant.key.tolist(), dormant.slot.tolist(), strict=True))
+        if (sorted(active + dormant.slot.tolist()) != list(range(self.n)) or active != sorted(active)
+                or order != list(zip(dormant.key.tolist(), dormant.slot.tolist(), strict=True))
+                or any(self.dormant[s] != (s in set(dormant.slot.tolist())) for s in range(self.n))):
+            bad.append(f"active {active} and dormant {order} do not partition the table in order")
+        for key, s in order:
+            if key != float(self.arrival[s]) + LOST_OFFSET or self.running[s] or not self.online[s]:
+                bad.append(f"dormant slot {s}: key {key}, running {self.running[s]}")
         return bad

@@ -46,6 +46,7 @@ CANDIDATE = np.dtype([
     ("member", b1),  # in the batch
     ("urgent", b1),
     ("counted", b1),  # its per-iteration SLO counts toward SLO_min
+    ("stamp", i8),  # the pass (``ledger.pass_id``) these columns are of
 ], align=True)
 
 LISTS = np.dtype([
@@ -62,6 +63,7 @@ LISTS = np.dtype([
     ("dec_block", i8), ("dec_free", i8),  # decodes needing a new block / none
     ("fallback", i8),  # the deadlock breaker's candidates
     ("over", i8),  # the Oracle's over-admitted requests (excluded on the next pass)
+    ("touched", i8),  # dormant requests whose columns this pass computed
 ], align=True)
 
 
@@ -76,6 +78,9 @@ class Step(NamedTuple):
     free_blocks: int
     admissions_left: int  # new requests it may admit (max_num_seqs)
     plan_only: bool  # stop after the plan (explain)
+    n_active: int  # slots in ``active``
+    n_dormant: int  # entries of ``dormant`` (the table's dormant queue)
+    reindex: bool  # the dormant queue changed: derive its needs and minima again
 
 
 class Outcome(NamedTuple):
@@ -115,6 +120,11 @@ LEDGER = np.dtype([
     ("n_victims", i8),  # -1 until the victims are first needed
     ("victim_head", i8),  # victims[:victim_head] were considered
     ("n_groups", i8), ("fallback", b1),
+    ("pass_id", i8),  # counts the passes over the candidates (``cand.stamp``)
+    ("era_owner_start", i8),  # the ERA owner when the pass began (eligibility)
+    ("oversize", i8),  # /Chunk: the oversized head prompt, -1 if none
+    ("n_touched", i8),  # lists.touched[:n_touched]
+    ("dormant_head", i8),  # dormant[:dormant_head] is no longer available
 ], align=True)
 
 PARAMS = np.dtype([
@@ -144,6 +154,14 @@ BUDGET_TIME = np.dtype([
     ("full_batch", f8),  # latency of the full batch at this budget (this decision; NaN: unknown)
 ])
 
+# The dormant queue is passed over in blocks of this many entries, skipping a block whose minima
+# show that none of its requests can be admitted (``accelgen_decision._dormant_next``).
+DORMANT_BLOCK = 64
+DORMANT_MINIMA = np.dtype([
+    ("need", i8), ("need_short", i8),  # smallest admission need (of all; of those not long)
+    ("final", i8), ("final_short", i8),  # smallest final KV (the Oracle's exact plan)
+], align=True)
+
 # "No cap" on admissions (max_num_seqs None): only ever decremented a few times.
 NO_ADMISSION_CAP = 1 << 60
 
@@ -164,6 +182,10 @@ class DecisionArrays(NamedTuple):
     state: np.recarray  # STATE: step, ledger, outcome, ask, params, info
     times: np.recarray  # BUDGET_TIME per token budget
     scratch: np.ndarray  # int64 x 3 x capacity: sort keys (float64 bits), a permutation, a buffer
+    active: np.ndarray  # the table's active slots, ascending
+    dormant: np.recarray  # the table's dormant queue (DORMANT), in queue order
+    dormant_minima: np.recarray  # DORMANT_MINIMA per DORMANT_BLOCK entries of the queue
+    dormant_above: np.ndarray  # (Oracle) dormant requests whose final KV exceeds b blocks, per b
 
 
 def _records(dtype: np.dtype, n: int) -> np.recarray:
@@ -185,7 +207,9 @@ class Workspace:
         times = _records(BUDGET_TIME, 1)
         self._full_batch = times.view(np.ndarray)["full_batch"]
         self.arrays = DecisionArrays(table.rows, _records(CANDIDATE, 0), _records(LISTS, 0),
-                                     state.view(np.recarray), times, np.zeros(0, np.int64))
+                                     state.view(np.recarray), times, np.zeros(0, np.int64),
+                                     table.active, table.dormant_queue,
+                                     _records(DORMANT_MINIMA, 0), np.zeros(1, np.int64))
         self.follow(table)  # (sizes the per-request arrays)
         self.configured: tuple[object, ...] = ()  # (cost model, pivot, KV) of ``configure``
         self.cap = 0
@@ -230,7 +254,8 @@ class Workspace:
         self._full_batch[:] = math.nan
         if not par.cost_linear:
             times.forward = [cost.forward_time(b) for b in range(cap + 2)]
-        self.arrays = self.arrays._replace(times=times)
+        self.arrays = self.arrays._replace(times=times,
+                                           dormant_above=np.zeros(kv.num_total_blocks + 2, np.int64))
         return True
 
     def use_cost(self, cost: CostModel) -> None:
@@ -248,12 +273,15 @@ class Workspace:
         """Use the table's current rows (reallocated when it grows) and per-request arrays as large."""
         n = table.capacity
         if n > len(self.arrays.cand):
-            self.arrays = self.arrays._replace(cand=_records(CANDIDATE, n), lists=_records(LISTS, n),
-                                               scratch=np.zeros(3 * n, np.int64))
+            self.arrays = self.arrays._replace(
+                cand=_records(CANDIDATE, n), lists=_records(LISTS, n),
+                scratch=np.zeros(3 * n, np.int64),
+                dormant_minima=_records(DORMANT_MINIMA, n // DORMANT_BLOCK + 1))
             lists = self.arrays.lists.view(np.ndarray)
             self.slots, self.tokens = lists["slots"], lists["tokens"]
             self.preempted, self.cut_chunks = lists["preempted"], lists["cut_chunks"]
-        self.arrays = self.arrays._replace(requests=table.rows)
+        self.arrays = self.arrays._replace(requests=table.rows, active=table.active,
+                                           dormant=table.dormant_queue)
 
     # -- one decision ------------------------------------------------------------------------
     def run(self, decide: Any, cost: CostModel, *step: Any) -> Outcome:
