@@ -34,7 +34,7 @@ _HERE = Path(__file__).resolve().parent
 # Everything the compiled module is built from: the code, and the record layouts in its signature.
 _SOURCES = (_HERE / "accelgen_decision.py", _HERE / "accelgen_workspace.py",
             _HERE / "accelgen_table.py", _HERE.parent / "costmodel" / "linear.py",
-            _HERE.parent / "costmodel" / "base.py")
+            _HERE.parent / "costmodel" / "analytic.py", _HERE.parent / "costmodel" / "base.py")
 ENV = "ACCELGEN_DECISION"
 
 

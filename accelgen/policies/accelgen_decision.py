@@ -7,8 +7,9 @@ compiled with numba, run by the simulator and by the vLLM plugin alike.
 the deadlock breaker; ERA in ``_add``), ``_diagnostics``. Variants are flags in its parameters:
 the ablations, the budget rule, ERA and its scope, the Oracle's exact KV plan.
 
-A linear cost model (``CostModel.linear_terms``) is evaluated here (``linear_time``). For any
-other, ``decide`` returns the budget whose full-batch latency it needs (the batch in ``ask``);
+A linear cost model (``CostModel.linear_terms``) and the analytic one (``roofline_terms``) are
+evaluated here (``linear_time``, ``roofline_time``: the functions the models themselves run). For
+any other, ``decide`` returns the budget whose full-batch latency it needs (the batch in ``ask``);
 ``Workspace.run`` calls it again with that latency in ``d.times`` (a pure function of its inputs,
 it repeats the same steps up to there). Builds: ``accelgen_compiled``.
 """
@@ -21,12 +22,14 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from accelgen.costmodel.analytic import roofline_time
 from accelgen.costmodel.linear import linear_time
 from accelgen.policies.accelgen_table import LOST_OFFSET
 from accelgen.policies.accelgen_workspace import DORMANT_BLOCK
 
 _jit = njit(cache=True, error_model="numpy", _nrt=False)
 _linear_time = _jit(linear_time)
+_roofline_time = _jit(roofline_time)
 
 NO_LIMIT = 1 << 62  # a block count no request reaches
 
@@ -397,6 +400,8 @@ def _t_max(d: Any, budget: int) -> float:
     attn = prefill * (led.prefill_ctx + (prefill + 1) / 2) if prefill > 0 else 0.0
     if par.cost_linear:
         full = _linear_time(par, prefill + n, ctx, attn)
+    elif par.cost_roofline:
+        full = _roofline_time(d.state[0].roofline, prefill, 1 if prefill > 0 else 0, attn, n, ctx)
     else:
         full = d.times[budget].full_batch
         if math.isnan(full):

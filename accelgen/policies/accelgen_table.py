@@ -92,6 +92,8 @@ class RequestTable:
             active[: self.n_active] = self.active[: self.n_active]
             dormant[: self.n_dormant] = self.dormant_queue[: self.n_dormant]
         self.rows, self.active, self.dormant_queue = rows, active, dormant
+        plain = dormant.view(np.ndarray)
+        self.dormant_key, self.dormant_slot = plain["key"], plain["slot"]
         for name in REQUEST.names or ():
             setattr(self, name, rows[name])
         self.capacity = capacity
@@ -233,25 +235,29 @@ class RequestTable:
         self.n_active = n - 1
 
     def _dormant_position(self, key: float, s: int) -> int:
-        """Where (key, s) is, or goes, in the dormant queue."""
-        q = self.dormant_queue[: self.n_dormant]
-        lo, hi = np.searchsorted(q.key, key, "left"), np.searchsorted(q.key, key, "right")
-        return int(lo + np.searchsorted(q.slot[lo:hi], s))
+        """Where (key, s) is, or goes, in the dormant queue (equal keys by slot)."""
+        keys, m = self.dormant_key, self.n_dormant
+        p = int(keys[:m].searchsorted(key))
+        while p < m and keys[p] == key and self.dormant_slot[p] < s:
+            p += 1
+        return p
 
     def _dormant_insert(self, s: int) -> None:
         key = float(self.arrival[s]) + LOST_OFFSET
-        q, m = self.dormant_queue, self.n_dormant
+        keys, slots, m = self.dormant_key, self.dormant_slot, self.n_dormant
         p = self._dormant_position(key, s)
-        q[p + 1: m + 1] = q[p:m]
-        q.key[p], q.slot[p] = key, s
+        keys[p + 1: m + 1] = keys[p:m]  # (only these two fields: reindex derives the rest)
+        slots[p + 1: m + 1] = slots[p:m]
+        keys[p], slots[p] = key, s
         self.n_dormant = m + 1
         self.dormant[s] = True
         self.reindex = True
 
     def _dormant_delete(self, s: int) -> None:
-        q, m = self.dormant_queue, self.n_dormant
+        keys, slots, m = self.dormant_key, self.dormant_slot, self.n_dormant
         p = self._dormant_position(float(self.arrival[s]) + LOST_OFFSET, s)
-        q[p: m - 1] = q[p + 1: m]
+        keys[p: m - 1] = keys[p + 1: m]
+        slots[p: m - 1] = slots[p + 1: m]
         self.n_dormant = m - 1
         self.dormant[s] = False
         self.reindex = True

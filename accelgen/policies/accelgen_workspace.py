@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, get_type_hints
 
 import numpy as np
 
+from accelgen.costmodel.analytic import RooflineTerms
 from accelgen.costmodel.base import BatchShape, CostModel
 
 if TYPE_CHECKING:
@@ -139,6 +140,7 @@ PARAMS = np.dtype([
     ("exact_kv", b1),  # the Oracle's exact KV plan (true output lengths; never preempts)
     # the cost model, when it is linear (LinearTerms' fields)
     ("cost_linear", b1), ("base_s", f8), ("per_token_s", f8), ("per_ctx_s", f8), ("per_attn_s", f8),
+    ("cost_roofline", b1),  # the analytic model (its constants in ``STATE.roofline``)
 ], align=True)
 
 INFO_KEYS = (
@@ -168,7 +170,8 @@ NO_ADMISSION_CAP = 1 << 60
 
 # One record of everything that is not per request (one array for the compiled call to take).
 STATE = np.dtype([("step", STEP), ("ledger", LEDGER), ("outcome", OUTCOME), ("ask", ASK),
-                  ("params", PARAMS), ("info", INFO)], align=True)
+                  ("params", PARAMS), ("info", INFO), ("roofline", _record(RooflineTerms))],
+                 align=True)
 
 
 class DecisionArrays(NamedTuple):
@@ -227,7 +230,8 @@ class Workspace:
         """The fixed inputs, set again only for a new cost model, pivot or KV (returns whether it
         did): parameters, KV geometry, the token budget's clamps (``cap`` = S_pf x budget_cap,
         the minimum), and what the cost model offers compiled code (``CostModel.linear_terms``,
-        followed at every call; else forward times of the budgets 0..cap + 1)."""
+        followed at every call, or ``roofline_terms``; else forward times of the budgets
+        0..cap + 1, and the cost model is asked for the rest)."""
         cost, pivot, kv = view.cost, view.pivot, view.kv
         key = self.configured
         if key and key[0] is cost and key[1] is pivot and key[2] is kv:
@@ -249,6 +253,10 @@ class Workspace:
         par.exact_kv = self.exact_kv = exact_kv
         self._terms = None
         self.use_cost(cost)
+        roofline = cost.roofline_terms()
+        par.cost_roofline = roofline is not None
+        if roofline is not None:
+            self.arrays.state.view(np.ndarray)["roofline"][0] = tuple(roofline)
         times = _records(BUDGET_TIME, cap + 2)
         self._full_batch = times.view(np.ndarray)["full_batch"]
         self._full_batch[:] = math.nan
