@@ -143,7 +143,7 @@ class AccelGenPolicy(Policy):
                       else p.max_num_seqs - int(t.running[: t.n].sum()))
         # (load: this process's build of the decision, cached; then the Step fields, in order: a
         # NamedTuple per step costs microseconds in vLLM)
-        out = ws.run(load()[1], view.cost, t.n, view.now, self._chunk_mean,
+        out = ws.run(load().decide, view.cost, t.n, view.now, self._chunk_mean,
                      t.slot_of.get(owner, -1) if owner is not None else -1, self._prev_budget,
                      view.kv.num_free_blocks, admissions, plan_only, t.n_active, t.n_dormant,
                      t.reindex)

@@ -1166,3 +1166,44 @@ def decide(d: Any) -> int:
         if not (d.state[0].params.exact_kv and _over_admitted(d)):
             _diagnostics(d)
             return -1
+
+
+# -- the table's dynamic columns (``RequestTable``: compiled too, it runs every step) ------------
+@_jit
+def _set_deadline(r: Any) -> None:
+    """Deadline of the next output (SPEC 4.1): the first token by arrival + TTFT SLO, a later
+    token (also after a preemption) by the previous token + TBT SLO; offline requests follow
+    their cumulative JCT plan, which carries over- and under-use to later iterations."""
+    if r.online:
+        r.deadline = r.arrival + r.ttft if r.n_out == 0 else r.last_tok + r.tbt
+    else:
+        r.deadline = r.off_first + r.n_out * r.off_step
+
+
+@_jit
+def set_deadlines(rows: Any, slots: Any) -> int:
+    """``_set_deadline`` of the rows ``slots``."""
+    for s in slots:
+        _set_deadline(rows[s])
+    return 0
+
+
+@_jit
+def read_rows(rows: Any, slots: Any, n_out: Any, computed: Any, blocks: Any, running: Any,
+              last_tok: Any, lost_rule: bool, watch: Any) -> int:
+    """Write the dynamic fields read from the request objects into the rows ``slots``, and their
+    deadlines. ``lost_rule``: a token emitted after its deadline loses an online request's
+    request-level SLO for good. Returns how many of them (in ``watch``) wait or are dormant."""
+    k = 0
+    for j in range(slots.size):
+        r = rows[slots[j]]
+        emitted, due = n_out[j] > r.n_out, r.deadline
+        r.n_out, r.computed, r.blocks = n_out[j], computed[j], blocks[j]
+        r.running, r.last_tok = running[j], last_tok[j]
+        _set_deadline(r)
+        if lost_rule and r.online and emitted and r.last_tok > due:
+            r.lost = True
+        if not r.running or r.dormant:
+            watch[k] = slots[j]
+            k += 1
+    return k

@@ -28,6 +28,8 @@ import numpy as np
 
 from accelgen.request import Request, Status
 
+_RUNNING = Status.RUNNING
+
 REQUEST = np.dtype([
     ("req_id", np.int64),
     ("prompt", np.int64),  # prompt tokens
@@ -92,6 +94,7 @@ class RequestTable:
             active[: self.n_active] = self.active[: self.n_active]
             dormant[: self.n_dormant] = self.dormant_queue[: self.n_dormant]
         self.rows, self.active, self.dormant_queue = rows, active, dormant
+        self._watch_slots = np.zeros(capacity, dtype=np.int64)  # (``_read``'s output)
         plain = dormant.view(np.ndarray)
         self.dormant_key, self.dormant_slot = plain["key"], plain["slot"]
         for name in REQUEST.names or ():
@@ -170,28 +173,30 @@ class RequestTable:
             self._watch_if_waiting(s)
 
     # -- dynamic fields ------------------------------------------------------------------------
-    def _read(self, slots: np.ndarray, reqs: list[Request]) -> None:
-        """Re-read the dynamic fields of ``reqs`` (in ``slots``) from the objects."""
-        self.n_out[slots] = [r.num_output_tokens for r in reqs]
-        self.computed[slots] = [r.num_computed_tokens for r in reqs]
-        self.blocks[slots] = [r.num_blocks for r in reqs]
-        self.running[slots] = [r.status == Status.RUNNING for r in reqs]
-        self.last_tok[slots] = [r.last_token_time for r in reqs]
-        self._set_deadline(slots)
+    def _read(self, slots: np.ndarray, reqs: list[Request], lost_rule: bool = False) -> int:
+        """Re-read the dynamic fields of ``reqs`` (in ``slots``) from the objects, with their
+        deadlines (and ``lost``, with ``lost_rule``). Returns how many of them wait or are
+        dormant (their slots in ``_watch_slots``)."""
+        from accelgen.policies.accelgen_compiled import load  # (it builds on this module)
+
+        return load().read_rows(
+            self.rows, slots, np.array([r.num_output_tokens for r in reqs], np.int64),
+            np.array([r.num_computed_tokens for r in reqs], np.int64),
+            np.array([r.num_blocks for r in reqs], np.int64),
+            np.array([r.status is _RUNNING for r in reqs], np.bool_),
+            np.array([r.last_token_time for r in reqs], np.float64), lost_rule, self._watch_slots)
 
     def refresh(self, reqs: list[Request]) -> None:
-        """Re-read the dynamic fields of ``reqs`` (those a step changed) in one vectorised pass."""
-        live = [r for r in reqs if r.req_id in self.slot_of]
+        """Re-read the dynamic fields of ``reqs`` (those a step changed) in one compiled pass."""
+        slot_of = self.slot_of
+        live = [r for r in reqs if r.req_id in slot_of]
         if not live:
             return
-        slots = np.fromiter((self.slot_of[r.req_id] for r in live), dtype=np.int64, count=len(live))
-        old_out, old_deadline = self.n_out[slots], self.deadline[slots]  # copies (fancy index)
-        self._read(slots, live)
-        # A token emitted after its deadline loses the request's request-level SLO for good.
-        self.lost[slots] |= (self.online[slots] & (self.n_out[slots] > old_out)
-                             & (self.last_tok[slots] > old_deadline))
+        slots = np.fromiter(map(slot_of.__getitem__, [r.req_id for r in live]), np.int64,
+                            len(live))
+        k = self._read(slots, live, lost_rule=True)
         if self.dormancy:  # dormant requests that run again; preempted ones to watch
-            for s in slots[~self.running[slots] | self.dormant[slots]].tolist():
+            for s in self._watch_slots[:k].tolist():
                 if self.dormant[s] and self.running[s]:
                     self._dormant_delete(s)
                     self._active_insert(s)
@@ -262,16 +267,6 @@ class RequestTable:
         self.dormant[s] = False
         self.reindex = True
 
-    def _set_deadline(self, slots: np.ndarray) -> None:
-        """Deadline of the next output (SPEC 4.1): the first token by arrival + TTFT SLO, a later
-        token (also after a preemption) by the previous token + TBT SLO; offline requests follow
-        their cumulative JCT plan, which carries over- and under-use to later iterations."""
-        n_out = self.n_out[slots]
-        online = np.where(n_out == 0, self.arrival[slots] + self.ttft[slots],
-                          self.last_tok[slots] + self.tbt[slots])
-        offline = self.off_first[slots] + n_out * self.off_step[slots]
-        self.deadline[slots] = np.where(self.online[slots], online, offline)
-
     def plan_offline(self, chunk_len: float, t_max: float, preempt_term: float) -> None:
         """Make the JCT plan of offline requests that have none yet (paper section 4.3).
 
@@ -288,7 +283,9 @@ class RequestTable:
         t_r = (self.jct[todo] - t_e) / (nck + s_g)
         self.off_first[todo] = self.arrival[todo] + nck * (t_r + t_max)
         self.off_step[todo] = t_r + t_max + preempt_term
-        self._set_deadline(todo)
+        from accelgen.policies.accelgen_compiled import load  # (it builds on this module)
+
+        load().set_deadlines(self.rows, todo)
         self.num_unplanned = 0
 
     def mismatches(self) -> list[str]:
