@@ -163,8 +163,8 @@ def build(out: Path | None = None) -> Path:
         cc.output_dir = tmp
         cc.use_nrt = False
         cc.export("decide", types.int64(*_signature()))(accelgen_decision.decide.py_func)
-        for name, ksig in _kernel_signatures().items():
-            cc.export(name, types.int64(*ksig))(getattr(accelgen_decision, name).py_func)
+        for kernel, ksig in _kernel_signatures().items():
+            cc.export(kernel, types.int64(*ksig))(getattr(accelgen_decision, kernel).py_func)
         _compile(cc.compile)
         (built,) = Path(tmp).glob(name + "*")
         os.replace(built, out)
