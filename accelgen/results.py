@@ -67,8 +67,8 @@ class IterationLog:
     CHUNK_ROWS = 1 << 16
     SEGMENT_ROWS = 1 << 20
 
-    __slots__ = ("_capacity", "_cols", "_info", "_info_cols", "_num_stored", "_rows",
-                 "decision_time")
+    __slots__ = ("_capacity", "_cols", "_fast_index", "_fast_rows", "_info", "_info_cols",
+                 "_num_stored", "_rows", "decision_time")
 
     def __init__(self) -> None:
         self._rows: list[tuple[Any, ...]] = []  # the rows not yet stored in the columns
@@ -81,6 +81,11 @@ class IterationLog:
         # segments aligned with ``_cols``.
         self._info: dict[str, array[float]] = {}
         self._info_cols: dict[str, list[np.ndarray]] = {}
+        # Rows of ``InfoRow``s with exactly the logged names (``_fast_index``), kept as their
+        # value arrays until they are spread over the columns (``_spread``): a policy logs a
+        # couple of dozen diagnostics every iteration.
+        self._fast_index: dict[str, int] | None = None
+        self._fast_rows: list[Any] = []
         self.decision_time: array[float] = array("d")
 
     def __len__(self) -> int:
@@ -103,6 +108,10 @@ class IterationLog:
 
     def _append_info(self, info: MutableMapping[str, float], num_rows: int) -> None:
         """Add one row's diagnostics; ``num_rows``: rows not yet stored, this one too."""
+        if type(info) is InfoRow and info._index is self._fast_index and info._extra is None:
+            self._fast_rows.append(info._values)
+            return
+        self._spread()
         cols = self._info
         complete = len(info) == len(cols)
         for key, value in info.items():
@@ -116,9 +125,24 @@ class IterationLog:
             for col in cols.values():
                 if len(col) < num_rows:
                     col.append(math.nan)
+        self._fast_index = None
+        if type(info) is InfoRow and info._extra is None and len(info) == len(cols):
+            self._fast_index = info._index
+
+    def _spread(self) -> None:
+        """The kept ``InfoRow`` values into the diagnostics' columns."""
+        if not self._fast_rows:
+            return
+        index = self._fast_index
+        assert index is not None
+        block = np.array(self._fast_rows, dtype=np.float64)
+        for key, i in index.items():
+            self._info[key].frombytes(block[:, i].tobytes())
+        self._fast_rows = []
 
     def _store(self) -> None:
         """Move the tuple rows (and their diagnostics) into the column segments."""
+        self._spread()
         rows = self._rows
         k = len(rows)
         if not k:
