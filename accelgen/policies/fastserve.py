@@ -128,6 +128,7 @@ class FastServePolicy(Policy):
         # When requests were last served (or arrived): (time, [(request, n), ...]) ascending,
         # so a starvation check reads only the last starve_after seconds of it.
         self._served: list[tuple[float, list[tuple[Request, int]]]] = []
+        self._quanta = [self.quantum(p) for p in range(self.params.num_queues)]
 
     # -- levels -----------------------------------------------------------------------------------
     def quantum(self, level: int) -> float:
@@ -399,6 +400,7 @@ class FastServePolicy(Policy):
         end = view.now + latency
         self._served.append((end, decision.scheduled))  # ends only grow: stays in order
         last = self.params.num_queues - 1
+        quanta = self._quanta
         # Unfinished members keep their place (at the head of their level, unless requests that
         # could not run this time stand before them); a demoted one goes to the head of the
         # next level, in batch order (the last member is filed first).
@@ -409,15 +411,13 @@ class FastServePolicy(Policy):
                 continue  # finished in this iteration
             st.attained += latency
             level = st.level
-            demoted = st.attained > self.quantum(level) and level < last
-            if demoted:
-                level += 1
+            if st.attained > quanta[level] and level < last:  # demoted
                 st.attained = 0.0
-            if demoted:
                 self._unfile(r)
-                self._file(r, level, head=True)
-            else:
-                self._move(r)  # admitted or swapped in: now on the device
+                self._file(r, level + 1, head=True)
+            elif st.filed_as is not r.status:  # admitted or swapped in: now on the device
+                self._leave(st)
+                self._enter(r, st)
 
 
 class _Room:
