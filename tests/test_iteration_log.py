@@ -128,3 +128,62 @@ def test_short_log_holds_only_its_rows() -> None:
         values = df[name].to_numpy()
         owner = values if values.base is None else values.base
         assert owner.nbytes == 300 * 8, name
+
+
+# Integers around every boundary of int8/16/32 (and beyond): the stored columns must widen.
+_ints = st.one_of(st.integers(-130, 130), st.integers(-40_000, 40_000),
+                  st.integers(-(2**40), 2**40), st.sampled_from([127, 128, 32767, 32768,
+                                                                 2**31 - 1, 2**31, -(2**31) - 1]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(values=st.lists(st.tuples(_ints, _ints, _ints, _ints), min_size=1, max_size=30),
+       chunk=st.integers(1, 5), segment=st.integers(1, 7))
+def test_narrow_columns_hold_every_value(values: list[tuple[int, int, int, int]], chunk: int,
+                                         segment: int) -> None:
+    """Integer columns are stored in the narrowest type that holds them, widened (with the
+    segments already stored) when a larger value comes: the table, every row and the written
+    file are the int64 ones."""
+    from accelgen.results import _write_iterations
+
+    log = type("Small", (IterationLog,), {"CHUNK_ROWS": chunk, "SEGMENT_ROWS": segment})()
+    rows = []
+    for i, (a, b, c, e) in enumerate(values):
+        shape = BatchShape()
+        shape.add_decode(a)
+        log.append(0.5 * i, 0.01, shape, b, c, 491, e, 0.0, 0, i, 1, 0, 0.0, {"x": float(i)})
+        rows.append((0.5 * i, 0.01, 1, 0, 1, 0, b, 0.0, a, c, 491, e, 0, i, 1, 0, 0.0))
+    assert [log.row(i) for i in range(len(rows))] == rows
+    want = _reference(rows, [{"x": float(i)} for i in range(len(rows))])
+    pd.testing.assert_frame_equal(log.to_frame(), want)
+    narrow = log.to_frame(narrow=True)
+    for name in ITERATION_COLUMNS:
+        got, ref = narrow[name].to_numpy(), want[name].to_numpy()
+        assert (got == ref).all(), name
+        if ref.dtype == np.int64:  # the narrowest integer type holding the column
+            fits = [t for t in (np.int8, np.int16, np.int32, np.int64)
+                    if np.iinfo(t).min <= ref.min() and ref.max() <= np.iinfo(t).max]
+            assert got.dtype == fits[0], name
+    buf = io.BytesIO()
+    _write_iterations(narrow, buf)  # type: ignore[arg-type]
+    assert buf.getvalue() == _parquet(want)
+
+
+def test_narrow_columns_are_written_as_the_int64_file_across_row_groups() -> None:
+    """More rows than a row group: written one row group at a time, converted to int64 there,
+    the file is the one ``write_table`` gives for the int64 table in one piece (so the row
+    groups are pyarrow's default size)."""
+    from accelgen.results import ROW_GROUP_ROWS, _write_iterations
+
+    n = ROW_GROUP_ROWS + 3
+    rng = np.random.default_rng(0)
+    small = rng.integers(0, 100, n)
+    info = rng.uniform(0, 1, n)
+    info[::7] = math.nan
+    want = pd.DataFrame({"start": np.arange(n) * 0.5, "batch_size": small,
+                         "num_waiting": rng.integers(-(2**40), 2**40, n), "info_x": info})
+    narrow = want.astype({"batch_size": np.int8})
+    buf = io.BytesIO()
+    _write_iterations(narrow, buf)  # type: ignore[arg-type]
+    assert pq.ParquetFile(io.BytesIO(buf.getvalue())).metadata.num_row_groups == 2
+    assert buf.getvalue() == _parquet(want)
