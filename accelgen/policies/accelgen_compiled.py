@@ -21,7 +21,7 @@ import sys
 import sysconfig
 import tempfile
 from collections.abc import Callable
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 from typing import Any, NamedTuple, cast
 
@@ -110,7 +110,7 @@ def _load_jit() -> Build:
     kernels = []
     for name, ksig in _kernel_signatures().items():
         fn = getattr(accelgen_decision, name)
-        _compile(lambda fn=fn, ksig=ksig: fn.compile(ksig))
+        _compile(partial(fn.compile, ksig))
         kernels.append(fn.overloads[ksig].entry_point)
     # The compiled entry points, called directly: numba's dispatcher would resolve the argument
     # types on every call (the arrays keep their types: same dtypes, same layout).

@@ -69,6 +69,8 @@ class RequestTable:
     """Rows of ``REQUEST`` indexed by slot; ``objs[slot]`` is the request itself."""
 
     rows: np.recarray
+    active: np.ndarray  # slots of the active requests, ascending (the first ``n_active``)
+    dormant_queue: np.recarray  # DORMANT records by key (the first ``n_dormant``)
     if TYPE_CHECKING:  # self.prompt etc.: a view of one field of ``rows`` each (``_alloc``)
         def __getattr__(self, field: str) -> np.ndarray: ...
 
@@ -298,11 +300,12 @@ class RequestTable:
             if want != got or self.slot_of.get(r.req_id) != s:
                 bad.append(f"req {r.req_id}: table {got} vs request {want}")
         active = self.active[: self.n_active].tolist()
-        dormant = self.dormant_queue[: self.n_dormant]
-        order = sorted(zip(dormant.key.tolist(), dormant.slot.tolist(), strict=True))
-        if (sorted(active + dormant.slot.tolist()) != list(range(self.n)) or active != sorted(active)
-                or order != list(zip(dormant.key.tolist(), dormant.slot.tolist(), strict=True))
-                or any(self.dormant[s] != (s in set(dormant.slot.tolist())) for s in range(self.n))):
+        keys = self.dormant_key[: self.n_dormant].tolist()
+        slots = self.dormant_slot[: self.n_dormant].tolist()
+        order = sorted(zip(keys, slots, strict=True))
+        if (sorted(active + slots) != list(range(self.n)) or active != sorted(active)
+                or order != list(zip(keys, slots, strict=True))
+                or any(self.dormant[s] != (s in set(slots)) for s in range(self.n))):
             bad.append(f"active {active} and dormant {order} do not partition the table in order")
         for key, s in order:
             if key != float(self.arrival[s]) + LOST_OFFSET or self.running[s] or not self.online[s]:
