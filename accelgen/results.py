@@ -111,7 +111,7 @@ class IterationLog:
             shape.decode_ctx, kv_used_blocks, kv_total_blocks, kv_used_tokens, num_preempted,
             num_waiting, num_running, num_swapped, swap_time))
         self.decision_time.append(decision_time)
-        self._append_info(info.as_dict() if type(info) is InfoRow else info, len(rows))
+        self._append_info(info, len(rows))
         if len(rows) >= self.CHUNK_ROWS:
             self._store()
 
@@ -121,6 +121,9 @@ class IterationLog:
             self._fast_rows.append(info._values)
             return
         self._spread()
+        row_index = info._index if type(info) is InfoRow and info._extra is None else None
+        if type(info) is InfoRow:
+            info = info.as_dict()
         cols = self._info
         complete = len(info) == len(cols)
         for key, value in info.items():
@@ -134,9 +137,8 @@ class IterationLog:
             for col in cols.values():
                 if len(col) < num_rows:
                     col.append(math.nan)
-        self._fast_index = None
-        if type(info) is InfoRow and info._extra is None and len(info) == len(cols):
-            self._fast_index = info._index
+        # The next rows with this row's names, in the same index, take the fast path.
+        self._fast_index = row_index if row_index is not None and len(info) == len(cols) else None
 
     def _spread(self) -> None:
         """The kept ``InfoRow`` values into the diagnostics' columns."""
