@@ -146,8 +146,8 @@ class AccelGenPolicy(Policy):
         out = ws.run(load().decide, view.cost, t.n, view.now, self._chunk_mean,
                      t.slot_of.get(owner, -1) if owner is not None else -1, self._prev_budget,
                      view.kv.num_free_blocks, admissions, plan_only, t.n_active, t.n_dormant,
-                     t.reindex)
-        t.reindex = False
+                     t.dormant_lo, t.dirty_lo, t.dirty_hi, t.n_gone, t.reindex)
+        t.seen()
         return out
 
     def _sync(self, view: SchedulerView) -> None:

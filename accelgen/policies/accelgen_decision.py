@@ -24,7 +24,7 @@ from numba import njit
 
 from accelgen.costmodel.analytic import roofline_time
 from accelgen.costmodel.linear import linear_time
-from accelgen.policies.accelgen_table import LOST_OFFSET
+from accelgen.policies.accelgen_table import LOST_OFFSET, UNCOUNTED
 from accelgen.policies.accelgen_workspace import DORMANT_BLOCK
 
 _jit = njit(cache=True, error_model="numpy", _nrt=False)
@@ -160,10 +160,11 @@ def _columns(d: Any) -> None:
             owner = -1
     out.era_owner = led.era_owner_start = owner
     led.pass_id += 1
-    led.n_touched = led.dormant_head = 0
+    led.n_touched = 0
+    led.dormant_head = st.dormant_lo
     led.oversize = -1
     led.n_decodes = led.decode_ctx = led.prefill_ctx = 0
-    if st.reindex:
+    if st.reindex or st.dirty_lo < st.dirty_hi or st.n_gone:
         _index_dormant(d)
     for k in range(st.n_active):
         i = d.active[k]
@@ -212,53 +213,81 @@ def _over_listed(d: Any, s: int) -> bool:
 # -- 1b. the dormant queue -----------------------------------------------------------------------
 @_jit
 def _index_dormant(d: Any) -> None:
-    """The dormant queue changed: each entry's admission need, final KV and length class, and the
-    minima of each block of DORMANT_BLOCK entries (``_dormant_next`` skips whole blocks); for the
-    Oracle, how many hold more than b blocks at the end, per b."""
+    """Take in the dormant queue's changes: for its new entries, the admission need, final KV and
+    length class; the minima of each block of DORMANT_BLOCK positions that changed
+    (``_dormant_next`` skips whole blocks); for the Oracle, the count of their final KV, without
+    the entries that left (``dormant_finals``). With ``reindex``, every entry again. (Entries keep
+    what was derived for them: a dormant request's columns do not change while it waits.)"""
     st, par = d.state[0].step, d.state[0].params
-    m, top = st.n_dormant, d.dormant_above.size - 1
-    for b in range((m + DORMANT_BLOCK - 1) // DORMANT_BLOCK):
-        mb = d.dormant_minima[b]
+    lo, hi = st.dormant_lo, st.dormant_lo + st.n_dormant
+    full = st.reindex
+    if full:
+        d.dormant_finals[:] = 0
+        a, b = lo, hi
+    else:
+        a, b = max(st.dirty_lo, lo), min(st.dirty_hi, hi)
+        for k in range(st.n_gone if par.exact_kv else 0):
+            _count_final(d, d.dormant_gone[k], -1)
+    # Only the changed blocks: a block outside them holds the same entries (or fewer, at the
+    # queue's ends: its minima are then lower bounds, which only means looking inside it).
+    for blk in range(a // DORMANT_BLOCK, (b - 1) // DORMANT_BLOCK + 1 if a < b else 0):
+        mb = d.dormant_minima[blk]
         mb.need = mb.need_short = mb.final = mb.final_short = NO_LIMIT
-    d.dormant_above[:] = 0
-    for q in range(m):
-        e = d.dormant[q]
-        r = d.requests[e.slot]
-        rem = r.prompt + r.n_out - r.computed
-        e.need = _admission_blocks(d, e.slot, rem)
-        e.final = _final_blocks(d, e.slot) if par.exact_kv else 0
-        e.long = r.prompt + r.n_out >= par.long_threshold
-        mb = d.dormant_minima[q // DORMANT_BLOCK]
-        mb.need, mb.final = min(mb.need, e.need), min(mb.final, e.final)
-        if not e.long:
-            mb.need_short, mb.final_short = min(mb.need_short, e.need), min(mb.final_short, e.final)
-        if par.exact_kv:
-            d.dormant_above[min(max(e.final, 0), top)] += 1
-    # above[b] = entries with final > b: a suffix sum of the counts, shifted by one
-    total = 0
-    for b in range(top, -1, -1):
-        count = d.dormant_above[b]
-        d.dormant_above[b] = total
-        total += count
+        for q in range(max(blk * DORMANT_BLOCK, lo), min((blk + 1) * DORMANT_BLOCK, hi)):
+            e = d.dormant[q]
+            if full or e.final == UNCOUNTED:
+                r = d.requests[e.slot]
+                e.need = _admission_blocks(d, e.slot, r.prompt + r.n_out - r.computed)
+                e.final = _final_blocks(d, e.slot) if par.exact_kv else 0
+                e.long = r.prompt + r.n_out >= par.long_threshold
+                if par.exact_kv:
+                    _count_final(d, e.final, 1)
+            mb.need, mb.final = min(mb.need, e.need), min(mb.final, e.final)
+            if not e.long:
+                mb.need_short = min(mb.need_short, e.need)
+                mb.final_short = min(mb.final_short, e.final)
+    st.reindex = False
+    st.dirty_lo = st.dirty_hi = st.n_gone = 0
+
+
+@_jit
+def _count_final(d: Any, final: int, delta: int) -> None:
+    """(Oracle) Add ``delta`` dormant requests holding ``final`` blocks at the end (a Fenwick
+    tree over final KV, clipped to the cache's size plus one)."""
+    tree = d.dormant_finals
+    i = min(max(final, 0), tree.size - 2) + 1
+    while i < tree.size:
+        tree[i] += delta
+        i += i & -i
 
 
 @_jit
 def _dormant_over(d: Any, admissible: int) -> int:
     """(Oracle) Dormant requests whose final KV exceeds ``admissible`` blocks."""
-    if d.state[0].step.n_dormant == 0:
-        return 0
-    if admissible < 0:
-        return d.state[0].step.n_dormant
-    return d.dormant_above[min(admissible, d.dormant_above.size - 1)]
+    n = d.state[0].step.n_dormant
+    if n == 0 or admissible < 0:
+        return n
+    tree, at_most = d.dormant_finals, 0
+    i = min(admissible, tree.size - 2) + 1
+    while i > 0:
+        at_most += tree[i]
+        i -= i & -i
+    return n - at_most
+
+
+@_jit
+def _dormant_end(d: Any) -> int:
+    """The position after the dormant queue's last entry."""
+    return d.state[0].step.dormant_lo + d.state[0].step.n_dormant
 
 
 @_jit
 def _dormant_next(d: Any, q: int, need_max: int, final_max: int, allow_long: bool) -> int:
     """The first position from ``q`` on whose request needs at most ``need_max`` blocks to start,
     holds at most ``final_max`` at the end, and is not long unless ``allow_long``
-    (``n_dormant`` if none): necessary conditions of being available and feasible, tested on a
-    block's minima before its entries."""
-    m = d.state[0].step.n_dormant
+    (``_dormant_end`` if none): necessary conditions of being available and feasible, tested on
+    a block's minima before its entries."""
+    m = _dormant_end(d)
     while q < m:
         if q % DORMANT_BLOCK == 0:
             mb = d.dormant_minima[q // DORMANT_BLOCK]
@@ -317,11 +346,11 @@ def _set_available(d: Any, s: int) -> None:
 
 @_jit
 def _first_eligible_dormant(d: Any) -> int:
-    """Position of the first eligible dormant request (``n_dormant`` if none)."""
-    q, exact = 0, d.state[0].params.exact_kv
+    """Position of the first eligible dormant request (``_dormant_end`` if none)."""
+    q, exact, end = d.state[0].step.dormant_lo, d.state[0].params.exact_kv, _dormant_end(d)
     while True:
         q = _dormant_next(d, q, NO_LIMIT, _dormant_final_max(d), _dormant_allow_long(d))
-        if q == d.state[0].step.n_dormant or not (exact and _over_listed(d, d.dormant[q].slot)):
+        if q == end or not (exact and _over_listed(d, d.dormant[q].slot)):
             return q
         q += 1
 
@@ -367,9 +396,9 @@ def _urgency(d: Any, t_max: float) -> float:
             if not any_rest or c.key < k1:
                 k1 = c.key
             any_rest = True
-    if st.n_dormant > 0 and (not any_rest or k1 > d.dormant[0].key):
+    if st.n_dormant > 0 and (not any_rest or k1 > d.dormant[st.dormant_lo].key):
         q = _first_eligible_dormant(d)
-        if q < st.n_dormant and (not any_rest or d.dormant[q].key < k1):
+        if q < _dormant_end(d) and (not any_rest or d.dormant[q].key < k1):
             k1, any_rest = d.dormant[q].key, True
     for k in range(st.n_active if any_rest else 0):
         c = d.cand[d.active[k]]
@@ -736,7 +765,7 @@ def _oversize_head(d: Any) -> int:
             h, best = i, c.key
     if not chunk and not nan and st.n_dormant > 0:  # (equal keys: the smaller slot first)
         q = _first_eligible_dormant(d)
-        if q < st.n_dormant:
+        if q < _dormant_end(d):
             e = d.dormant[q]
             if h < 0 or e.key < best or (e.key == best and e.slot < h):
                 h = e.slot
@@ -818,8 +847,9 @@ def _next_group(d: Any) -> int:
 
 @_jit
 def _dormant_in_queue(d: Any) -> int:
-    """Dormant entries in the queue of this step: none once an oversized prompt runs (/Chunk)."""
-    return d.state[0].step.n_dormant if d.state[0].ledger.oversize < 0 else 0
+    """The end of the dormant entries in the queue of this step (from ``dormant_lo``): none once
+    an oversized prompt runs (/Chunk)."""
+    return _dormant_end(d) if d.state[0].ledger.oversize < 0 else d.state[0].step.dormant_lo
 
 
 @_jit
@@ -1031,7 +1061,7 @@ def _ensure_progress(d: Any) -> int:
             return _select(d)  # the preemption may have made room for more
     # The waiting ones, active and dormant in queue order. Without an admission left none can
     # start (``_force`` then returns at once, changing nothing).
-    j, q, md = n_running, 0, _dormant_in_queue(d)
+    j, q, md = n_running, d.state[0].step.dormant_lo, _dormant_in_queue(d)
     while led.admissions >= 1:
         if j < m and (q >= md or _before_dormant(d, lists[j].fallback, q)):
             s = lists[j].fallback
@@ -1157,7 +1187,7 @@ def decide(d: Any) -> int:
         if need >= 0:
             return need
         if d.state[0].step.plan_only:
-            for q in range(d.state[0].step.n_dormant):  # (explain reads every request's columns)
+            for q in range(d.state[0].step.dormant_lo, _dormant_end(d)):  # (explain: every column)
                 _wake(d, d.dormant[q].slot)
             return need
         need = _form(d)

@@ -53,7 +53,8 @@ REQUEST = np.dtype([
 ], align=True)
 
 # A dormant request, in queue order (key, then slot: the decision's order on equal keys). The
-# table writes key and slot; the decision derives the rest when the queue changed (``reindex``).
+# table writes key and slot, and ``final`` = UNCOUNTED; the decision derives the rest for the
+# entries it has not seen (``accelgen_decision._index_dormant``).
 DORMANT = np.dtype([
     ("key", np.float64),  # its queue key: arrival + LOST_OFFSET
     ("slot", np.int64),
@@ -63,6 +64,7 @@ DORMANT = np.dtype([
 ], align=True)
 
 LOST_OFFSET = 1e9  # a lost prompt's queue key is this plus its arrival (after every on-track key)
+UNCOUNTED = -1  # ``final`` of an entry the decision has not derived yet
 
 
 class RequestTable:
@@ -70,7 +72,8 @@ class RequestTable:
 
     rows: np.recarray
     active: np.ndarray  # slots of the active requests, ascending (the first ``n_active``)
-    dormant_queue: np.recarray  # DORMANT records by key (the first ``n_dormant``)
+    dormant_queue: np.recarray  # DORMANT records by key: ``n_dormant`` from ``dormant_lo`` on
+    gone: np.ndarray  # ``final`` of the counted dormant entries that left (the first ``n_gone``)
     if TYPE_CHECKING:  # self.prompt etc.: a view of one field of ``rows`` each (``_alloc``)
         def __getattr__(self, field: str) -> np.ndarray: ...
 
@@ -82,7 +85,14 @@ class RequestTable:
         self.num_unplanned = 0  # offline requests whose JCT plan is still to be made
         self.dormancy = False  # set by the policy (``AccelGenPolicy``)
         self.n_active = self.n_dormant = 0
-        self.reindex = False  # the dormant queue changed since the decision last indexed it
+        # The dormant queue lives in the middle of an array twice the table's capacity, so that
+        # an entry joins or leaves by moving the shorter side (lost prompts leave from the head,
+        # arrival order, and join near the tail): positions [dormant_lo, dormant_lo + n_dormant).
+        # What moved since the decision last looked: positions [dirty_lo, dirty_hi), and the
+        # ``final`` of each counted entry that left (``gone``, the first ``n_gone``).
+        self.dormant_lo = 0
+        self.dirty_lo, self.dirty_hi, self.n_gone = 0, 0, 0
+        self.reindex = False  # derive every entry again (the decision's parameters changed)
         # (deadline, req_id) of waiting online active requests: the next to turn dormant first
         self._watch: list[tuple[float, int]] = []
         self._alloc(capacity)
@@ -90,15 +100,20 @@ class RequestTable:
     def _alloc(self, capacity: int) -> None:
         rows = np.zeros(capacity, dtype=REQUEST).view(np.recarray)
         active = np.zeros(capacity, dtype=np.int64)
-        dormant = np.zeros(capacity, dtype=DORMANT).view(np.recarray)
+        dormant = np.zeros(2 * capacity, dtype=DORMANT).view(np.recarray)
+        lo, m = capacity - self.n_dormant // 2, self.n_dormant
         if self.capacity:
             rows[: self.n] = self.rows[: self.n]
             active[: self.n_active] = self.active[: self.n_active]
-            dormant[: self.n_dormant] = self.dormant_queue[: self.n_dormant]
+            dormant[lo: lo + m] = self.dormant_queue[self.dormant_lo: self.dormant_lo + m]
         self.rows, self.active, self.dormant_queue = rows, active, dormant
+        self.dormant_lo = lo
+        self.gone = np.zeros(capacity, dtype=np.int64)
+        self.n_gone, self.reindex = 0, True  # (positions moved: every entry again)
         self._watch_slots = np.zeros(capacity, dtype=np.int64)  # (``_read``'s output)
         plain = dormant.view(np.ndarray)
         self.dormant_key, self.dormant_slot = plain["key"], plain["slot"]
+        self.dormant_final = plain["final"]
         for name in REQUEST.names or ():
             setattr(self, name, rows[name])
         self.capacity = capacity
@@ -168,6 +183,7 @@ class RequestTable:
         self._read(slots, reqs)
         # Every request active again (the sweep before the next decision finds the dormant ones).
         self.n_active, self.n_dormant, self.reindex = self.n, 0, True
+        self.dormant_lo, self.n_gone = self.capacity, 0
         self.active[: self.n] = np.arange(self.n)
         self.dormant[: self.n] = False
         self._watch = []
@@ -243,31 +259,62 @@ class RequestTable:
 
     def _dormant_position(self, key: float, s: int) -> int:
         """Where (key, s) is, or goes, in the dormant queue (equal keys by slot)."""
-        keys, m = self.dormant_key, self.n_dormant
-        p = int(keys[:m].searchsorted(key))
-        while p < m and keys[p] == key and self.dormant_slot[p] < s:
+        keys, lo, hi = self.dormant_key, self.dormant_lo, self.dormant_lo + self.n_dormant
+        p = lo + int(keys[lo:hi].searchsorted(key))
+        while p < hi and keys[p] == key and self.dormant_slot[p] < s:
             p += 1
         return p
 
     def _dormant_insert(self, s: int) -> None:
         key = float(self.arrival[s]) + LOST_OFFSET
-        keys, slots, m = self.dormant_key, self.dormant_slot, self.n_dormant
+        q, lo = self.dormant_queue, self.dormant_lo
+        hi = lo + self.n_dormant
         p = self._dormant_position(key, s)
-        keys[p + 1: m + 1] = keys[p:m]  # (only these two fields: reindex derives the rest)
-        slots[p + 1: m + 1] = slots[p:m]
-        keys[p], slots[p] = key, s
-        self.n_dormant = m + 1
+        # The shorter side moves, if it has room (one side always has: the array is twice the
+        # table's capacity).
+        if lo > 0 and (p - lo < hi - p or hi == len(q)):
+            q[lo - 1: p - 1] = q[lo:p]
+            self.dormant_lo = lo = lo - 1
+            p -= 1
+            self._moved(lo, p + 1)
+        else:
+            q[p + 1: hi + 1] = q[p:hi]
+            self._moved(p, hi + 1)
+        self.dormant_key[p], self.dormant_slot[p], self.dormant_final[p] = key, s, UNCOUNTED
+        self.n_dormant += 1
         self.dormant[s] = True
-        self.reindex = True
 
     def _dormant_delete(self, s: int) -> None:
-        keys, slots, m = self.dormant_key, self.dormant_slot, self.n_dormant
+        q, lo = self.dormant_queue, self.dormant_lo
+        hi = lo + self.n_dormant
         p = self._dormant_position(float(self.arrival[s]) + LOST_OFFSET, s)
-        keys[p: m - 1] = keys[p + 1: m]
-        slots[p: m - 1] = slots[p + 1: m]
-        self.n_dormant = m - 1
+        final = int(self.dormant_final[p])
+        if final != UNCOUNTED:
+            if self.n_gone == len(self.gone):  # (more than the decision tracks: start over)
+                self.reindex, self.n_gone = True, 0
+            self.gone[self.n_gone] = final
+            self.n_gone += 1
+        if p - lo < hi - 1 - p:
+            q[lo + 1: p + 1] = q[lo:p]
+            self.dormant_lo = lo + 1
+            self._moved(lo, p + 1)
+        else:
+            q[p: hi - 1] = q[p + 1: hi]
+            self._moved(p, hi)
+        self.n_dormant -= 1
         self.dormant[s] = False
-        self.reindex = True
+
+    def _moved(self, lo: int, hi: int) -> None:
+        """Entries at positions [lo, hi) changed since the decision last looked."""
+        if self.dirty_lo >= self.dirty_hi:
+            self.dirty_lo, self.dirty_hi = lo, hi
+        else:
+            self.dirty_lo, self.dirty_hi = min(self.dirty_lo, lo), max(self.dirty_hi, hi)
+
+    def seen(self) -> None:
+        """The decision has taken in every change to the dormant queue."""
+        self.dirty_lo = self.dirty_hi = self.n_gone = 0
+        self.reindex = False
 
     def plan_offline(self, chunk_len: float, t_max: float, preempt_term: float) -> None:
         """Make the JCT plan of offline requests that have none yet (paper section 4.3).
@@ -300,8 +347,8 @@ class RequestTable:
             if want != got or self.slot_of.get(r.req_id) != s:
                 bad.append(f"req {r.req_id}: table {got} vs request {want}")
         active = self.active[: self.n_active].tolist()
-        keys = self.dormant_key[: self.n_dormant].tolist()
-        slots = self.dormant_slot[: self.n_dormant].tolist()
+        lo, hi = self.dormant_lo, self.dormant_lo + self.n_dormant
+        keys, slots = self.dormant_key[lo:hi].tolist(), self.dormant_slot[lo:hi].tolist()
         order = sorted(zip(keys, slots, strict=True))
         if (sorted(active + slots) != list(range(self.n)) or active != sorted(active)
                 or order != list(zip(keys, slots, strict=True))

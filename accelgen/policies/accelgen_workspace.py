@@ -80,8 +80,12 @@ class Step(NamedTuple):
     admissions_left: int  # new requests it may admit (max_num_seqs)
     plan_only: bool  # stop after the plan (explain)
     n_active: int  # slots in ``active``
-    n_dormant: int  # entries of ``dormant`` (the table's dormant queue)
-    reindex: bool  # the dormant queue changed: derive its needs and minima again
+    n_dormant: int  # entries of the table's dormant queue, ``dormant[dormant_lo:][:n_dormant]``
+    dormant_lo: int
+    dirty_lo: int  # positions [dirty_lo, dirty_hi) of ``dormant`` changed since the last step
+    dirty_hi: int
+    n_gone: int  # counted entries that left the queue (their final KV in ``dormant_gone``)
+    reindex: bool  # derive every dormant entry again (new parameters, or the table grew)
 
 
 class Outcome(NamedTuple):
@@ -187,8 +191,10 @@ class DecisionArrays(NamedTuple):
     scratch: np.ndarray  # int64 x 3 x capacity: sort keys (float64 bits), a permutation, a buffer
     active: np.ndarray  # the table's active slots, ascending
     dormant: np.recarray  # the table's dormant queue (DORMANT), in queue order
-    dormant_minima: np.recarray  # DORMANT_MINIMA per DORMANT_BLOCK entries of the queue
-    dormant_above: np.ndarray  # (Oracle) dormant requests whose final KV exceeds b blocks, per b
+    dormant_minima: np.recarray  # DORMANT_MINIMA per DORMANT_BLOCK positions of ``dormant``
+    dormant_gone: np.ndarray  # the table's ``gone``
+    # (Oracle) the dormant requests' final KV in blocks: a Fenwick tree of their counts
+    dormant_finals: np.ndarray
 
 
 def _records(dtype: np.dtype, n: int) -> np.recarray:
@@ -212,7 +218,8 @@ class Workspace:
         self.arrays = DecisionArrays(table.rows, _records(CANDIDATE, 0), _records(LISTS, 0),
                                      state.view(np.recarray), times, np.zeros(0, np.int64),
                                      table.active, table.dormant_queue,
-                                     _records(DORMANT_MINIMA, 0), np.zeros(1, np.int64))
+                                     _records(DORMANT_MINIMA, 0), table.gone,
+                                     np.zeros(1, np.int64))
         self.follow(table)  # (sizes the per-request arrays)
         self.configured: tuple[object, ...] = ()  # (cost model, pivot, KV) of ``configure``
         self.cap = 0
@@ -263,7 +270,7 @@ class Workspace:
         if not par.cost_linear:
             times.forward = [cost.forward_time(b) for b in range(cap + 2)]
         self.arrays = self.arrays._replace(times=times,
-                                           dormant_above=np.zeros(kv.num_total_blocks + 2, np.int64))
+                                           dormant_finals=np.zeros(kv.num_total_blocks + 3, np.int64))
         return True
 
     def use_cost(self, cost: CostModel) -> None:
@@ -284,12 +291,12 @@ class Workspace:
             self.arrays = self.arrays._replace(
                 cand=_records(CANDIDATE, n), lists=_records(LISTS, n),
                 scratch=np.zeros(3 * n, np.int64),
-                dormant_minima=_records(DORMANT_MINIMA, n // DORMANT_BLOCK + 1))
+                dormant_minima=_records(DORMANT_MINIMA, 2 * n // DORMANT_BLOCK + 1))
             lists = self.arrays.lists.view(np.ndarray)
             self.slots, self.tokens = lists["slots"], lists["tokens"]
             self.preempted, self.cut_chunks = lists["preempted"], lists["cut_chunks"]
         self.arrays = self.arrays._replace(requests=table.rows, active=table.active,
-                                           dormant=table.dormant_queue)
+                                           dormant=table.dormant_queue, dormant_gone=table.gone)
 
     # -- one decision ------------------------------------------------------------------------
     def run(self, decide: Any, cost: CostModel, *step: Any) -> Outcome:
