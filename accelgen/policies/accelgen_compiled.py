@@ -84,8 +84,7 @@ def _kernel_signatures() -> dict[str, tuple[Any, ...]]:
     from numba import typeof, types
 
     rows, ints = typeof(RequestTable(capacity=1).rows), types.int64[::1]
-    return {"read_rows": (rows, ints, ints, ints, ints, types.bool_[::1], types.float64[::1],
-                          types.bool_, ints),
+    return {"read_rows": (rows, types.float64[:, ::1], types.bool_, ints),
             "set_deadlines": (rows, ints)}
 
 

@@ -1219,21 +1219,24 @@ def set_deadlines(rows: Any, slots: Any) -> int:
 
 
 @_jit
-def read_rows(rows: Any, slots: Any, n_out: Any, computed: Any, blocks: Any, running: Any,
-              last_tok: Any, lost_rule: bool, watch: Any) -> int:
-    """Write the dynamic fields read from the request objects into the rows ``slots``, and their
-    deadlines. ``lost_rule``: a token emitted after its deadline loses an online request's
-    request-level SLO for good. Returns how many of them (in ``watch``) wait or are dormant."""
+def read_rows(rows: Any, values: Any, lost_rule: bool, watch: Any) -> int:
+    """Write the dynamic fields read from the request objects (``values``: a row per request,
+    ``accelgen_table._dynamic``) into their rows, and their deadlines. ``lost_rule``: a token
+    emitted after its deadline loses an online request's request-level SLO for good. Returns how
+    many of them (in ``watch``) wait or are dormant."""
     k = 0
-    for j in range(slots.size):
-        r = rows[slots[j]]
-        emitted, due = n_out[j] > r.n_out, r.deadline
-        r.n_out, r.computed, r.blocks = n_out[j], computed[j], blocks[j]
-        r.running, r.last_tok = running[j], last_tok[j]
+    for j in range(values.shape[0]):
+        v = values[j]
+        s = int(v[0])
+        r = rows[s]
+        n_out = int(v[1])
+        emitted, due = n_out > r.n_out, r.deadline
+        r.n_out, r.computed, r.blocks = n_out, int(v[2]), int(v[3])
+        r.running, r.last_tok = v[4] != 0.0, v[5]
         _set_deadline(r)
         if lost_rule and r.online and emitted and r.last_tok > due:
             r.lost = True
         if not r.running or r.dormant:
-            watch[k] = slots[j]
+            watch[k] = s
             k += 1
     return k

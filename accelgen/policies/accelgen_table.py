@@ -67,6 +67,15 @@ LOST_OFFSET = 1e9  # a lost prompt's queue key is this plus its arrival (after e
 UNCOUNTED = -1  # ``final`` of an entry the decision has not derived yet
 
 
+def _dynamic(slots: list[int], reqs: list[Request]) -> np.ndarray:
+    """The fields of ``reqs`` that change as they run, a row each (slot, output tokens, computed
+    tokens, blocks, running, last token time), as one float64 array: one array to build and
+    hand to compiled code per step instead of one per field (integers below 2**53 are exact)."""
+    return np.array([(s, r.num_output_tokens, r.num_computed_tokens, r.num_blocks,
+                      r.status is _RUNNING, r.last_token_time) for s, r in zip(slots, reqs, strict=True)],
+                    dtype=np.float64).reshape(-1, 6)
+
+
 class RequestTable:
     """Rows of ``REQUEST`` indexed by slot; ``objs[slot]`` is the request itself."""
 
@@ -112,6 +121,7 @@ class RequestTable:
         self.n_gone, self.reindex = 0, True  # (positions moved: every entry again)
         self._watch_slots = np.zeros(capacity, dtype=np.int64)  # (``_read``'s output)
         plain = dormant.view(np.ndarray)
+        self._dormant_plain = plain  # (moving slices of a recarray costs microseconds more)
         self.dormant_key, self.dormant_slot = plain["key"], plain["slot"]
         self.dormant_final = plain["final"]
         for name in REQUEST.names or ():
@@ -145,7 +155,7 @@ class RequestTable:
             self.num_unplanned += 1
         self.active[self.n_active] = s  # (the largest slot: the list stays sorted)
         self.n_active += 1
-        self._read(np.array([s]), [r])
+        self._read(_dynamic([s], [r]))
         self._watch_if_waiting(s)
         return s
 
@@ -180,7 +190,7 @@ class RequestTable:
         for rid in [rid for rid in self.slot_of if rid not in keep]:
             self.remove(rid)
         slots = np.array([self.add(r) for r in reqs], dtype=np.int64)  # (the known ones: their slot)
-        self._read(slots, reqs)
+        self._read(_dynamic(slots.tolist(), reqs))
         # Every request active again (the sweep before the next decision finds the dormant ones).
         self.n_active, self.n_dormant, self.reindex = self.n, 0, True
         self.dormant_lo, self.n_gone = self.capacity, 0
@@ -191,28 +201,24 @@ class RequestTable:
             self._watch_if_waiting(s)
 
     # -- dynamic fields ------------------------------------------------------------------------
-    def _read(self, slots: np.ndarray, reqs: list[Request], lost_rule: bool = False) -> int:
-        """Re-read the dynamic fields of ``reqs`` (in ``slots``) from the objects, with their
+    def _read(self, values: np.ndarray, lost_rule: bool = False) -> int:
+        """Write the dynamic fields read from request objects (``_dynamic``'s rows) with their
         deadlines (and ``lost``, with ``lost_rule``). Returns how many of them wait or are
         dormant (their slots in ``_watch_slots``)."""
         from accelgen.policies.accelgen_compiled import load  # (it builds on this module)
 
-        return load().read_rows(
-            self.rows, slots, np.array([r.num_output_tokens for r in reqs], np.int64),
-            np.array([r.num_computed_tokens for r in reqs], np.int64),
-            np.array([r.num_blocks for r in reqs], np.int64),
-            np.array([r.status is _RUNNING for r in reqs], np.bool_),
-            np.array([r.last_token_time for r in reqs], np.float64), lost_rule, self._watch_slots)
+        return load().read_rows(self.rows, values, lost_rule, self._watch_slots)
 
     def refresh(self, reqs: list[Request]) -> None:
         """Re-read the dynamic fields of ``reqs`` (those a step changed) in one compiled pass."""
-        slot_of = self.slot_of
-        live = [r for r in reqs if r.req_id in slot_of]
-        if not live:
+        get = self.slot_of.get
+        # (``_dynamic`` inlined: this runs after every step)
+        values = [(s, r.num_output_tokens, r.num_computed_tokens, r.num_blocks,
+                   r.status is _RUNNING, r.last_token_time)
+                  for r in reqs if (s := get(r.req_id)) is not None]
+        if not values:
             return
-        slots = np.fromiter(map(slot_of.__getitem__, [r.req_id for r in live]), np.int64,
-                            len(live))
-        k = self._read(slots, live, lost_rule=True)
+        k = self._read(np.array(values, dtype=np.float64), lost_rule=True)
         if self.dormancy:  # dormant requests that run again; preempted ones to watch
             for s in self._watch_slots[:k].tolist():
                 if self.dormant[s] and self.running[s]:
@@ -267,7 +273,7 @@ class RequestTable:
 
     def _dormant_insert(self, s: int) -> None:
         key = float(self.arrival[s]) + LOST_OFFSET
-        q, lo = self.dormant_queue, self.dormant_lo
+        q, lo = self._dormant_plain, self.dormant_lo
         hi = lo + self.n_dormant
         p = self._dormant_position(key, s)
         # The shorter side moves, if it has room (one side always has: the array is twice the
@@ -285,7 +291,7 @@ class RequestTable:
         self.dormant[s] = True
 
     def _dormant_delete(self, s: int) -> None:
-        q, lo = self.dormant_queue, self.dormant_lo
+        q, lo = self._dormant_plain, self.dormant_lo
         hi = lo + self.n_dormant
         p = self._dormant_position(float(self.arrival[s]) + LOST_OFFSET, s)
         final = int(self.dormant_final[p])
