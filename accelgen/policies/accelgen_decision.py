@@ -204,10 +204,7 @@ def _oracle_admission(d: Any) -> None:
 @_jit
 def _over_listed(d: Any, s: int) -> bool:
     """(Oracle) Whether ``s`` is one of this decision's over-admitted requests."""
-    j, n = 0, d.state[0].outcome.oracle_n_over
-    while j < n and d.lists[j].over != s:
-        j += 1
-    return j < n
+    return d.cand[s].over
 
 
 # -- 1b. the dormant queue -----------------------------------------------------------------------
@@ -1142,6 +1139,7 @@ def _over_admitted(d: Any) -> bool:
             continue
         if _final_blocks(d, s) > left:
             d.lists[out.oracle_n_over].over = s
+            d.cand[s].over = True
             out.oracle_n_over += 1
         else:
             left -= _final_blocks(d, s)

@@ -48,6 +48,7 @@ CANDIDATE = np.dtype([
     ("urgent", b1),
     ("counted", b1),  # its per-iteration SLO counts toward SLO_min
     ("stamp", i8),  # the pass (``ledger.pass_id``) these columns are of
+    ("over", b1),  # (Oracle) in this decision's ``lists.over`` (cleared after the decision)
 ], align=True)
 
 LISTS = np.dtype([
@@ -109,6 +110,7 @@ def _record(fields: type) -> np.dtype:
 
 
 STEP, OUTCOME, ASK = _record(Step), _record(Outcome), _record(BatchShape)
+_N_OVER = Outcome._fields.index("oracle_n_over")
 
 LEDGER = np.dtype([
     # the running batch (for T_max)
@@ -313,4 +315,8 @@ class Workspace:
             asked.append(need)
         if asked:
             self._full_batch[asked] = math.nan
+        if self.exact_kv:  # (the next decision's over-admissions start from none)
+            n_over = int(self._outcome[_N_OVER])
+            cand, lists = self.arrays.cand.view(np.ndarray), self.arrays.lists.view(np.ndarray)
+            cand["over"][lists["over"][:n_over]] = False
         return Outcome._make(self._outcome.tolist())
