@@ -315,8 +315,7 @@ class Workspace:
             asked.append(need)
         if asked:
             self._full_batch[asked] = math.nan
-        if self.exact_kv:  # (the next decision's over-admissions start from none)
-            n_over = int(self._outcome[_N_OVER])
+        if self.exact_kv and self._outcome[_N_OVER]:  # (the next decision starts from none)
             cand, lists = self.arrays.cand.view(np.ndarray), self.arrays.lists.view(np.ndarray)
-            cand["over"][lists["over"][:n_over]] = False
+            cand["over"][lists["over"][: int(self._outcome[_N_OVER])]] = False
         return Outcome._make(self._outcome.tolist())
