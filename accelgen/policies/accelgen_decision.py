@@ -194,11 +194,25 @@ def _oracle_admission(d: Any) -> None:
     out.oracle_excluded = out.oracle_n_over + _dormant_over(d, out.oracle_admissible)
     for k in range(st.n_active):
         i = d.active[k]
-        if not d.requests[i].running and _final_blocks(d, i) > out.oracle_admissible:
+        if d.requests[i].running:
+            continue
+        if _final_blocks(d, i) > out.oracle_admissible:
             d.cand[i].eligible = False
             out.oracle_excluded += 1
-    for j in range(out.oracle_n_over):
-        d.cand[d.lists[j].over].eligible = False
+        elif d.cand[i].over:  # (an over-admitted dormant request: ``_wake``)
+            d.cand[i].eligible = False
+    # The first dormant entry that may be eligible in this decision: the ones before it hold
+    # too much KV at the end (the admissible KV is the same in every pass of a decision) or are
+    # over-admitted (a list that only grows), so each pass starts there instead of passing over
+    # them again; a decision re-forms up to hundreds of times under overload.
+    led, end = d.state[0].ledger, _dormant_end(d)
+    q = st.dormant_lo if out.oracle_n_over == 0 else led.dormant_first
+    while True:
+        q = _dormant_next(d, q, NO_LIMIT, out.oracle_admissible, True)
+        if q == end or not d.cand[d.dormant[q].slot].over:
+            break
+        q += 1
+    led.dormant_first = led.dormant_head = q
 
 
 @_jit
@@ -344,7 +358,8 @@ def _set_available(d: Any, s: int) -> None:
 @_jit
 def _first_eligible_dormant(d: Any) -> int:
     """Position of the first eligible dormant request (``_dormant_end`` if none)."""
-    q, exact, end = d.state[0].step.dormant_lo, d.state[0].params.exact_kv, _dormant_end(d)
+    exact, end = d.state[0].params.exact_kv, _dormant_end(d)
+    q = d.state[0].ledger.dormant_first if exact else d.state[0].step.dormant_lo
     while True:
         q = _dormant_next(d, q, NO_LIMIT, _dormant_final_max(d), _dormant_allow_long(d))
         if q == end or not (exact and _over_listed(d, d.dormant[q].slot)):
