@@ -67,7 +67,7 @@ class AccelGenPolicy(Policy):
 
     def __init__(self, params: PolicyParams | None = None, **overrides: object) -> None:
         super().__init__(params, **overrides)
-        self._table = RequestTable()
+        self._table = RequestTable(kernels=load())
         # Lost prompts wait last in arrival order (lost_last) and never turn urgent again: the
         # table keeps the waiting ones apart (dormant), the decision passes them over in blocks.
         p = self.params

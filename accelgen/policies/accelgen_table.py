@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -76,6 +77,16 @@ def _dynamic(slots: list[int], reqs: list[Request]) -> np.ndarray:
                     dtype=np.float64).reshape(-1, 6)
 
 
+class TableKernels(Protocol):
+    """The compiled kernels a table runs (``accelgen_compiled.Build`` has them)."""
+
+    @property
+    def read_rows(self) -> Callable[..., int]: ...
+
+    @property
+    def set_deadlines(self) -> Callable[..., object]: ...
+
+
 class RequestTable:
     """Rows of ``REQUEST`` indexed by slot; ``objs[slot]`` is the request itself."""
 
@@ -86,7 +97,10 @@ class RequestTable:
     if TYPE_CHECKING:  # self.prompt etc.: a view of one field of ``rows`` each (``_alloc``)
         def __getattr__(self, field: str) -> np.ndarray: ...
 
-    def __init__(self, capacity: int = 1024) -> None:
+    def __init__(self, capacity: int = 1024, kernels: TableKernels | None = None) -> None:
+        # The compiled kernels the table's updates run (``accelgen_compiled.load()``, which
+        # builds on this module: handed in, not imported). None: a table for its layout only.
+        self.kernels = kernels
         self.n = 0
         self.capacity = 0
         self.objs: list[Request] = []
@@ -205,9 +219,13 @@ class RequestTable:
         """Write the dynamic fields read from request objects (``_dynamic``'s rows) with their
         deadlines (and ``lost``, with ``lost_rule``). Returns how many of them wait or are
         dormant (their slots in ``_watch_slots``)."""
-        from accelgen.policies.accelgen_compiled import load  # (it builds on this module)
+        return self._kernels().read_rows(self.rows, values, lost_rule, self._watch_slots)
 
-        return load().read_rows(self.rows, values, lost_rule, self._watch_slots)
+    def _kernels(self) -> TableKernels:
+        if self.kernels is None:
+            raise RuntimeError("RequestTable: no compiled kernels; construct it with "
+                               "kernels=accelgen_compiled.load()")
+        return self.kernels
 
     def refresh(self, reqs: list[Request]) -> None:
         """Re-read the dynamic fields of ``reqs`` (those a step changed) in one compiled pass."""
@@ -338,9 +356,7 @@ class RequestTable:
         t_r = (self.jct[todo] - t_e) / (nck + s_g)
         self.off_first[todo] = self.arrival[todo] + nck * (t_r + t_max)
         self.off_step[todo] = t_r + t_max + preempt_term
-        from accelgen.policies.accelgen_compiled import load  # (it builds on this module)
-
-        load().set_deadlines(self.rows, todo)
+        self._kernels().set_deadlines(self.rows, todo)
         self.num_unplanned = 0
 
     def mismatches(self) -> list[str]:
