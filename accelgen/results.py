@@ -52,11 +52,17 @@ REQUEST_COLUMNS = (
 
 
 class IterationLog:
-    """Append-only iteration log, compact enough for a 4 M-iteration run: rows are appended as
+    """Append-only iteration log, compact enough for a 17 M-iteration run: rows are appended as
     tuples (cheap in the simulator's hot loop) and every ``CHUNK_ROWS`` rows are moved into typed
-    numpy columns (8 bytes a value instead of a Python object each), stored in segments of
-    ``SEGMENT_ROWS`` rows; the policy's diagnostics go into one float column per name (NaN where
-    a row lacks it). ``to_frame`` gives the table the rows make (names, order, dtypes).
+    numpy columns, stored in segments of ``SEGMENT_ROWS`` rows; the policy's diagnostics go into
+    one float column per name (NaN where a row lacks it). ``to_frame`` gives the table the rows
+    make (names, order, dtypes).
+
+    Integer columns are stored in the narrowest of int8/16/32/64 that holds every value so far
+    (a column is widened, all its segments, when a value does not fit): batch sizes, block and
+    queue counts take 1-4 bytes instead of 8, which is most of a 17 M-row log (Orca on the paper
+    trace). Floats stay float64. ``to_frame`` gives int64 columns, or with ``narrow=True`` the
+    stored ones (the simulator's results: ``write_results`` writes them as int64).
 
     Why segments of 8 MB: each is its own memory mapping, so the ones ``to_frame`` joins (column
     by column) go back to the system at once; small arrays would leave their memory in the
@@ -67,20 +73,28 @@ class IterationLog:
     CHUNK_ROWS = 1 << 16
     SEGMENT_ROWS = 1 << 20
 
-    __slots__ = ("_capacity", "_cols", "_info", "_info_cols", "_num_stored", "_rows",
-                 "decision_time")
+    __slots__ = ("_capacity", "_cols", "_dtypes", "_fast_index", "_fast_rows", "_info",
+                 "_info_cols", "_num_stored", "_rows", "decision_time")
 
     def __init__(self) -> None:
         self._rows: list[tuple[Any, ...]] = []  # the rows not yet stored in the columns
         # Per ITERATION_COLUMNS entry: its segments (the same lengths in every column; the
         # last one partly filled). ``_capacity``: their total length, ``_num_stored``: rows.
         self._cols: list[list[np.ndarray]] = [[] for _ in ITERATION_COLUMNS]
+        # The stored type of each column: float64, or the narrowest integer type so far.
+        self._dtypes: list[np.dtype[Any]] = [
+            np.dtype(np.float64 if dt is np.float64 else np.int8) for dt in _ITERATION_DTYPES]
         self._capacity = 0
         self._num_stored = 0
         # Diagnostics by name, in first-seen order: the values of the rows not yet stored, and
         # segments aligned with ``_cols``.
         self._info: dict[str, array[float]] = {}
         self._info_cols: dict[str, list[np.ndarray]] = {}
+        # Rows of ``InfoRow``s with exactly the logged names (``_fast_index``), kept as their
+        # value arrays until they are spread over the columns (``_spread``): a policy logs a
+        # couple of dozen diagnostics every iteration.
+        self._fast_index: dict[str, int] | None = None
+        self._fast_rows: list[Any] = []
         self.decision_time: array[float] = array("d")
 
     def __len__(self) -> int:
@@ -97,12 +111,19 @@ class IterationLog:
             shape.decode_ctx, kv_used_blocks, kv_total_blocks, kv_used_tokens, num_preempted,
             num_waiting, num_running, num_swapped, swap_time))
         self.decision_time.append(decision_time)
-        self._append_info(info.as_dict() if type(info) is InfoRow else info, len(rows))
+        self._append_info(info, len(rows))
         if len(rows) >= self.CHUNK_ROWS:
             self._store()
 
     def _append_info(self, info: MutableMapping[str, float], num_rows: int) -> None:
         """Add one row's diagnostics; ``num_rows``: rows not yet stored, this one too."""
+        if type(info) is InfoRow and info._index is self._fast_index and info._extra is None:
+            self._fast_rows.append(info._values)
+            return
+        self._spread()
+        row_index = info._index if type(info) is InfoRow and info._extra is None else None
+        if type(info) is InfoRow:
+            info = info.as_dict()
         cols = self._info
         complete = len(info) == len(cols)
         for key, value in info.items():
@@ -116,21 +137,37 @@ class IterationLog:
             for col in cols.values():
                 if len(col) < num_rows:
                     col.append(math.nan)
+        # The next rows with this row's names, in the same index, take the fast path.
+        self._fast_index = row_index if row_index is not None and len(info) == len(cols) else None
+
+    def _spread(self) -> None:
+        """The kept ``InfoRow`` values into the diagnostics' columns."""
+        if not self._fast_rows:
+            return
+        index = self._fast_index
+        assert index is not None
+        block = np.array(self._fast_rows, dtype=np.float64)
+        for key, i in index.items():
+            self._info[key].frombytes(block[:, i].tobytes())
+        self._fast_rows = []
 
     def _store(self) -> None:
         """Move the tuple rows (and their diagnostics) into the column segments."""
+        self._spread()
         rows = self._rows
         k = len(rows)
         if not k:
             return
         columns = [np.array(c, dtype=dt)
                    for c, dt in zip(zip(*rows, strict=True), _ITERATION_DTYPES, strict=True)]
+        for j in _INT_INDEXES:
+            self._fit(j, columns[j])
         infos = {key: np.array(col, dtype=np.float64) for key, col in self._info.items()}
         done = 0
         while done < k:
             if self._num_stored == self._capacity:
                 size = self.SEGMENT_ROWS if self._capacity else self.CHUNK_ROWS
-                for segs, dt in zip(self._cols, _ITERATION_DTYPES, strict=True):
+                for segs, dt in zip(self._cols, self._dtypes, strict=True):
                     segs.append(np.empty(size, dtype=dt))
                 for segs in self._info_cols.values():
                     segs.append(np.full(size, math.nan))
@@ -147,6 +184,20 @@ class IterationLog:
         self._rows = []
         for key in self._info:
             self._info[key] = array("d")
+
+    def _fit(self, j: int, values: np.ndarray) -> None:
+        """Widen integer column ``j`` (its stored segments too) until it holds ``values``."""
+        dt = self._dtypes[j]
+        lo, hi = int(values.min()), int(values.max())
+        info = np.iinfo(dt)
+        if info.min <= lo and hi <= info.max:
+            return
+        for wider in _INT_TYPES:
+            info = np.iinfo(wider)
+            if wider.itemsize > dt.itemsize and info.min <= lo and hi <= info.max:
+                break
+        self._dtypes[j] = wider
+        self._cols[j] = [seg.astype(wider) for seg in self._cols[j]]
 
     def _join(self) -> None:
         """Every row stored, each column in one array of exactly its rows (kept: a second
@@ -177,8 +228,9 @@ class IterationLog:
             s += 1
         return tuple(segs[s][i].item() for segs in self._cols)
 
-    def to_frame(self, start: int = 0) -> pd.DataFrame:
-        """The rows from ``start`` on. The whole log (``start`` 0) shares the log's arrays; a
+    def to_frame(self, start: int = 0, *, narrow: bool = False) -> pd.DataFrame:
+        """The rows from ``start`` on. The whole log (``start`` 0) shares the log's arrays (with
+        ``narrow``: every column; else the float ones, the integer ones converted to int64); a
         later start (a server's log sink writing what is new) copies only those rows and leaves
         the segments as they are, so each flush costs its own rows, not the log's length."""
         if len(self) <= start:
@@ -191,6 +243,8 @@ class IterationLog:
             self._join()
             cols = [segs[0] for segs in self._cols]
             infos = {key: segs[0] for key, segs in self._info_cols.items()}
+        if not narrow:
+            cols = [c.astype(dt, copy=False) for c, dt in zip(cols, _ITERATION_DTYPES, strict=True)]
         data: dict[str, Any] = dict(zip(ITERATION_COLUMNS, cols, strict=True))
         for key, values in infos.items():
             data[f"info_{key}"] = values
@@ -216,6 +270,11 @@ _NAN_ROW = (math.nan,)
 _FLOAT_COLUMNS = frozenset({"start", "latency", "prefill_attn", "swap_time"})
 _ITERATION_DTYPES = tuple(np.float64 if c in _FLOAT_COLUMNS else np.int64
                           for c in ITERATION_COLUMNS)
+_INT_INDEXES = tuple(j for j, dt in enumerate(_ITERATION_DTYPES) if dt is np.int64)
+_INT_TYPES = tuple(np.dtype(t) for t in (np.int8, np.int16, np.int32, np.int64))
+# Rows per row group of a written parquet file: pyarrow's default (``write_table`` without
+# ``row_group_size``), which ``_write_iterations`` must reproduce to write the same bytes.
+ROW_GROUP_ROWS = 1 << 20
 
 
 # The ``status`` column: ``finished``, ``cut`` or ``rejected`` (the last two with their reason in
@@ -280,6 +339,26 @@ def _finite(obj: Any) -> Any:
     return obj
 
 
+def _write_iterations(iterations: pd.DataFrame, path: Path) -> None:
+    """Write the iteration table with its integer columns as int64: the file ``write_table``
+    gives for the int64 table. Narrower integer columns (``IterationLog.to_frame(narrow=True)``)
+    are converted one row group at a time, column by column, so a 17 M-row log is never held as
+    int64 whole (nor as a second table)."""
+    narrow = {c: np.int64 for c, dt in iterations.dtypes.items()
+              if dt.kind in "iu" and dt != np.int64}
+    if not narrow or not len(iterations):
+        pq.write_table(_table(iterations.astype(narrow)), path)
+        return
+    schema = _table(iterations.iloc[:0].astype(narrow)).schema  # names, types, pandas metadata
+    columns = [(iterations[c].to_numpy(), c in narrow) for c in iterations.columns]
+    with pq.ParquetWriter(path, schema) as writer:
+        for a in range(0, len(iterations), ROW_GROUP_ROWS):
+            arrays = [pa.array(values[a:a + ROW_GROUP_ROWS].astype(np.int64) if widen
+                               else values[a:a + ROW_GROUP_ROWS], from_pandas=True)
+                      for values, widen in columns]
+            writer.write_table(pa.Table.from_arrays(arrays, schema=schema))
+
+
 def write_results(out_dir: Path | str, requests: pd.DataFrame, iterations: pd.DataFrame,
                   summary: dict[str, Any], config: dict[str, Any],
                   timing: pd.DataFrame | None = None,
@@ -290,7 +369,7 @@ def write_results(out_dir: Path | str, requests: pd.DataFrame, iterations: pd.Da
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         pq.write_table(_table(requests), tmp / "requests.parquet")
-        pq.write_table(_table(iterations), tmp / "iterations.parquet")
+        _write_iterations(iterations, tmp / "iterations.parquet")
         (tmp / "summary.json").write_text(dumps(summary))
         (tmp / "config.json").write_text(dumps(config))
         if timing is not None:

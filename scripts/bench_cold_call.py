@@ -91,8 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     schedule()
     t = pol._table
     arrays = pol._ws.arrays  # (its step record holds the last decision's inputs)
-    build, decide = accelgen_compiled.load()
-    jit_entry = accelgen_compiled._load_jit()
+    build, decide = accelgen_compiled.load()[:2]
+    jit_entry = accelgen_compiled._load_jit().decide
     # (-1: a linear cost model, nothing to ask)
     assert decide(arrays) == jit_entry(arrays) == jit_decide(arrays) == -1
     junk = np.ones(int(args.evict_mb * 2**20 / 8))

@@ -17,6 +17,7 @@ from accelgen.costmodel.factory import deployment_pivot, make_cost_model
 from accelgen.costmodel.pivot import budget_for_time
 from accelgen.kvcache import BlockManager, blocks_for
 from accelgen.policies.accelgen import AccelGenPolicy
+from accelgen.policies.accelgen_compiled import load
 from accelgen.policies.accelgen_table import RequestTable
 from accelgen.policies.base import Decision, Pivot, Policy, SchedulerView
 from accelgen.policies.registry import make_policy
@@ -396,7 +397,7 @@ def test_lost_request_is_preempted_before_an_on_track_one() -> None:
 
 
 def test_a_token_past_its_deadline_marks_the_request_lost() -> None:
-    t = RequestTable()
+    t = RequestTable(kernels=load())
     late, on_time = running(0, 64, 0, bs=16, now=0.0, computed=0), running(1, 64, 0, bs=16,
                                                                              now=0.0, computed=0)
     for r in (late, on_time):
@@ -495,7 +496,7 @@ def test_slack_formulas() -> None:
 
 
 def test_offline_plan_carries_over_and_under_use() -> None:
-    t = RequestTable()
+    t = RequestTable(kernels=load())
     r = Request(req_id=0, arrival=1.0, prompt_len=500, jct_slo=100.0, online=False,
                 predicted_output_len=99)
     t.add(r)

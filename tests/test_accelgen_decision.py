@@ -24,6 +24,7 @@ from accelgen.costmodel.linear import LinearCostModel, LinearTerms, OnlineLinear
 from accelgen.costmodel.pivot import budget_for_time
 from accelgen.kvcache import BlockManager
 from accelgen.policies.accelgen import AccelGenPolicy
+from accelgen.policies.accelgen_compiled import load
 from accelgen.policies.accelgen_table import RequestTable
 from accelgen.policies.accelgen_workspace import INFO_INDEX, INFO_KEYS
 from accelgen.policies.base import Decision, InfoRow, Pivot, SchedulerView
@@ -172,7 +173,7 @@ def test_workspace_follows_a_growing_table() -> None:
 
     def run(capacity: int) -> list[list[float]]:
         pol = AccelGenPolicy()
-        pol._table = RequestTable(capacity=capacity)
+        pol._table = RequestTable(capacity=capacity, kernels=load())
         res = run_sim(make_requests(specs, ttft_slo=2.0, tbt_slo=0.2), [20] * 40, pol,
                       num_blocks=200, s_pf=128)
         return [r.token_times for r in res.requests]

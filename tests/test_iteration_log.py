@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import math
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -42,14 +43,29 @@ _info = st.dictionaries(st.sampled_from(_KEYS),
                         st.one_of(st.integers(0, 4096), st.floats(-1e6, 1e6)), max_size=4)
 
 
-@settings(max_examples=40, deadline=None)
+def _as_info_rows(infos: list[dict], as_row: list[bool]) -> list[Any]:
+    """Each diagnostics dict chosen by ``as_row`` as an ``InfoRow``, rows with the same names
+    sharing one index (as a policy's decisions do: the log's fast path)."""
+    indexes: dict[tuple[str, ...], dict[str, int]] = {}
+    out: list[Any] = []
+    for info, row in zip(infos, as_row, strict=False):
+        if row:
+            index = indexes.setdefault(tuple(info), {k: i for i, k in enumerate(info)})
+            out.append(InfoRow(index, np.array(list(info.values()), dtype=np.float64)))
+        else:
+            out.append(info)
+    return out + infos[len(out):]
+
+
+@settings(max_examples=60, deadline=None)
 @given(infos=st.lists(_info, min_size=1, max_size=40), chunk=st.integers(1, 7),
-       segment=st.integers(1, 9), frame_at=st.integers(0, 40), start=st.integers(1, 45))
+       segment=st.integers(1, 9), frame_at=st.integers(0, 40), start=st.integers(1, 45),
+       as_row=st.lists(st.booleans(), max_size=40))
 def test_log_matches_records(infos: list[dict], chunk: int, segment: int, frame_at: int,
-                             start: int) -> None:
+                             start: int, as_row: list[bool]) -> None:
     log = type("Small", (IterationLog,), {"CHUNK_ROWS": chunk, "SEGMENT_ROWS": segment})()
     rows = []
-    for i, info in enumerate(infos):
+    for i, info in enumerate(_as_info_rows(infos, as_row)):
         shape = BatchShape()
         shape.add_prefill(3 + i, i)
         shape.add_decode(100 + i)
@@ -81,6 +97,33 @@ def test_log_matches_records(infos: list[dict], chunk: int, segment: int, frame_
         pd.testing.assert_frame_equal(log.to_frame(start), tail)
     else:
         assert got.empty and list(got.columns) == list(ITERATION_COLUMNS)
+
+
+@settings(max_examples=30, deadline=None)
+@given(kinds=st.lists(st.sampled_from(["full", "full", "full", "part", "dict", "new"]),
+                      min_size=1, max_size=60), chunk=st.integers(1, 9))
+def test_a_policys_info_rows_make_the_records_table(kinds: list[str], chunk: int) -> None:
+    """Runs of InfoRows with every logged name (one index, as a policy's decisions share),
+    between rows with fewer names, dicts and a row bringing a new name."""
+    log = type("Small", (IterationLog,), {"CHUNK_ROWS": chunk, "SEGMENT_ROWS": 2 * chunk})()
+    full = {"token_budget": 0, "n_candidates": 1, "slo_min": 2}
+    part = {"n_candidates": 0}
+    rows, infos = [], []
+    for i, kind in enumerate(kinds):
+        if kind == "full":
+            info: Any = InfoRow(full, np.array([512.0 + i, float(i), 0.5 * i]))
+        elif kind == "part":
+            info = InfoRow(part, np.array([-float(i)]))
+        elif kind == "dict":
+            info = {"slo_min": 0.25 * i, "token_budget": 7.0}
+        else:
+            info = {f"extra_{i}": float(i)}
+        infos.append(dict(info))
+        log.append(0.5 * i, 0.01, BatchShape(), 1, i, 491, 0, 0.0, 0, 0, 1, 0, 0.0, info)
+        rows.append((0.5 * i, 0.01, 0, 0, 0, 0, 1, 0.0, 0, i, 491, 0, 0, 0, 1, 0, 0.0))
+        if i % 7 == 3:
+            pd.testing.assert_frame_equal(log.to_frame(), _reference(rows, infos))
+    pd.testing.assert_frame_equal(log.to_frame(), _reference(rows, infos))
 
 
 def test_info_rows_and_growth_after_to_frame() -> None:
@@ -128,3 +171,62 @@ def test_short_log_holds_only_its_rows() -> None:
         values = df[name].to_numpy()
         owner = values if values.base is None else values.base
         assert owner.nbytes == 300 * 8, name
+
+
+# Integers around every boundary of int8/16/32 (and beyond): the stored columns must widen.
+_ints = st.one_of(st.integers(-130, 130), st.integers(-40_000, 40_000),
+                  st.integers(-(2**40), 2**40), st.sampled_from([127, 128, 32767, 32768,
+                                                                 2**31 - 1, 2**31, -(2**31) - 1]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(values=st.lists(st.tuples(_ints, _ints, _ints, _ints), min_size=1, max_size=30),
+       chunk=st.integers(1, 5), segment=st.integers(1, 7))
+def test_narrow_columns_hold_every_value(values: list[tuple[int, int, int, int]], chunk: int,
+                                         segment: int) -> None:
+    """Integer columns are stored in the narrowest type that holds them, widened (with the
+    segments already stored) when a larger value comes: the table, every row and the written
+    file are the int64 ones."""
+    from accelgen.results import _write_iterations
+
+    log = type("Small", (IterationLog,), {"CHUNK_ROWS": chunk, "SEGMENT_ROWS": segment})()
+    rows = []
+    for i, (a, b, c, e) in enumerate(values):
+        shape = BatchShape()
+        shape.add_decode(a)
+        log.append(0.5 * i, 0.01, shape, b, c, 491, e, 0.0, 0, i, 1, 0, 0.0, {"x": float(i)})
+        rows.append((0.5 * i, 0.01, 1, 0, 1, 0, b, 0.0, a, c, 491, e, 0, i, 1, 0, 0.0))
+    assert [log.row(i) for i in range(len(rows))] == rows
+    want = _reference(rows, [{"x": float(i)} for i in range(len(rows))])
+    pd.testing.assert_frame_equal(log.to_frame(), want)
+    narrow = log.to_frame(narrow=True)
+    for name in ITERATION_COLUMNS:
+        got, ref = narrow[name].to_numpy(), want[name].to_numpy()
+        assert (got == ref).all(), name
+        if ref.dtype == np.int64:  # the narrowest integer type holding the column
+            fits = [t for t in (np.int8, np.int16, np.int32, np.int64)
+                    if np.iinfo(t).min <= ref.min() and ref.max() <= np.iinfo(t).max]
+            assert got.dtype == fits[0], name
+    buf = io.BytesIO()
+    _write_iterations(narrow, buf)  # type: ignore[arg-type]
+    assert buf.getvalue() == _parquet(want)
+
+
+def test_narrow_columns_are_written_as_the_int64_file_across_row_groups() -> None:
+    """More rows than a row group: written one row group at a time, converted to int64 there,
+    the file is the one ``write_table`` gives for the int64 table in one piece (so the row
+    groups are pyarrow's default size)."""
+    from accelgen.results import ROW_GROUP_ROWS, _write_iterations
+
+    n = ROW_GROUP_ROWS + 3
+    rng = np.random.default_rng(0)
+    small = rng.integers(0, 100, n)
+    info = rng.uniform(0, 1, n)
+    info[::7] = math.nan
+    want = pd.DataFrame({"start": np.arange(n) * 0.5, "batch_size": small,
+                         "num_waiting": rng.integers(-(2**40), 2**40, n), "info_x": info})
+    narrow = want.astype({"batch_size": np.int8})
+    buf = io.BytesIO()
+    _write_iterations(narrow, buf)  # type: ignore[arg-type]
+    assert pq.ParquetFile(io.BytesIO(buf.getvalue())).metadata.num_row_groups == 2
+    assert buf.getvalue() == _parquet(want)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import NamedTuple, final
 
 from accelgen.config import HardwareProfile, ModelProfile
 from accelgen.costmodel.base import BatchShape, CostModel
@@ -84,6 +85,52 @@ A100_CALIBRATION = Calibration(
 )
 
 
+class RooflineTerms(NamedTuple):
+    """The per-iteration constants of ``AnalyticCostModel`` (seconds; ``p`` the roofline's
+    transition exponent): all ``roofline_time`` needs."""
+
+    fixed_s: float  # per iteration: fixed per-layer costs, communication latency, extra overhead
+    comm_tok_s: float  # per forward token: TP all-reduces and PP transfers
+    lin_w_s: float  # linear layers: weight streaming
+    lin_tok_s: float  # linear layers: compute per forward token
+    p: float
+    inv_p: float
+    lm_w_s: float  # LM head: weight streaming
+    lm_tok_s: float  # LM head: compute per sampled sequence
+    pf_fixed_s: float  # iterations with prefill
+    causal_s: float  # per query-key pair of the causal triangle
+    ctx_s: float  # per query-key pair against prior context
+    dec_fixed_s: float  # iterations with decodes
+    dec_seq_s: float  # per decode sequence
+    dec_ctx_s: float  # per context token a decode reads
+
+
+def roofline_time(t: RooflineTerms, prefill_tokens: int, prefill_seqs: int, prefill_attn: float,
+                  decode_seqs: int, decode_ctx: int) -> float:
+    """Latency of an iteration with these ``BatchShape`` aggregates. Plain arithmetic, so that
+    numba compiles the same function for AccelGen's decision (``accelgen_decision``), and the
+    two agree to the last bit."""
+    n = prefill_tokens + decode_seqs
+    if n <= 0:
+        return 0.0
+    p, inv_p = t.p, t.inv_p
+    lin_w = t.lin_w_s
+    out = t.fixed_s + n * t.comm_tok_s
+    out += lin_w * (1.0 + (n * t.lin_tok_s / lin_w) ** p) ** inv_p
+    sampled = prefill_seqs + decode_seqs
+    if sampled > 0:
+        lm_w = t.lm_w_s
+        out += lm_w * (1.0 + (sampled * t.lm_tok_s / lm_w) ** p) ** inv_p
+    if prefill_tokens > 0:
+        causal = prefill_tokens * (prefill_tokens + 1) * 0.5
+        if causal > prefill_attn:
+            causal = prefill_attn
+        out += t.pf_fixed_s + causal * t.causal_s + (prefill_attn - causal) * t.ctx_s
+    if decode_seqs > 0:
+        out += t.dec_fixed_s + decode_seqs * t.dec_seq_s + decode_ctx * t.dec_ctx_s
+    return out
+
+
 def _roofline(t_compute: float, t_memory: float, p: float) -> float:
     """Smooth maximum of two times; p -> infinity gives max(), p = 1 the sum."""
     return t_memory * (1.0 + (t_compute / t_memory) ** p) ** (1.0 / p)
@@ -96,7 +143,7 @@ class AnalyticCostModel(CostModel):
 
     __slots__ = ("_causal", "_comm_tok", "_ctx", "_dec_ctx", "_dec_fixed", "_dec_seq", "_fixed",
                  "_inv_p", "_lin_tok", "_lin_w", "_lm_tok", "_lm_w", "_p", "_pf_fixed",
-                 "calibration", "extra_overhead_s", "hardware", "model", "pp", "tp")
+                 "calibration", "extra_overhead_s", "hardware", "model", "pp", "terms", "tp")
 
     def __init__(self, model: ModelProfile, hardware: HardwareProfile, tp: int = 1, pp: int = 1,
                  calibration: Calibration = A100_CALIBRATION,
@@ -149,30 +196,19 @@ class AnalyticCostModel(CostModel):
         self._dec_seq = layers * heads * c.attn_decode_seq_head_s
         self._dec_fixed = layers * c.attn_decode_fixed_s
 
+        self.terms = RooflineTerms(
+            self._fixed, self._comm_tok, self._lin_w, self._lin_tok, self._p, self._inv_p,
+            self._lm_w, self._lm_tok, self._pf_fixed, self._causal, self._ctx, self._dec_fixed,
+            self._dec_seq, self._dec_ctx)
+
+    @final
     def iteration_time(self, shape: BatchShape) -> float:
-        # Hot path (once per simulated iteration): plain float arithmetic, mirrors breakdown().
-        p_tok = shape.prefill_tokens
-        d_seq = shape.decode_seqs
-        n = p_tok + d_seq
-        if n <= 0:
-            return 0.0
-        p, inv_p = self._p, self._inv_p
-        lin_w = self._lin_w
-        t = self._fixed + n * self._comm_tok
-        t += lin_w * (1.0 + (n * self._lin_tok / lin_w) ** p) ** inv_p
-        sampled = shape.prefill_seqs + d_seq
-        if sampled > 0:
-            lm_w = self._lm_w
-            t += lm_w * (1.0 + (sampled * self._lm_tok / lm_w) ** p) ** inv_p
-        if p_tok > 0:
-            attn = shape.prefill_attn
-            causal = p_tok * (p_tok + 1) * 0.5
-            if causal > attn:
-                causal = attn
-            t += self._pf_fixed + causal * self._causal + (attn - causal) * self._ctx
-        if d_seq > 0:
-            t += self._dec_fixed + d_seq * self._dec_seq + shape.decode_ctx * self._dec_ctx
-        return t
+        return roofline_time(self.terms, shape.prefill_tokens, shape.prefill_seqs,
+                             shape.prefill_attn, shape.decode_seqs, shape.decode_ctx)
+
+    @final
+    def roofline_terms(self) -> RooflineTerms:
+        return self.terms
 
     def breakdown(self, shape: BatchShape) -> dict[str, float]:
         """The terms of ``iteration_time`` (seconds), for inspection and tests."""

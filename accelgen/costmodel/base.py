@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from accelgen.costmodel.analytic import RooflineTerms
     from accelgen.costmodel.linear import LinearTerms
 
 
@@ -52,6 +53,11 @@ class CostModel(ABC):
         """The coefficients when ``iteration_time`` is exactly ``linear.linear_time`` of them (the
         linear model says so; no other model does). Compiled code (AccelGen's decision) then
         evaluates latencies itself; otherwise it asks ``iteration_time`` between its steps."""
+        return None
+
+    def roofline_terms(self) -> RooflineTerms | None:
+        """The constants when ``iteration_time`` is exactly ``analytic.roofline_time`` of them (the
+        analytic model says so; no other model does): compiled code evaluates it too."""
         return None
 
     def forward_time(self, forward_size: int) -> float:

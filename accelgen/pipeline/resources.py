@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 REFERENCE_REQUESTS = 20_000
 MEASURED_ON = ("scripts/bench_sim.py --traces paper, 2026-11-24, 2-core development VM, "
-               "issue 17's build; AccelGen/Oracle: the base build's golden run")
+               "issue 17's builds ddb9a9d, b59073c and 571072c")
 STARTUP_S = 3.0  # interpreter, imports, trace load: not scaled
 BASE_MB = 250.0  # the process before the run (interpreter, numpy, pandas, pyarrow)
 
@@ -41,22 +41,20 @@ class JobCost:
 # Per policy (a named variant costs what its base policy costs). ``oracle``: one point of its
 # search (the Oracle's policy at one parameter setting); a search costs points + 1 of them.
 MEASURED: dict[str, JobCost] = {
-    # scripts/bench_sim.py --traces paper, build 39ebcdd (load 1.0-1.1)
-    "vllm": JobCost(seconds=40.2, rss_mb=2398.0),
-    "vllm-v0": JobCost(seconds=42.6, rss_mb=2480.0),
-    "sarathi": JobCost(seconds=42.9, rss_mb=2393.0),
-    "fastgen": JobCost(seconds=44.2, rss_mb=2497.0),
-    # `/usr/bin/time -v accelgen simulate` on the same trace, build b428608 (issue 17's
-    # baselines: EDF's need index, FastServe's starvation check), load 1.0-1.2; vllm 40.0 s
-    # in the same run
-    "orca": JobCost(seconds=102.9, rss_mb=3445.0),  # 16.9 M iterations (batches of 8)
-    "fastserve": JobCost(seconds=97.8, rss_mb=1626.0),
-    "edf": JobCost(seconds=78.3, rss_mb=1584.0),
-    # AccelGen (and one Oracle search point, the same decision): the paper20k golden run of the
-    # base build (/work/golden/paper20k/accelgen.log: 41:03 wall, 9.6 GB peak), not re-measured
-    # here (its decision is issue 16's; 40 minutes a run).
-    "accelgen": JobCost(seconds=2463.0, rss_mb=9632.0),
-    "oracle": JobCost(seconds=2463.0, rss_mb=9632.0),
+    # scripts/bench_sim.py --traces paper bursty, every policy in one session, build ddb9a9d
+    # (load 1.2 before, 1.0 after); peak RSS in MiB (ru_maxrss)
+    "vllm": JobCost(seconds=41.0, rss_mb=1313.0),
+    "vllm-v0": JobCost(seconds=44.3, rss_mb=1195.0),
+    "sarathi": JobCost(seconds=42.8, rss_mb=1372.0),
+    "fastgen": JobCost(seconds=44.9, rss_mb=1344.0),
+    "fastserve": JobCost(seconds=73.0, rss_mb=1465.0),
+    "edf": JobCost(seconds=77.9, rss_mb=1390.0),
+    "accelgen": JobCost(seconds=77.1, rss_mb=1968.0),
+    # the same script, --policies orca, build b59073c (load 0.8 before, 1.0 after; vllm 40.0 s
+    # in that session)
+    "orca": JobCost(seconds=71.5, rss_mb=2137.0),  # 16.9 M iterations (batches of 8)
+    # --policies oracle, build 571072c (load 0.4 before; vllm 41.6 s in that session)
+    "oracle": JobCost(seconds=152.3, rss_mb=2478.0),  # one point of a search
 }
 SCENARIO_REQUESTS = 100  # a fixed scenario (figure 6's ERA case and the like) is this small
 

@@ -67,7 +67,11 @@ class AccelGenPolicy(Policy):
 
     def __init__(self, params: PolicyParams | None = None, **overrides: object) -> None:
         super().__init__(params, **overrides)
-        self._table = RequestTable()
+        self._table = RequestTable(kernels=load())
+        # Lost prompts wait last in arrival order (lost_last) and never turn urgent again: the
+        # table keeps the waiting ones apart (dormant), the decision passes them over in blocks.
+        p = self.params
+        self._table.dormancy = p.order and p.lost_last and not p.late_is_urgent
         self._ws = Workspace(self._table)
         self._prev_budget = 0
         self._chunk_mean = math.nan  # L_c, starts at S_pf (the first pivot)
@@ -121,10 +125,14 @@ class AccelGenPolicy(Policy):
             self._sync(view)
         if ws.arrays.requests is not t.rows:  # the table grew
             ws.follow(t)
+            t.reindex = True
         if ws.configure(p, view, self._exact_kv()):  # a new cost model, pivot or KV
             if math.isnan(self._chunk_mean):  # the first: L_c starts at S_pf, the budget at the cap
                 self._chunk_mean, self._prev_budget = float(view.pivot.s_pf), ws.cap
             self._prev_budget = min(self._prev_budget, ws.cap)  # (an online refit keeps it)
+            t.reindex = True
+        if t.dormancy:
+            t.sweep(view.now)
         if t.num_unplanned:
             t.plan_offline(self._chunk_mean, view.cost.forward_time(self._prev_budget),
                            p.preempt_prob * p.preempt_max_s)
@@ -135,9 +143,12 @@ class AccelGenPolicy(Policy):
                       else p.max_num_seqs - int(t.running[: t.n].sum()))
         # (load: this process's build of the decision, cached; then the Step fields, in order: a
         # NamedTuple per step costs microseconds in vLLM)
-        return ws.run(load()[1], view.cost, t.n, view.now, self._chunk_mean,
-                      t.slot_of.get(owner, -1) if owner is not None else -1, self._prev_budget,
-                      view.kv.num_free_blocks, admissions, plan_only)
+        out = ws.run(load().decide, view.cost, t.n, view.now, self._chunk_mean,
+                     t.slot_of.get(owner, -1) if owner is not None else -1, self._prev_budget,
+                     view.kv.num_free_blocks, admissions, plan_only, t.n_active, t.n_dormant,
+                     t.dormant_lo, t.dirty_lo, t.dirty_hi, t.n_gone, t.reindex)
+        t.seen()
+        return out
 
     def _sync(self, view: SchedulerView) -> None:
         """Adopt requests the hooks did not announce (e.g. an adapter that missed a hook)."""

@@ -21,20 +21,31 @@ import sys
 import sysconfig
 import tempfile
 from collections.abc import Callable
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from accelgen.policies.accelgen_table import RequestTable
 from accelgen.policies.accelgen_workspace import Workspace
 
 DecideFn = Callable[[Any], int]
+# The compiled functions besides the decision: the table's rows (``RequestTable``), every step.
+KERNELS = ("read_rows", "set_deadlines")
+
+
+class Build(NamedTuple):
+    """One build of the compiled code: its name (aot, jit, python) and its functions."""
+
+    name: str
+    decide: DecideFn
+    read_rows: Callable[..., int]
+    set_deadlines: Callable[..., int]
 
 _HERE = Path(__file__).resolve().parent
 # Everything the compiled module is built from: the code, and the record layouts in its signature.
 _SOURCES = (_HERE / "accelgen_decision.py", _HERE / "accelgen_workspace.py",
             _HERE / "accelgen_table.py", _HERE.parent / "costmodel" / "linear.py",
-            _HERE.parent / "costmodel" / "base.py")
+            _HERE.parent / "costmodel" / "analytic.py", _HERE.parent / "costmodel" / "base.py")
 ENV = "ACCELGEN_DECISION"
 
 
@@ -53,12 +64,12 @@ def aot_path() -> Path:
     return _HERE / "__pycache__" / (name + sysconfig.get_config_var("EXT_SUFFIX"))
 
 
-def _load_aot(path: Path) -> DecideFn:
+def _load_aot(path: Path) -> Build:
     spec = importlib.util.spec_from_file_location(path.name.split(".")[0], path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return cast(DecideFn, module.decide)
+    return Build("aot", module.decide, *(getattr(module, k) for k in KERNELS))
 
 
 def _signature() -> tuple[Any, ...]:
@@ -66,6 +77,15 @@ def _signature() -> tuple[Any, ...]:
     from numba import typeof
 
     return (typeof(Workspace(RequestTable(capacity=1)).arrays),)
+
+
+def _kernel_signatures() -> dict[str, tuple[Any, ...]]:
+    """The argument types of ``KERNELS``: the table's rows, slots, the values read."""
+    from numba import typeof, types
+
+    rows, ints = typeof(RequestTable(capacity=1).rows), types.int64[::1]
+    return {"read_rows": (rows, types.float64[:, ::1], types.bool_, ints),
+            "set_deadlines": (rows, ints)}
 
 
 def _compile(compile_: Callable[[], object]) -> None:
@@ -81,38 +101,43 @@ def _compile(compile_: Callable[[], object]) -> None:
         compile_()
 
 
-def _load_jit() -> DecideFn:
-    from accelgen.policies.accelgen_decision import decide
+def _load_jit() -> Build:
+    from accelgen.policies import accelgen_decision
 
-    sig = _signature()
+    sig, decide = _signature(), accelgen_decision.decide
     _compile(lambda: decide.compile(sig))
-    # The compiled entry point, called directly: numba's dispatcher would resolve the argument
+    kernels = []
+    for name, ksig in _kernel_signatures().items():
+        fn = getattr(accelgen_decision, name)
+        _compile(partial(fn.compile, ksig))
+        kernels.append(fn.overloads[ksig].entry_point)
+    # The compiled entry points, called directly: numba's dispatcher would resolve the argument
     # types on every call (the arrays keep their types: same dtypes, same layout).
-    return cast(DecideFn, decide.overloads[sig].entry_point)
+    return Build("jit", cast(DecideFn, decide.overloads[sig].entry_point), *kernels)
 
 
 @cache
-def load() -> tuple[str, DecideFn]:
-    """(build name, the decision function) for this process."""
+def load() -> Build:
+    """The build this process runs: its name, the decision function, the table's kernels."""
     mode = os.environ.get(ENV, "auto")
     if mode not in ("auto", "aot", "jit", "python"):
         raise ValueError(f"{ENV}={mode!r}: expected auto, aot, jit or python")
     if mode == "python" or os.environ.get("NUMBA_DISABLE_JIT", "0") not in ("", "0"):
         os.environ["NUMBA_DISABLE_JIT"] = "1"  # read when numba is imported
-        from accelgen.policies.accelgen_decision import decide
+        from accelgen.policies import accelgen_decision as ad
 
-        if hasattr(decide, "py_func"):
+        if hasattr(ad.decide, "py_func"):
             raise RuntimeError(f"{ENV}=python: numba was imported before; set "
                                "NUMBA_DISABLE_JIT=1 when the process starts")
-        return "python", decide
+        return Build("python", ad.decide, *(getattr(ad, k) for k in KERNELS))
     if mode in ("auto", "aot"):
         path = aot_path()
         if path.exists():
-            return "aot", _load_aot(path)
+            return _load_aot(path)
         if mode == "aot":
             raise FileNotFoundError(f"{ENV}=aot: no build of the current sources at {path} "
                                     "(python -m accelgen.policies.accelgen_compiled build)")
-    return "jit", _load_jit()
+    return _load_jit()
 
 
 def build(out: Path | None = None) -> Path:
@@ -127,7 +152,7 @@ def build(out: Path | None = None) -> Path:
         warnings.simplefilter("ignore")  # pycc's pending deprecation
         from numba.pycc import CC
 
-    from accelgen.policies.accelgen_decision import decide
+    from accelgen.policies import accelgen_decision
 
     out = out or aot_path()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -136,7 +161,9 @@ def build(out: Path | None = None) -> Path:
         cc = CC(name)
         cc.output_dir = tmp
         cc.use_nrt = False
-        cc.export("decide", types.int64(*_signature()))(decide.py_func)
+        cc.export("decide", types.int64(*_signature()))(accelgen_decision.decide.py_func)
+        for kernel, ksig in _kernel_signatures().items():
+            cc.export(kernel, types.int64(*ksig))(getattr(accelgen_decision, kernel).py_func)
         _compile(cc.compile)
         (built,) = Path(tmp).glob(name + "*")
         os.replace(built, out)

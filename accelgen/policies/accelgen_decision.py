@@ -7,8 +7,9 @@ compiled with numba, run by the simulator and by the vLLM plugin alike.
 the deadlock breaker; ERA in ``_add``), ``_diagnostics``. Variants are flags in its parameters:
 the ablations, the budget rule, ERA and its scope, the Oracle's exact KV plan.
 
-A linear cost model (``CostModel.linear_terms``) is evaluated here (``linear_time``). For any
-other, ``decide`` returns the budget whose full-batch latency it needs (the batch in ``ask``);
+A linear cost model (``CostModel.linear_terms``) and the analytic one (``roofline_terms``) are
+evaluated here (``linear_time``, ``roofline_time``: the functions the models themselves run). For
+any other, ``decide`` returns the budget whose full-batch latency it needs (the batch in ``ask``);
 ``Workspace.run`` calls it again with that latency in ``d.times`` (a pure function of its inputs,
 it repeats the same steps up to there). Builds: ``accelgen_compiled``.
 """
@@ -21,12 +22,16 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from accelgen.costmodel.analytic import roofline_time
 from accelgen.costmodel.linear import linear_time
+from accelgen.policies.accelgen_table import LOST_OFFSET, UNCOUNTED
+from accelgen.policies.accelgen_workspace import DORMANT_BLOCK
 
 _jit = njit(cache=True, error_model="numpy", _nrt=False)
 _linear_time = _jit(linear_time)
+_roofline_time = _jit(roofline_time)
 
-LOST_OFFSET = 1e9  # a lost prompt's key: this plus its arrival (after every on-track key)
+NO_LIMIT = 1 << 62  # a block count no request reaches
 
 
 # -- slack (SPEC 4.1) --------------------------------------------------------------------------
@@ -81,13 +86,21 @@ def _owed_after(d: Any, s: int, c: int) -> int:
 
 
 @_jit
+def _admission_blocks(d: Any, s: int, rem: int) -> int:
+    """Blocks a prompt holding no KV needs to start: all of it (``rem`` tokens), its first token
+    and the growth reserve, the reserve capped at the KV's size (a request that fits alone can
+    always start)."""
+    par = d.state[0].params
+    return max(_blocks_to_add(d, s, rem + 1),
+               min(_blocks_to_add(d, s, rem + 1 + par.growth), par.total_blocks))
+
+
+@_jit
 def _admission_need(d: Any, s: int) -> int:
-    """Blocks a prompt holding no KV needs to start: all of it, its first token and the growth
-    reserve, the reserve capped at the KV's size (a request that fits alone can always start)."""
-    c, par = d.cand[s], d.state[0].params
+    """``_admission_blocks`` of candidate ``s``, kept for the decision."""
+    c = d.cand[s]
     if c.admission_blocks < 0:
-        c.admission_blocks = max(_blocks_to_add(d, s, c.rem + 1), min(
-            _blocks_to_add(d, s, c.rem + 1 + par.growth), par.total_blocks))
+        c.admission_blocks = _admission_blocks(d, s, c.rem)
     return c.admission_blocks
 
 
@@ -115,6 +128,26 @@ def _final_blocks(d: Any, s: int) -> int:
 
 # -- 1. per-candidate columns ------------------------------------------------------------------
 @_jit
+def _candidate(d: Any, i: int) -> None:
+    """The columns of candidate ``i`` that hold for the whole decision."""
+    st, par, led = d.state[0].step, d.state[0].params, d.state[0].ledger
+    r, c, owner = d.requests[i], d.cand[i], led.era_owner_start
+    c.total = r.prompt + r.n_out
+    c.rem = c.total - r.computed
+    c.is_decode = r.n_out > 0 and c.rem == 1
+    c.n_chunks = n_chunks(c.rem, c.is_decode, st.chunk_mean)
+    c.to_deadline = r.deadline - st.now
+    c.online_decode = c.is_decode and r.online
+    c.slo_iter = r.tbt if c.online_decode else c.to_deadline / c.n_chunks
+    c.is_long = not c.is_decode and c.total >= par.long_threshold
+    c.eligible = owner < 0 or not c.is_long or i == owner
+    c.lost = par.order and par.lost_last and r.online and (r.lost or c.to_deadline < 0.0)
+    c.available = c.member = c.urgent = c.counted = False
+    c.next_blocks = c.owed = c.admission_blocks = -1  # not yet needed
+    c.stamp = led.pass_id
+
+
+@_jit
 def _columns(d: Any) -> None:
     st, par, led, out = d.state[0].step, d.state[0].params, d.state[0].ledger, d.state[0].outcome
     # ERA: the owner keeps it until its prefill completes (scope prefill) or it finishes (scope
@@ -125,24 +158,20 @@ def _columns(d: Any) -> None:
         prefill_done = r.n_out > 0 and r.prompt + r.n_out - r.computed == 1
         if not r.running or (prefill_done and not par.era_whole_request):
             owner = -1
-    out.era_owner = owner
+    out.era_owner = led.era_owner_start = owner
+    led.pass_id += 1
+    led.n_touched = 0
+    led.dormant_head = st.dormant_lo
+    led.oversize = -1
     led.n_decodes = led.decode_ctx = led.prefill_ctx = 0
-    for i in range(st.n):
-        r, c = d.requests[i], d.cand[i]
-        c.total = r.prompt + r.n_out
-        c.rem = c.total - r.computed
-        c.is_decode = r.n_out > 0 and c.rem == 1
-        c.n_chunks = n_chunks(c.rem, c.is_decode, st.chunk_mean)
-        c.to_deadline = r.deadline - st.now
-        c.online_decode = c.is_decode and r.online
-        c.slo_iter = r.tbt if c.online_decode else c.to_deadline / c.n_chunks
-        c.is_long = not c.is_decode and c.total >= par.long_threshold
-        c.eligible = owner < 0 or not c.is_long or i == owner
-        c.lost = par.order and par.lost_last and r.online and (r.lost or c.to_deadline < 0.0)
-        c.available = c.member = c.urgent = c.counted = False
-        c.next_blocks = c.owed = c.admission_blocks = -1  # not yet needed
+    if st.reindex or st.dirty_lo < st.dirty_hi or st.n_gone:
+        _index_dormant(d)
+    for k in range(st.n_active):
+        i = d.active[k]
+        _candidate(d, i)
+        r = d.requests[i]
         if r.running:  # what a full batch reads besides its new tokens (T_max)
-            if c.is_decode:
+            if d.cand[i].is_decode:
                 led.n_decodes += 1
                 led.decode_ctx += r.computed
             elif r.computed > led.prefill_ctx:
@@ -157,43 +186,221 @@ def _oracle_admission(d: Any) -> None:
     running requests' final KV are eligible (no preemption is ever needed); nor the over-admitted."""
     st, out = d.state[0].step, d.state[0].outcome
     promised = 0
-    for i in range(st.n):
+    for k in range(st.n_active):
+        i = d.active[k]
         if d.requests[i].running:
             promised += max(_final_blocks(d, i) - d.requests[i].blocks, 0)
     out.oracle_admissible = st.free_blocks - promised
-    out.oracle_excluded = out.oracle_n_over
-    for i in range(st.n):
-        if not d.requests[i].running and _final_blocks(d, i) > out.oracle_admissible:
+    out.oracle_excluded = out.oracle_n_over + _dormant_over(d, out.oracle_admissible)
+    for k in range(st.n_active):
+        i = d.active[k]
+        if d.requests[i].running:
+            continue
+        if _final_blocks(d, i) > out.oracle_admissible:
             d.cand[i].eligible = False
             out.oracle_excluded += 1
-    for j in range(out.oracle_n_over):
-        d.cand[d.lists[j].over].eligible = False
+        elif d.cand[i].over:  # (an over-admitted dormant request: ``_wake``)
+            d.cand[i].eligible = False
+    # The first dormant entry that may be eligible in this decision: the ones before it hold
+    # too much KV at the end (the admissible KV is the same in every pass of a decision) or are
+    # over-admitted (a list that only grows), so each pass starts there instead of passing over
+    # them again; a decision re-forms up to hundreds of times under overload.
+    led, end = d.state[0].ledger, _dormant_end(d)
+    q = st.dormant_lo if out.oracle_n_over == 0 else led.dormant_first
+    while True:
+        q = _dormant_next(d, q, NO_LIMIT, out.oracle_admissible, True)
+        if q == end or not d.cand[d.dormant[q].slot].over:
+            break
+        q += 1
+    led.dormant_first = led.dormant_head = q
+
+
+@_jit
+def _over_listed(d: Any, s: int) -> bool:
+    """(Oracle) Whether ``s`` is one of this decision's over-admitted requests."""
+    return d.cand[s].over
+
+
+# -- 1b. the dormant queue -----------------------------------------------------------------------
+@_jit
+def _index_dormant(d: Any) -> None:
+    """Take in the dormant queue's changes: for its new entries, the admission need, final KV and
+    length class; the minima of each block of DORMANT_BLOCK positions that changed
+    (``_dormant_next`` skips whole blocks); for the Oracle, the count of their final KV, without
+    the entries that left (``dormant_finals``). With ``reindex``, every entry again. (Entries keep
+    what was derived for them: a dormant request's columns do not change while it waits.)"""
+    st, par = d.state[0].step, d.state[0].params
+    lo, hi = st.dormant_lo, st.dormant_lo + st.n_dormant
+    full = st.reindex
+    if full:
+        d.dormant_finals[:] = 0
+        a, b = lo, hi
+    else:
+        a, b = max(st.dirty_lo, lo), min(st.dirty_hi, hi)
+        for k in range(st.n_gone if par.exact_kv else 0):
+            _count_final(d, d.dormant_gone[k], -1)
+    # Only the changed blocks: a block outside them holds the same entries (or fewer, at the
+    # queue's ends: its minima are then lower bounds, which only means looking inside it).
+    for blk in range(a // DORMANT_BLOCK, (b - 1) // DORMANT_BLOCK + 1 if a < b else 0):
+        mb = d.dormant_minima[blk]
+        mb.need = mb.need_short = mb.final = mb.final_short = NO_LIMIT
+        for q in range(max(blk * DORMANT_BLOCK, lo), min((blk + 1) * DORMANT_BLOCK, hi)):
+            e = d.dormant[q]
+            if full or e.final == UNCOUNTED:
+                r = d.requests[e.slot]
+                e.need = _admission_blocks(d, e.slot, r.prompt + r.n_out - r.computed)
+                e.final = _final_blocks(d, e.slot) if par.exact_kv else 0
+                e.long = r.prompt + r.n_out >= par.long_threshold
+                if par.exact_kv:
+                    _count_final(d, e.final, 1)
+            mb.need, mb.final = min(mb.need, e.need), min(mb.final, e.final)
+            if not e.long:
+                mb.need_short = min(mb.need_short, e.need)
+                mb.final_short = min(mb.final_short, e.final)
+    st.reindex = False
+    st.dirty_lo = st.dirty_hi = st.n_gone = 0
+
+
+@_jit
+def _count_final(d: Any, final: int, delta: int) -> None:
+    """(Oracle) Add ``delta`` dormant requests holding ``final`` blocks at the end (a Fenwick
+    tree over final KV, clipped to the cache's size plus one)."""
+    tree = d.dormant_finals
+    i = min(max(final, 0), tree.size - 2) + 1
+    while i < tree.size:
+        tree[i] += delta
+        i += i & -i
+
+
+@_jit
+def _dormant_over(d: Any, admissible: int) -> int:
+    """(Oracle) Dormant requests whose final KV exceeds ``admissible`` blocks."""
+    n = d.state[0].step.n_dormant
+    if n == 0 or admissible < 0:
+        return n
+    tree, at_most = d.dormant_finals, 0
+    i = min(admissible, tree.size - 2) + 1
+    while i > 0:
+        at_most += tree[i]
+        i -= i & -i
+    return n - at_most
+
+
+@_jit
+def _dormant_end(d: Any) -> int:
+    """The position after the dormant queue's last entry."""
+    return d.state[0].step.dormant_lo + d.state[0].step.n_dormant
+
+
+@_jit
+def _dormant_next(d: Any, q: int, need_max: int, final_max: int, allow_long: bool) -> int:
+    """The first position from ``q`` on whose request needs at most ``need_max`` blocks to start,
+    holds at most ``final_max`` at the end, and is not long unless ``allow_long``
+    (``_dormant_end`` if none): necessary conditions of being available and feasible, tested on
+    a block's minima before its entries."""
+    m = _dormant_end(d)
+    while q < m:
+        if q % DORMANT_BLOCK == 0:
+            mb = d.dormant_minima[q // DORMANT_BLOCK]
+            if allow_long:
+                skip = mb.need > need_max or mb.final > final_max
+            else:
+                skip = mb.need_short > need_max or mb.final_short > final_max
+            if skip:
+                q += DORMANT_BLOCK
+                continue
+        e = d.dormant[q]
+        if e.need <= need_max and e.final <= final_max and (allow_long or not e.long):
+            return q
+        q += 1
+    return m
+
+
+@_jit
+def _dormant_final_max(d: Any) -> int:
+    """Final KV a dormant request may hold to be eligible (the Oracle's exact plan)."""
+    return d.state[0].outcome.oracle_admissible if d.state[0].params.exact_kv else NO_LIMIT
+
+
+@_jit
+def _dormant_allow_long(d: Any) -> bool:
+    """Whether a long dormant prompt may still join (ERA)."""
+    return not (d.state[0].params.era and d.state[0].outcome.era_owner >= 0)
+
+
+@_jit
+def _wake(d: Any, s: int) -> None:
+    """The columns of dormant ``s`` for this pass, once (at the plan's T_max): what ``_columns``,
+    ``_urgency`` and ``_form`` give an active candidate."""
+    led, par, c = d.state[0].ledger, d.state[0].params, d.cand[s]
+    if c.stamp == led.pass_id:
+        return
+    _candidate(d, s)
+    if par.exact_kv and (_final_blocks(d, s) > d.state[0].outcome.oracle_admissible
+                         or _over_listed(d, s)):
+        c.eligible = False
+    _rank(d, s, led.t_max)
+    _set_available(d, s)
+    d.lists[led.n_touched].touched = s
+    led.n_touched += 1
+
+
+@_jit
+def _set_available(d: Any, s: int) -> None:
+    """Whether ``s`` may join (``_form``): eligible, not shut out by an oversized head prompt
+    (/Chunk) or by a long prompt that took ERA in this decision."""
+    c, led, par = d.cand[s], d.state[0].ledger, d.state[0].params
+    c.available = (c.eligible and (led.oversize < 0 or c.is_decode)
+                   and not (par.era and c.is_long and d.state[0].outcome.era_owner >= 0
+                            and d.state[0].outcome.era_owner != s))
+
+
+@_jit
+def _first_eligible_dormant(d: Any) -> int:
+    """Position of the first eligible dormant request (``_dormant_end`` if none)."""
+    exact, end = d.state[0].params.exact_kv, _dormant_end(d)
+    q = d.state[0].ledger.dormant_first if exact else d.state[0].step.dormant_lo
+    while True:
+        q = _dormant_next(d, q, NO_LIMIT, _dormant_final_max(d), _dormant_allow_long(d))
+        if q == end or not (exact and _over_listed(d, d.dormant[q].slot)):
+            return q
+        q += 1
 
 
 # -- 2. urgency and the token budget -----------------------------------------------------------
 @_jit
+def _rank(d: Any, i: int, t_max: float) -> None:
+    """Slack, counted, urgency and queue key of candidate ``i`` at ``t_max``."""
+    par, c = d.state[0].params, d.cand[i]
+    c.slack = slack(c.to_deadline, c.n_chunks, t_max)
+    # A late prompt cannot be rescued by a smaller batch (its remaining time grows with its
+    # remaining tokens), so only on-track requests and online decodes lower SLO_min.
+    c.counted = c.online_decode or c.slack >= 0.0
+    if par.order:
+        # A request past its deadline is not urgent (running it now saves no deadline),
+        # except a running decode: its TBT chain restarts at its next token.
+        c.urgent = (c.eligible and c.slack < t_max
+                    and (par.late_is_urgent or c.slack >= 0.0 or c.is_decode))
+        # Lost prompts after every on-track candidate, first come first served among them.
+        lost_prompt = c.lost and not c.is_decode
+        c.key = d.requests[i].arrival + LOST_OFFSET if lost_prompt else c.slack
+    else:
+        c.urgent = False
+        c.key = d.requests[i].arrival
+
+
+@_jit
 def _urgency(d: Any, t_max: float) -> float:
-    """Slack, urgency, counted and key of every candidate at ``t_max``. Returns SLO_min: the
-    tightest per-iteration SLO among the urgent requests and the head slack group (or inf)."""
+    """Slack, urgency, counted and key of every active candidate at ``t_max``. Returns SLO_min:
+    the tightest per-iteration SLO among the urgent requests and the head slack group (or inf).
+    Dormant requests are late, lost prompts: never urgent nor counted; the first eligible one's
+    key may head the queue."""
     st, par = d.state[0].step, d.state[0].params
     best, k1, any_rest = math.inf, math.inf, False
-    for i in range(st.n):
+    for k in range(st.n_active):
+        i = d.active[k]
+        _rank(d, i, t_max)
         c = d.cand[i]
-        c.slack = slack(c.to_deadline, c.n_chunks, t_max)
-        # A late prompt cannot be rescued by a smaller batch (its remaining time grows with its
-        # remaining tokens), so only on-track requests and online decodes lower SLO_min.
-        c.counted = c.online_decode or c.slack >= 0.0
-        if par.order:
-            # A request past its deadline is not urgent (running it now saves no deadline),
-            # except a running decode: its TBT chain restarts at its next token.
-            c.urgent = (c.eligible and c.slack < t_max
-                        and (par.late_is_urgent or c.slack >= 0.0 or c.is_decode))
-            # Lost prompts after every on-track candidate, first come first served among them.
-            lost_prompt = c.lost and not c.is_decode
-            c.key = d.requests[i].arrival + LOST_OFFSET if lost_prompt else c.slack
-        else:
-            c.urgent = False
-            c.key = d.requests[i].arrival
         if c.urgent:
             if c.counted and c.slo_iter < best:
                 best = c.slo_iter
@@ -201,8 +408,12 @@ def _urgency(d: Any, t_max: float) -> float:
             if not any_rest or c.key < k1:
                 k1 = c.key
             any_rest = True
-    for i in range(st.n if any_rest else 0):
-        c = d.cand[i]
+    if st.n_dormant > 0 and (not any_rest or k1 > d.dormant[st.dormant_lo].key):
+        q = _first_eligible_dormant(d)
+        if q < _dormant_end(d) and (not any_rest or d.dormant[q].key < k1):
+            k1, any_rest = d.dormant[q].key, True
+    for k in range(st.n_active if any_rest else 0):
+        c = d.cand[d.active[k]]
         if (c.eligible and not c.urgent and c.key <= k1 + par.gamma and c.counted
                 and c.slo_iter < best):
             best = c.slo_iter
@@ -230,6 +441,8 @@ def _t_max(d: Any, budget: int) -> float:
     attn = prefill * (led.prefill_ctx + (prefill + 1) / 2) if prefill > 0 else 0.0
     if par.cost_linear:
         full = _linear_time(par, prefill + n, ctx, attn)
+    elif par.cost_roofline:
+        full = _roofline_time(d.state[0].roofline, prefill, 1 if prefill > 0 else 0, attn, n, ctx)
     else:
         full = d.times[budget].full_batch
         if math.isnan(full):
@@ -410,9 +623,12 @@ def _add(d: Any, s: int, c: int) -> None:
         out.n_cut += 1
     if d.state[0].params.era and cs.is_long and out.era_owner < 0:
         out.era_owner = s  # ERA: no other long prompt starts while this one is in prefill
-        for i in range(d.state[0].step.n):
-            if d.cand[i].is_long:
-                d.cand[i].available = False
+        for k in range(d.state[0].step.n_active):  # (dormant ones: ``_set_available``)
+            if d.cand[d.active[k]].is_long:
+                d.cand[d.active[k]].available = False
+        for k in range(led.n_touched):
+            if d.cand[d.lists[k].touched].is_long:
+                d.cand[d.lists[k].touched].available = False
 
 
 # -- preemption --------------------------------------------------------------------------------
@@ -451,7 +667,8 @@ def _free_kv(d: Any, kind: int, need: int, s: int, min_key: float) -> None:
         return
     if led.n_victims < 0:
         led.n_victims = 0
-        for i in range(0 if d.state[0].params.exact_kv else d.state[0].step.n):
+        for k in range(0 if d.state[0].params.exact_kv else d.state[0].step.n_active):
+            i = d.active[k]
             if d.requests[i].running:
                 lists[led.n_victims].victims = i
                 led.n_victims += 1
@@ -546,16 +763,25 @@ def _oversize_head(d: Any) -> int:
     """/Chunk: a prompt longer than the budget could never run whole within it. When it is the
     first prompt in queue order it runs whole as the only prompt of the batch (decodes still
     join), so it cannot starve. Returns its slot, or -1."""
-    h, best = -1, math.inf
-    for i in range(0 if d.state[0].params.chunk else d.state[0].step.n):
+    st, chunk = d.state[0].step, d.state[0].params.chunk
+    h, best, nan = -1, math.inf, False
+    for k in range(0 if chunk else st.n_active):
+        i = d.active[k]
         c = d.cand[i]
         if not c.eligible or c.is_decode:
             continue
         if c.key != c.key:  # numpy's argmin: the first NaN
-            h = i
+            h, nan = i, True
             break
         if h < 0 or c.key < best:
             h, best = i, c.key
+    if not chunk and not nan and st.n_dormant > 0:  # (equal keys: the smaller slot first)
+        q = _first_eligible_dormant(d)
+        if q < _dormant_end(d):
+            e = d.dormant[q]
+            if h < 0 or e.key < best or (e.key == best and e.slot < h):
+                h = e.slot
+                _wake(d, h)
     return h if h >= 0 and d.cand[h].rem > d.state[0].outcome.budget else -1
 
 
@@ -596,12 +822,29 @@ def _next_group(d: Any) -> int:
     """The next slack group into ``lists.group``: the feasible available candidates whose key is
     within gamma of the smallest, in key order. Returns its size (0: none)."""
     led, lists, gn, limit = d.state[0].ledger, d.lists, 0, 0.0
-    for j in range(led.order_head, led.n_order):
-        s = lists[j].order
+    # The queue: step 2's active candidates merged with the dormant queue, where only requests
+    # that could start now are looked at (a waiting request needs an admission and its blocks).
+    j, q, m = led.order_head, led.dormant_head, _dormant_in_queue(d)
+    need_max = _admissible(d) if led.admissions >= 1 else -1
+    final_max, allow_long = _dormant_final_max(d), _dormant_allow_long(d)
+    while True:
+        if q < m:
+            q = _dormant_next(d, q, need_max, final_max, allow_long)
+        if j < led.n_order and (q >= m or _before_dormant(d, lists[j].order, q)):
+            s, active, head = lists[j].order, True, j == led.order_head
+            j += 1
+        elif q < m:
+            s, active, head = d.dormant[q].slot, False, q == led.dormant_head
+            q += 1
+            _wake(d, s)
+        else:
+            break
         c = d.cand[s]
         if not c.available:
-            if j == led.order_head:  # gone for this decision: later groups start after it
+            if head and active:  # gone for this decision: later groups start after it
                 led.order_head += 1
+            elif head:
+                led.dormant_head += 1
             continue
         if not _feasible(d, s):
             continue
@@ -612,6 +855,20 @@ def _next_group(d: Any) -> int:
         lists[gn].group = s
         gn += 1
     return gn
+
+
+@_jit
+def _dormant_in_queue(d: Any) -> int:
+    """The end of the dormant entries in the queue of this step (from ``dormant_lo``): none once
+    an oversized prompt runs (/Chunk)."""
+    return _dormant_end(d) if d.state[0].ledger.oversize < 0 else d.state[0].step.dormant_lo
+
+
+@_jit
+def _before_dormant(d: Any, s: int, q: int) -> bool:
+    """Active candidate ``s`` comes before dormant entry ``q`` in queue order (key, then slot)."""
+    a, b = d.cand[s].key, d.dormant[q].key
+    return _before(a, b) or (a == b and s < d.dormant[q].slot)
 
 
 @_jit
@@ -799,17 +1056,38 @@ def _ensure_progress(d: Any) -> int:
     """Nothing fits (KV full, every candidate needs a block; decision 7): run the first running
     request in key order, preempting the largest-key ones for its KV (the first waiting one only
     when nothing runs), so that the victims, which must then fit whole, cannot swap places with it."""
-    lists, m = d.lists, 0
+    lists, st, led, m, n_running = d.lists, d.state[0].step, d.state[0].ledger, 0, 0
     for running in (True, False):
         first = m
-        for i in range(d.state[0].step.n):
+        for k in range(st.n_active):
+            i = d.active[k]
             if d.cand[i].available and d.requests[i].running == running:
                 lists[m].fallback = i
                 m += 1
         _sort_slots(d, lists.fallback[first:], m - first, d.cand.key, False)
-    for j in range(m):
-        if _force(d, lists[j].fallback, -math.inf, not d.state[0].params.chunk):
+        if running:
+            n_running = m
+    oversize = not d.state[0].params.chunk
+    for j in range(n_running):
+        if _force(d, lists[j].fallback, -math.inf, oversize):
             return _select(d)  # the preemption may have made room for more
+    # The waiting ones, active and dormant in queue order. Without an admission left none can
+    # start (``_force`` then returns at once, changing nothing).
+    j, q, md = n_running, d.state[0].step.dormant_lo, _dormant_in_queue(d)
+    while led.admissions >= 1:
+        if j < m and (q >= md or _before_dormant(d, lists[j].fallback, q)):
+            s = lists[j].fallback
+            j += 1
+        elif q < md:
+            s = d.dormant[q].slot
+            q += 1
+            _wake(d, s)
+            if not d.cand[s].available:
+                continue
+        else:
+            break
+        if _force(d, s, -math.inf, oversize):
+            return _select(d)
     return -1
 
 
@@ -824,11 +1102,14 @@ def _form(d: Any) -> int:
     led.n_groups = led.victim_head = led.order_head = 0
     led.n_victims = -1
     led.fallback = False
-    oversize = _oversize_head(d)
+    led.oversize = oversize = _oversize_head(d)
+    for k in range(led.n_touched):  # (a dormant head prompt: its availability with the above)
+        _set_available(d, lists[k].touched)
     nu = 0
-    for i in range(st.n):
+    for k in range(st.n_active):
+        i = d.active[k]
         c, r = d.cand[i], d.requests[i]
-        c.available = c.eligible and (oversize < 0 or c.is_decode)
+        _set_available(d, i)
         if c.available and c.urgent:
             lists[nu].urgent = i
             nu += 1
@@ -848,7 +1129,8 @@ def _form(d: Any) -> int:
         min_key = _victim_min_key(d, oversize) if d.cand[oversize].urgent else math.inf
         _force(d, oversize, min_key, True)
     led.n_order = 0
-    for i in range(st.n):  # step 2's queue: what step 1 left, by key
+    for k in range(st.n_active):  # step 2's queue: what step 1 left, by key (and the dormant)
+        i = d.active[k]
         if d.cand[i].available:
             lists[led.n_order].order = i
             led.n_order += 1
@@ -872,6 +1154,7 @@ def _over_admitted(d: Any) -> bool:
             continue
         if _final_blocks(d, s) > left:
             d.lists[out.oracle_n_over].over = s
+            d.cand[s].over = True
             out.oracle_n_over += 1
         else:
             left -= _final_blocks(d, s)
@@ -883,10 +1166,11 @@ def _over_admitted(d: Any) -> bool:
 @_jit
 def _diagnostics(d: Any) -> None:
     st, led, out, info = d.state[0].step, d.state[0].ledger, d.state[0].outcome, d.state[0].info
-    n_late = n_lost = n_dec = max_chunk = 0
-    for i in range(st.n):
-        n_late += d.cand[i].slack < 0.0
-        n_lost += d.cand[i].lost
+    n_late = n_lost = st.n_dormant  # (late and lost, all of them)
+    n_dec = max_chunk = 0
+    for k in range(st.n_active):
+        n_late += d.cand[d.active[k]].slack < 0.0
+        n_lost += d.cand[d.active[k]].lost
     for j in range(out.n_sched):
         if d.cand[d.lists[j].slots].is_decode:
             n_dec += 1
@@ -913,7 +1197,11 @@ def decide(d: Any) -> int:
     while True:
         _columns(d)
         need = _plan(d)
-        if need >= 0 or d.state[0].step.plan_only:
+        if need >= 0:
+            return need
+        if d.state[0].step.plan_only:
+            for q in range(d.state[0].step.dormant_lo, _dormant_end(d)):  # (explain: every column)
+                _wake(d, d.dormant[q].slot)
             return need
         need = _form(d)
         if need >= 0:
@@ -921,3 +1209,47 @@ def decide(d: Any) -> int:
         if not (d.state[0].params.exact_kv and _over_admitted(d)):
             _diagnostics(d)
             return -1
+
+
+# -- the table's dynamic columns (``RequestTable``: compiled too, it runs every step) ------------
+@_jit
+def _set_deadline(r: Any) -> None:
+    """Deadline of the next output (SPEC 4.1): the first token by arrival + TTFT SLO, a later
+    token (also after a preemption) by the previous token + TBT SLO; offline requests follow
+    their cumulative JCT plan, which carries over- and under-use to later iterations."""
+    if r.online:
+        r.deadline = r.arrival + r.ttft if r.n_out == 0 else r.last_tok + r.tbt
+    else:
+        r.deadline = r.off_first + r.n_out * r.off_step
+
+
+@_jit
+def set_deadlines(rows: Any, slots: Any) -> int:
+    """``_set_deadline`` of the rows ``slots``."""
+    for s in slots:
+        _set_deadline(rows[s])
+    return 0
+
+
+@_jit
+def read_rows(rows: Any, values: Any, lost_rule: bool, watch: Any) -> int:
+    """Write the dynamic fields read from the request objects (``values``: a row per request,
+    ``accelgen_table._dynamic``) into their rows, and their deadlines. ``lost_rule``: a token
+    emitted after its deadline loses an online request's request-level SLO for good. Returns how
+    many of them (in ``watch``) wait or are dormant."""
+    k = 0
+    for j in range(values.shape[0]):
+        v = values[j]
+        s = int(v[0])
+        r = rows[s]
+        n_out = int(v[1])
+        emitted, due = n_out > r.n_out, r.deadline
+        r.n_out, r.computed, r.blocks = n_out, int(v[2]), int(v[3])
+        r.running, r.last_tok = v[4] != 0.0, v[5]
+        _set_deadline(r)
+        if lost_rule and r.online and emitted and r.last_tok > due:
+            r.lost = True
+        if not r.running or r.dormant:
+            watch[k] = s
+            k += 1
+    return k

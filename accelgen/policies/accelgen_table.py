@@ -7,16 +7,29 @@ etc. are views of one field), updated only where the state can change: ``add`` o
 follows what the executor really did), ``remove`` on finish or rejection. Live requests occupy
 rows ``0..n-1`` (a removal moves the last row into the hole), so a row number (a *slot*) is valid
 within one decision only; across hooks requests are found by ``req_id``.
+
+*Dormant* requests (``dormancy`` on: the policy orders lost prompts last, first come first
+served): waiting online requests whose next deadline has passed. Their order among themselves
+(arrival) and every column the decision reads from them are fixed until they run again, so the
+table keeps them apart, sorted by their queue key (``DORMANT``), and the decision passes over them
+in steps that do not grow with their number (``accelgen_decision``: ``docs/accelgen.md``,
+*Cost*). Every other live request is *active*: ``active`` lists their slots in ascending order.
+Under overload nearly the whole queue is dormant: a decision then costs about what the running
+set does.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from accelgen.request import Request, Status
+
+_RUNNING = Status.RUNNING
 
 REQUEST = np.dtype([
     ("req_id", np.int64),
@@ -37,29 +50,94 @@ REQUEST = np.dtype([
     ("running", np.bool_),  # holds KV (vLLM's running queue)
     ("online", np.bool_),  # TTFT/TBT SLOs (else a JCT SLO)
     ("lost", np.bool_),  # online and a token already missed its deadline (request SLO lost)
+    ("dormant", np.bool_),  # in ``dormant`` (else in ``active``)
 ], align=True)
+
+# A dormant request, in queue order (key, then slot: the decision's order on equal keys). The
+# table writes key and slot, and ``final`` = UNCOUNTED; the decision derives the rest for the
+# entries it has not seen (``accelgen_decision._index_dormant``).
+DORMANT = np.dtype([
+    ("key", np.float64),  # its queue key: arrival + LOST_OFFSET
+    ("slot", np.int64),
+    ("need", np.int64),  # blocks its admission needs
+    ("final", np.int64),  # blocks it holds at its last forward pass (the Oracle's exact plan)
+    ("long", np.bool_),  # ERA: a long prompt
+], align=True)
+
+LOST_OFFSET = 1e9  # a lost prompt's queue key is this plus its arrival (after every on-track key)
+UNCOUNTED = -1  # ``final`` of an entry the decision has not derived yet
+
+
+def _dynamic(slots: list[int], reqs: list[Request]) -> np.ndarray:
+    """The fields of ``reqs`` that change as they run, a row each (slot, output tokens, computed
+    tokens, blocks, running, last token time), as one float64 array: one array to build and
+    hand to compiled code per step instead of one per field (integers below 2**53 are exact)."""
+    return np.array([(s, r.num_output_tokens, r.num_computed_tokens, r.num_blocks,
+                      r.status is _RUNNING, r.last_token_time) for s, r in zip(slots, reqs, strict=True)],
+                    dtype=np.float64).reshape(-1, 6)
+
+
+class TableKernels(Protocol):
+    """The compiled kernels a table runs (``accelgen_compiled.Build`` has them)."""
+
+    @property
+    def read_rows(self) -> Callable[..., int]: ...
+
+    @property
+    def set_deadlines(self) -> Callable[..., object]: ...
 
 
 class RequestTable:
     """Rows of ``REQUEST`` indexed by slot; ``objs[slot]`` is the request itself."""
 
     rows: np.recarray
+    active: np.ndarray  # slots of the active requests, ascending (the first ``n_active``)
+    dormant_queue: np.recarray  # DORMANT records by key: ``n_dormant`` from ``dormant_lo`` on
+    gone: np.ndarray  # ``final`` of the counted dormant entries that left (the first ``n_gone``)
     if TYPE_CHECKING:  # self.prompt etc.: a view of one field of ``rows`` each (``_alloc``)
         def __getattr__(self, field: str) -> np.ndarray: ...
 
-    def __init__(self, capacity: int = 1024) -> None:
+    def __init__(self, capacity: int = 1024, kernels: TableKernels | None = None) -> None:
+        # The compiled kernels the table's updates run (``accelgen_compiled.load()``, which
+        # builds on this module: handed in, not imported). None: a table for its layout only.
+        self.kernels = kernels
         self.n = 0
         self.capacity = 0
         self.objs: list[Request] = []
         self.slot_of: dict[int, int] = {}
         self.num_unplanned = 0  # offline requests whose JCT plan is still to be made
+        self.dormancy = False  # set by the policy (``AccelGenPolicy``)
+        self.n_active = self.n_dormant = 0
+        # The dormant queue lives in the middle of an array twice the table's capacity, so that
+        # an entry joins or leaves by moving the shorter side (lost prompts leave from the head,
+        # arrival order, and join near the tail): positions [dormant_lo, dormant_lo + n_dormant).
+        # What moved since the decision last looked: positions [dirty_lo, dirty_hi), and the
+        # ``final`` of each counted entry that left (``gone``, the first ``n_gone``).
+        self.dormant_lo = 0
+        self.dirty_lo, self.dirty_hi, self.n_gone = 0, 0, 0
+        self.reindex = False  # derive every entry again (the decision's parameters changed)
+        # (deadline, req_id) of waiting online active requests: the next to turn dormant first
+        self._watch: list[tuple[float, int]] = []
         self._alloc(capacity)
 
     def _alloc(self, capacity: int) -> None:
         rows = np.zeros(capacity, dtype=REQUEST).view(np.recarray)
+        active = np.zeros(capacity, dtype=np.int64)
+        dormant = np.zeros(2 * capacity, dtype=DORMANT).view(np.recarray)
+        lo, m = capacity - self.n_dormant // 2, self.n_dormant
         if self.capacity:
             rows[: self.n] = self.rows[: self.n]
-        self.rows = rows
+            active[: self.n_active] = self.active[: self.n_active]
+            dormant[lo: lo + m] = self.dormant_queue[self.dormant_lo: self.dormant_lo + m]
+        self.rows, self.active, self.dormant_queue = rows, active, dormant
+        self.dormant_lo = lo
+        self.gone = np.zeros(capacity, dtype=np.int64)
+        self.n_gone, self.reindex = 0, True  # (positions moved: every entry again)
+        self._watch_slots = np.zeros(capacity, dtype=np.int64)  # (``_read``'s output)
+        plain = dormant.view(np.ndarray)
+        self._dormant_plain = plain  # (moving slices of a recarray costs microseconds more)
+        self.dormant_key, self.dormant_slot = plain["key"], plain["slot"]
+        self.dormant_final = plain["final"]
         for name in REQUEST.names or ():
             setattr(self, name, rows[name])
         self.capacity = capacity
@@ -86,9 +164,13 @@ class RequestTable:
         self.lost[s] = False
         self.off_first[s] = math.nan
         self.off_step[s] = math.nan
+        self.dormant[s] = False
         if not r.online:
             self.num_unplanned += 1
-        self._read(np.array([s]), [r])
+        self.active[self.n_active] = s  # (the largest slot: the list stays sorted)
+        self.n_active += 1
+        self._read(_dynamic([s], [r]))
+        self._watch_if_waiting(s)
         return s
 
     def remove(self, req_id: int) -> None:
@@ -97,12 +179,22 @@ class RequestTable:
             return
         if not self.online[s] and math.isnan(self.off_first[s]):
             self.num_unplanned -= 1
+        self._leave(s)
         last = self.n - 1
         if s != last:  # move the last live request into the hole
+            moved_dormant = bool(self.dormant[last])
+            if moved_dormant:
+                self._dormant_delete(last)
+            else:
+                self._active_delete(last)
             self.rows[s] = self.rows[last]
             moved = self.objs[last]
             self.objs[s] = moved
             self.slot_of[moved.req_id] = s
+            if moved_dormant:
+                self._dormant_insert(s)
+            else:
+                self._active_insert(s)
         self.objs.pop()
         self.n = last
 
@@ -112,39 +204,141 @@ class RequestTable:
         for rid in [rid for rid in self.slot_of if rid not in keep]:
             self.remove(rid)
         slots = np.array([self.add(r) for r in reqs], dtype=np.int64)  # (the known ones: their slot)
-        self._read(slots, reqs)
+        self._read(_dynamic(slots.tolist(), reqs))
+        # Every request active again (the sweep before the next decision finds the dormant ones).
+        self.n_active, self.n_dormant, self.reindex = self.n, 0, True
+        self.dormant_lo, self.n_gone = self.capacity, 0
+        self.active[: self.n] = np.arange(self.n)
+        self.dormant[: self.n] = False
+        self._watch = []
+        for s in range(self.n):
+            self._watch_if_waiting(s)
 
     # -- dynamic fields ------------------------------------------------------------------------
-    def _read(self, slots: np.ndarray, reqs: list[Request]) -> None:
-        """Re-read the dynamic fields of ``reqs`` (in ``slots``) from the objects."""
-        self.n_out[slots] = [r.num_output_tokens for r in reqs]
-        self.computed[slots] = [r.num_computed_tokens for r in reqs]
-        self.blocks[slots] = [r.num_blocks for r in reqs]
-        self.running[slots] = [r.status == Status.RUNNING for r in reqs]
-        self.last_tok[slots] = [r.last_token_time for r in reqs]
-        self._set_deadline(slots)
+    def _read(self, values: np.ndarray, lost_rule: bool = False) -> int:
+        """Write the dynamic fields read from request objects (``_dynamic``'s rows) with their
+        deadlines (and ``lost``, with ``lost_rule``). Returns how many of them wait or are
+        dormant (their slots in ``_watch_slots``)."""
+        return self._kernels().read_rows(self.rows, values, lost_rule, self._watch_slots)
+
+    def _kernels(self) -> TableKernels:
+        if self.kernels is None:
+            raise RuntimeError("RequestTable: no compiled kernels; construct it with "
+                               "kernels=accelgen_compiled.load()")
+        return self.kernels
 
     def refresh(self, reqs: list[Request]) -> None:
-        """Re-read the dynamic fields of ``reqs`` (those a step changed) in one vectorised pass."""
-        live = [r for r in reqs if r.req_id in self.slot_of]
-        if not live:
+        """Re-read the dynamic fields of ``reqs`` (those a step changed) in one compiled pass."""
+        get = self.slot_of.get
+        # (``_dynamic`` inlined: this runs after every step)
+        values = [(s, r.num_output_tokens, r.num_computed_tokens, r.num_blocks,
+                   r.status is _RUNNING, r.last_token_time)
+                  for r in reqs if (s := get(r.req_id)) is not None]
+        if not values:
             return
-        slots = np.fromiter((self.slot_of[r.req_id] for r in live), dtype=np.int64, count=len(live))
-        old_out, old_deadline = self.n_out[slots], self.deadline[slots]  # copies (fancy index)
-        self._read(slots, live)
-        # A token emitted after its deadline loses the request's request-level SLO for good.
-        self.lost[slots] |= (self.online[slots] & (self.n_out[slots] > old_out)
-                             & (self.last_tok[slots] > old_deadline))
+        k = self._read(np.array(values, dtype=np.float64), lost_rule=True)
+        if self.dormancy:  # dormant requests that run again; preempted ones to watch
+            for s in self._watch_slots[:k].tolist():
+                if self.dormant[s] and self.running[s]:
+                    self._dormant_delete(s)
+                    self._active_insert(s)
+                else:
+                    self._watch_if_waiting(s)
 
-    def _set_deadline(self, slots: np.ndarray) -> None:
-        """Deadline of the next output (SPEC 4.1): the first token by arrival + TTFT SLO, a later
-        token (also after a preemption) by the previous token + TBT SLO; offline requests follow
-        their cumulative JCT plan, which carries over- and under-use to later iterations."""
-        n_out = self.n_out[slots]
-        online = np.where(n_out == 0, self.arrival[slots] + self.ttft[slots],
-                          self.last_tok[slots] + self.tbt[slots])
-        offline = self.off_first[slots] + n_out * self.off_step[slots]
-        self.deadline[slots] = np.where(self.online[slots], online, offline)
+    # -- active and dormant requests -----------------------------------------------------------
+    def sweep(self, now: float) -> None:
+        """Waiting online requests whose deadline passed before ``now`` turn dormant."""
+        watch = self._watch
+        while watch and watch[0][0] < now:
+            deadline, rid = heapq.heappop(watch)
+            s = self.slot_of.get(rid)
+            if (s is not None and not self.running[s] and not self.dormant[s]
+                    and self.deadline[s] == deadline):
+                self._active_delete(s)
+                self._dormant_insert(s)
+
+    def _watch_if_waiting(self, s: int) -> None:
+        if self.dormancy and self.online[s] and not self.running[s] and not self.dormant[s]:
+            heapq.heappush(self._watch, (float(self.deadline[s]), int(self.req_id[s])))
+
+    def _leave(self, s: int) -> None:
+        if self.dormant[s]:
+            self._dormant_delete(s)
+        else:
+            self._active_delete(s)
+
+    def _active_insert(self, s: int) -> None:
+        a, n = self.active, self.n_active
+        p = int(np.searchsorted(a[:n], s))
+        a[p + 1: n + 1] = a[p:n]
+        a[p] = s
+        self.n_active = n + 1
+        self.dormant[s] = False
+
+    def _active_delete(self, s: int) -> None:
+        a, n = self.active, self.n_active
+        p = int(np.searchsorted(a[:n], s))
+        a[p: n - 1] = a[p + 1: n]
+        self.n_active = n - 1
+
+    def _dormant_position(self, key: float, s: int) -> int:
+        """Where (key, s) is, or goes, in the dormant queue (equal keys by slot)."""
+        keys, lo, hi = self.dormant_key, self.dormant_lo, self.dormant_lo + self.n_dormant
+        p = lo + int(keys[lo:hi].searchsorted(key))
+        while p < hi and keys[p] == key and self.dormant_slot[p] < s:
+            p += 1
+        return p
+
+    def _dormant_insert(self, s: int) -> None:
+        key = float(self.arrival[s]) + LOST_OFFSET
+        q, lo = self._dormant_plain, self.dormant_lo
+        hi = lo + self.n_dormant
+        p = self._dormant_position(key, s)
+        # The shorter side moves, if it has room (one side always has: the array is twice the
+        # table's capacity).
+        if lo > 0 and (p - lo < hi - p or hi == len(q)):
+            q[lo - 1: p - 1] = q[lo:p]
+            self.dormant_lo = lo = lo - 1
+            p -= 1
+            self._moved(lo, p + 1)
+        else:
+            q[p + 1: hi + 1] = q[p:hi]
+            self._moved(p, hi + 1)
+        self.dormant_key[p], self.dormant_slot[p], self.dormant_final[p] = key, s, UNCOUNTED
+        self.n_dormant += 1
+        self.dormant[s] = True
+
+    def _dormant_delete(self, s: int) -> None:
+        q, lo = self._dormant_plain, self.dormant_lo
+        hi = lo + self.n_dormant
+        p = self._dormant_position(float(self.arrival[s]) + LOST_OFFSET, s)
+        final = int(self.dormant_final[p])
+        if final != UNCOUNTED:
+            if self.n_gone == len(self.gone):  # (more than the decision tracks: start over)
+                self.reindex, self.n_gone = True, 0
+            self.gone[self.n_gone] = final
+            self.n_gone += 1
+        if p - lo < hi - 1 - p:
+            q[lo + 1: p + 1] = q[lo:p]
+            self.dormant_lo = lo + 1
+            self._moved(lo, p + 1)
+        else:
+            q[p: hi - 1] = q[p + 1: hi]
+            self._moved(p, hi)
+        self.n_dormant -= 1
+        self.dormant[s] = False
+
+    def _moved(self, lo: int, hi: int) -> None:
+        """Entries at positions [lo, hi) changed since the decision last looked."""
+        if self.dirty_lo >= self.dirty_hi:
+            self.dirty_lo, self.dirty_hi = lo, hi
+        else:
+            self.dirty_lo, self.dirty_hi = min(self.dirty_lo, lo), max(self.dirty_hi, hi)
+
+    def seen(self) -> None:
+        """The decision has taken in every change to the dormant queue."""
+        self.dirty_lo = self.dirty_hi = self.n_gone = 0
+        self.reindex = False
 
     def plan_offline(self, chunk_len: float, t_max: float, preempt_term: float) -> None:
         """Make the JCT plan of offline requests that have none yet (paper section 4.3).
@@ -162,7 +356,7 @@ class RequestTable:
         t_r = (self.jct[todo] - t_e) / (nck + s_g)
         self.off_first[todo] = self.arrival[todo] + nck * (t_r + t_max)
         self.off_step[todo] = t_r + t_max + preempt_term
-        self._set_deadline(todo)
+        self._kernels().set_deadlines(self.rows, todo)
         self.num_unplanned = 0
 
     def mismatches(self) -> list[str]:
@@ -174,4 +368,15 @@ class RequestTable:
             got = (int(self.n_out[s]), int(self.computed[s]), int(self.blocks[s]), bool(self.running[s]))
             if want != got or self.slot_of.get(r.req_id) != s:
                 bad.append(f"req {r.req_id}: table {got} vs request {want}")
+        active = self.active[: self.n_active].tolist()
+        lo, hi = self.dormant_lo, self.dormant_lo + self.n_dormant
+        keys, slots = self.dormant_key[lo:hi].tolist(), self.dormant_slot[lo:hi].tolist()
+        order = sorted(zip(keys, slots, strict=True))
+        if (sorted(active + slots) != list(range(self.n)) or active != sorted(active)
+                or order != list(zip(keys, slots, strict=True))
+                or any(self.dormant[s] != (s in set(slots)) for s in range(self.n))):
+            bad.append(f"active {active} and dormant {order} do not partition the table in order")
+        for key, s in order:
+            if key != float(self.arrival[s]) + LOST_OFFSET or self.running[s] or not self.online[s]:
+                bad.append(f"dormant slot {s}: key {key}, running {self.running[s]}")
         return bad

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, get_type_hints
 
 import numpy as np
 
+from accelgen.costmodel.analytic import RooflineTerms
 from accelgen.costmodel.base import BatchShape, CostModel
 
 if TYPE_CHECKING:
@@ -46,6 +47,8 @@ CANDIDATE = np.dtype([
     ("member", b1),  # in the batch
     ("urgent", b1),
     ("counted", b1),  # its per-iteration SLO counts toward SLO_min
+    ("stamp", i8),  # the pass (``ledger.pass_id``) these columns are of
+    ("over", b1),  # (Oracle) in this decision's ``lists.over`` (cleared after the decision)
 ], align=True)
 
 LISTS = np.dtype([
@@ -62,6 +65,7 @@ LISTS = np.dtype([
     ("dec_block", i8), ("dec_free", i8),  # decodes needing a new block / none
     ("fallback", i8),  # the deadlock breaker's candidates
     ("over", i8),  # the Oracle's over-admitted requests (excluded on the next pass)
+    ("touched", i8),  # dormant requests whose columns this pass computed
 ], align=True)
 
 
@@ -76,6 +80,13 @@ class Step(NamedTuple):
     free_blocks: int
     admissions_left: int  # new requests it may admit (max_num_seqs)
     plan_only: bool  # stop after the plan (explain)
+    n_active: int  # slots in ``active``
+    n_dormant: int  # entries of the table's dormant queue, ``dormant[dormant_lo:][:n_dormant]``
+    dormant_lo: int
+    dirty_lo: int  # positions [dirty_lo, dirty_hi) of ``dormant`` changed since the last step
+    dirty_hi: int
+    n_gone: int  # counted entries that left the queue (their final KV in ``dormant_gone``)
+    reindex: bool  # derive every dormant entry again (new parameters, or the table grew)
 
 
 class Outcome(NamedTuple):
@@ -99,6 +110,7 @@ def _record(fields: type) -> np.dtype:
 
 
 STEP, OUTCOME, ASK = _record(Step), _record(Outcome), _record(BatchShape)
+_N_OVER = Outcome._fields.index("oracle_n_over")
 
 LEDGER = np.dtype([
     # the running batch (for T_max)
@@ -115,6 +127,12 @@ LEDGER = np.dtype([
     ("n_victims", i8),  # -1 until the victims are first needed
     ("victim_head", i8),  # victims[:victim_head] were considered
     ("n_groups", i8), ("fallback", b1),
+    ("pass_id", i8),  # counts the passes over the candidates (``cand.stamp``)
+    ("era_owner_start", i8),  # the ERA owner when the pass began (eligibility)
+    ("oversize", i8),  # /Chunk: the oversized head prompt, -1 if none
+    ("n_touched", i8),  # lists.touched[:n_touched]
+    ("dormant_head", i8),  # dormant[:dormant_head] is no longer available
+    ("dormant_first", i8),  # (Oracle) dormant[:dormant_first] is not eligible in this decision
 ], align=True)
 
 PARAMS = np.dtype([
@@ -129,6 +147,7 @@ PARAMS = np.dtype([
     ("exact_kv", b1),  # the Oracle's exact KV plan (true output lengths; never preempts)
     # the cost model, when it is linear (LinearTerms' fields)
     ("cost_linear", b1), ("base_s", f8), ("per_token_s", f8), ("per_ctx_s", f8), ("per_attn_s", f8),
+    ("cost_roofline", b1),  # the analytic model (its constants in ``STATE.roofline``)
 ], align=True)
 
 INFO_KEYS = (
@@ -144,13 +163,22 @@ BUDGET_TIME = np.dtype([
     ("full_batch", f8),  # latency of the full batch at this budget (this decision; NaN: unknown)
 ])
 
+# The dormant queue is passed over in blocks of this many entries, skipping a block whose minima
+# show that none of its requests can be admitted (``accelgen_decision._dormant_next``).
+DORMANT_BLOCK = 64
+DORMANT_MINIMA = np.dtype([
+    ("need", i8), ("need_short", i8),  # smallest admission need (of all; of those not long)
+    ("final", i8), ("final_short", i8),  # smallest final KV (the Oracle's exact plan)
+], align=True)
+
 # "No cap" on admissions (max_num_seqs None): only ever decremented a few times.
 NO_ADMISSION_CAP = 1 << 60
 
 
 # One record of everything that is not per request (one array for the compiled call to take).
 STATE = np.dtype([("step", STEP), ("ledger", LEDGER), ("outcome", OUTCOME), ("ask", ASK),
-                  ("params", PARAMS), ("info", INFO)], align=True)
+                  ("params", PARAMS), ("info", INFO), ("roofline", _record(RooflineTerms))],
+                 align=True)
 
 
 class DecisionArrays(NamedTuple):
@@ -164,6 +192,12 @@ class DecisionArrays(NamedTuple):
     state: np.recarray  # STATE: step, ledger, outcome, ask, params, info
     times: np.recarray  # BUDGET_TIME per token budget
     scratch: np.ndarray  # int64 x 3 x capacity: sort keys (float64 bits), a permutation, a buffer
+    active: np.ndarray  # the table's active slots, ascending
+    dormant: np.recarray  # the table's dormant queue (DORMANT), in queue order
+    dormant_minima: np.recarray  # DORMANT_MINIMA per DORMANT_BLOCK positions of ``dormant``
+    dormant_gone: np.ndarray  # the table's ``gone``
+    # (Oracle) the dormant requests' final KV in blocks: a Fenwick tree of their counts
+    dormant_finals: np.ndarray
 
 
 def _records(dtype: np.dtype, n: int) -> np.recarray:
@@ -185,7 +219,10 @@ class Workspace:
         times = _records(BUDGET_TIME, 1)
         self._full_batch = times.view(np.ndarray)["full_batch"]
         self.arrays = DecisionArrays(table.rows, _records(CANDIDATE, 0), _records(LISTS, 0),
-                                     state.view(np.recarray), times, np.zeros(0, np.int64))
+                                     state.view(np.recarray), times, np.zeros(0, np.int64),
+                                     table.active, table.dormant_queue,
+                                     _records(DORMANT_MINIMA, 0), table.gone,
+                                     np.zeros(1, np.int64))
         self.follow(table)  # (sizes the per-request arrays)
         self.configured: tuple[object, ...] = ()  # (cost model, pivot, KV) of ``configure``
         self.cap = 0
@@ -203,7 +240,8 @@ class Workspace:
         """The fixed inputs, set again only for a new cost model, pivot or KV (returns whether it
         did): parameters, KV geometry, the token budget's clamps (``cap`` = S_pf x budget_cap,
         the minimum), and what the cost model offers compiled code (``CostModel.linear_terms``,
-        followed at every call; else forward times of the budgets 0..cap + 1)."""
+        followed at every call, or ``roofline_terms``; else forward times of the budgets
+        0..cap + 1, and the cost model is asked for the rest)."""
         cost, pivot, kv = view.cost, view.pivot, view.kv
         key = self.configured
         if key and key[0] is cost and key[1] is pivot and key[2] is kv:
@@ -225,12 +263,17 @@ class Workspace:
         par.exact_kv = self.exact_kv = exact_kv
         self._terms = None
         self.use_cost(cost)
+        roofline = cost.roofline_terms()
+        par.cost_roofline = roofline is not None
+        if roofline is not None:
+            self.arrays.state.view(np.ndarray)["roofline"][0] = tuple(roofline)
         times = _records(BUDGET_TIME, cap + 2)
         self._full_batch = times.view(np.ndarray)["full_batch"]
         self._full_batch[:] = math.nan
         if not par.cost_linear:
             times.forward = [cost.forward_time(b) for b in range(cap + 2)]
-        self.arrays = self.arrays._replace(times=times)
+        self.arrays = self.arrays._replace(times=times,
+                                           dormant_finals=np.zeros(kv.num_total_blocks + 3, np.int64))
         return True
 
     def use_cost(self, cost: CostModel) -> None:
@@ -248,12 +291,15 @@ class Workspace:
         """Use the table's current rows (reallocated when it grows) and per-request arrays as large."""
         n = table.capacity
         if n > len(self.arrays.cand):
-            self.arrays = self.arrays._replace(cand=_records(CANDIDATE, n), lists=_records(LISTS, n),
-                                               scratch=np.zeros(3 * n, np.int64))
+            self.arrays = self.arrays._replace(
+                cand=_records(CANDIDATE, n), lists=_records(LISTS, n),
+                scratch=np.zeros(3 * n, np.int64),
+                dormant_minima=_records(DORMANT_MINIMA, 2 * n // DORMANT_BLOCK + 1))
             lists = self.arrays.lists.view(np.ndarray)
             self.slots, self.tokens = lists["slots"], lists["tokens"]
             self.preempted, self.cut_chunks = lists["preempted"], lists["cut_chunks"]
-        self.arrays = self.arrays._replace(requests=table.rows)
+        self.arrays = self.arrays._replace(requests=table.rows, active=table.active,
+                                           dormant=table.dormant_queue, dormant_gone=table.gone)
 
     # -- one decision ------------------------------------------------------------------------
     def run(self, decide: Any, cost: CostModel, *step: Any) -> Outcome:
@@ -270,4 +316,7 @@ class Workspace:
             asked.append(need)
         if asked:
             self._full_batch[asked] = math.nan
+        if self.exact_kv and self._outcome[_N_OVER]:  # (the next decision starts from none)
+            cand, lists = self.arrays.cand.view(np.ndarray), self.arrays.lists.view(np.ndarray)
+            cand["over"][lists["over"][: int(self._outcome[_N_OVER])]] = False
         return Outcome._make(self._outcome.tolist())

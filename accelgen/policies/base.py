@@ -187,6 +187,18 @@ class Policy(ABC):
     def on_arrival(self, req: Request, now: float) -> None:  # noqa: B027 - optional hook
         """A new request entered the waiting queue."""
 
+    def repeats(self, view: SchedulerView, decision: Decision) -> bool:
+        """Whether ``decision``, just run, is again this policy's decision at every following
+        iteration for as long as nothing changes but the decode progress of its batch: no
+        arrival, no request finishing, no request of the batch needing a new KV block, and
+        ``on_step_end`` changing nothing the decision reads. The simulator asks only after an
+        iteration of decode steps alone (one token for every request of the batch) that did
+        nothing else (no rejection, preemption, swap or reservation), checks those events
+        itself, and then runs the same decision again without calling ``schedule`` until one of
+        them happens; the results are the ones asking every time gives. Default: False (ask at
+        every iteration)."""
+        return False
+
     def on_step_end(self, view: SchedulerView, decision: Decision, latency: float) -> None:  # noqa: B027
         """The iteration decided by ``decision`` finished after ``latency`` seconds."""
 

@@ -46,7 +46,7 @@ stays starving from one check to the next.
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right, insort
+from bisect import bisect_left, insort
 from collections.abc import Iterator
 from dataclasses import dataclass
 from heapq import merge
@@ -104,7 +104,8 @@ class _Residency:
         del self.keys[bisect_left(self.keys, key)]
 
 
-_SWAPPED = Status.SWAPPED
+_SWAPPED, _WAITING = Status.SWAPPED, Status.WAITING
+_NO_KEY = 1 << 128  # above every key
 
 
 class FastServePolicy(Policy):
@@ -127,6 +128,7 @@ class FastServePolicy(Policy):
         # When requests were last served (or arrived): (time, [(request, n), ...]) ascending,
         # so a starvation check reads only the last starve_after seconds of it.
         self._served: list[tuple[float, list[tuple[Request, int]]]] = []
+        self._quanta = [self.quantum(p) for p in range(self.params.num_queues)]
 
     # -- levels -----------------------------------------------------------------------------------
     def quantum(self, level: int) -> float:
@@ -260,22 +262,38 @@ class FastServePolicy(Policy):
             and kv.num_free_swap_blocks < p.pause_prefill_below * self._swap_capacity)
         reserve = ((p.max_batch_size if p.free_block_reserve is None else p.free_block_reserve)
                    if p.proactive and p.swap else 0)
+        # The candidates: the device, host and waiting indexes merged in key order, by hand (one
+        # cursor and one end per index; ~12 candidates a decision). Dropping an index from the
+        # merge (``_narrow``) sets its end to its cursor: the others go on from where they are.
         device_keys = index[Status.RUNNING].keys
-        streams = {Status.RUNNING: device_keys, Status.SWAPPED: index[Status.SWAPPED].keys}
-        if not paused:
-            streams[Status.WAITING] = index[Status.WAITING].keys
+        host_keys = index[Status.SWAPPED].keys
+        wait_keys = index[Status.WAITING].keys
+        d_at = h_at = w_at = 0
+        d_end, h_end = len(device_keys), len(host_keys)
+        w_end = 0 if paused else len(wait_keys)
         room = _Room(self, d, kv, device_keys)
         batch: list[Request] = []
         prompt_tokens = 0
         # A request needing `unreachable` blocks or more cannot get them: no more could be
         # found for one ahead of it, and fewer victims rank below it.
         unreachable = 1 << 62
-        keys = _in_order(list(streams.values()))
         max_batch, block_size, evicted = p.max_batch_size, kv.block_size, room.evicted
         while len(batch) < max_batch:
-            key = next(keys, -1)
-            if key < 0:
+            key = device_keys[d_at] if d_at < d_end else _NO_KEY
+            if h_at < h_end and host_keys[h_at] < key:
+                key = host_keys[h_at]
+                if w_at < w_end and wait_keys[w_at] < key:
+                    key = wait_keys[w_at]
+                    w_at += 1
+                else:
+                    h_at += 1
+            elif w_at < w_end and wait_keys[w_at] < key:
+                key = wait_keys[w_at]
+                w_at += 1
+            elif key == _NO_KEY:
                 break
+            else:
+                d_at += 1
             r = by_key[key]
             if evicted and r.req_id in evicted:
                 continue  # made room for a request ahead of it
@@ -293,8 +311,10 @@ class FastServePolicy(Policy):
                 if need < 0:
                     need = 0
             if need >= unreachable:
-                if r.status == Status.WAITING and self._narrow(streams, r, unreachable, room):
-                    keys = _in_order([_after(ks, key) for ks in streams.values()])
+                if r.status is _WAITING:
+                    w_end = w_at  # new prompts queue head-of-line (see _narrow)
+                    if h_end > h_at and self._host_closed(unreachable, room):
+                        h_end = h_at
                 continue
             plan = None
             if need > room.free:
@@ -310,8 +330,10 @@ class FastServePolicy(Policy):
                     room.reach = room.free + room.free_swap
                 if plan is None:
                     unreachable = min(need, room.reach + 1)
-                    if self._narrow(streams, r, unreachable, room):
-                        keys = _in_order([_after(ks, key) for ks in streams.values()])
+                    if r.status is _WAITING or unreachable <= 1:
+                        w_end = w_at
+                    if h_end > h_at and self._host_closed(unreachable, room):
+                        h_end = h_at
                     continue
             prompt = n > 1 or r.num_output_tokens == 0  # it needs a prompt pass
             if prompt and prompt_tokens > 0 and prompt_tokens + n > p.max_prompt_tokens:
@@ -354,23 +376,16 @@ class FastServePolicy(Policy):
         d.info["swap_in"] = float(len(d.swap_in))
         return d
 
-    def _narrow(self, streams: dict[Status, list[int]], r: Request, unreachable: int,
-                room: _Room) -> bool:
-        """After ``r`` could not get its blocks, drop the candidate streams that hold nothing
-        that can still fit; True if any was dropped. New prompts queue head-of-line (the first
-        that cannot get its KV stops them, as the batch stops at the first request over its
-        limits); swapped requests stop once none of them can come back (each needs at least
-        its own blocks, and the host must take whatever makes room); when not even one block
-        can be found, only requests that need none can still run."""
-        before = len(streams)
-        if r.status == Status.WAITING or unreachable <= 1:
-            streams.pop(Status.WAITING, None)
-        if streams.get(Status.SWAPPED):
-            smallest = self._swapped_sizes[0]
-            if (unreachable <= 1 or smallest >= unreachable
-                    or (self.params.swap and smallest > room.free + room.free_swap)):
-                del streams[Status.SWAPPED]
-        return len(streams) < before
+    def _host_closed(self, unreachable: int, room: _Room) -> bool:
+        """After a candidate could not get its blocks (``unreachable``: the fewest blocks that
+        cannot be found now), whether no swapped request can still run: each needs at least its
+        own blocks, and the host must take whatever makes room; when not even one block can be
+        found, only requests that need none can still run. (New prompts queue head-of-line: the
+        first that cannot get its KV stops them, as the batch stops at the first request over
+        its limits; and none when not even one block can be found.)"""
+        smallest = self._swapped_sizes[0]
+        return (unreachable <= 1 or smallest >= unreachable
+                or (self.params.swap and smallest > room.free + room.free_swap))
 
     # -- hooks ------------------------------------------------------------------------------------
     def on_arrival(self, req: Request, now: float) -> None:
@@ -385,6 +400,7 @@ class FastServePolicy(Policy):
         end = view.now + latency
         self._served.append((end, decision.scheduled))  # ends only grow: stays in order
         last = self.params.num_queues - 1
+        quanta = self._quanta
         # Unfinished members keep their place (at the head of their level, unless requests that
         # could not run this time stand before them); a demoted one goes to the head of the
         # next level, in batch order (the last member is filed first).
@@ -395,15 +411,13 @@ class FastServePolicy(Policy):
                 continue  # finished in this iteration
             st.attained += latency
             level = st.level
-            demoted = st.attained > self.quantum(level) and level < last
-            if demoted:
-                level += 1
+            if st.attained > quanta[level] and level < last:  # demoted
                 st.attained = 0.0
-            if demoted:
                 self._unfile(r)
-                self._file(r, level, head=True)
-            else:
-                self._move(r)  # admitted or swapped in: now on the device
+                self._file(r, level + 1, head=True)
+            elif st.filed_as is not r.status:  # admitted or swapped in: now on the device
+                self._leave(st)
+                self._enter(r, st)
 
 
 class _Room:
@@ -467,9 +481,9 @@ class _Plan:
     free_swap: int
 
 
-def _in_order(streams: list[list[int]] | list[Iterator[int]]) -> Iterator[int]:
-    """The keys of several ascending sequences in one ascending order."""
-    live = [s for s in streams if not isinstance(s, list) or s]
+def _in_order(streams: list[list[int]]) -> Iterator[int]:
+    """The keys of several ascending lists in one ascending order."""
+    live = [s for s in streams if s]
     if len(live) == 1:
         return iter(live[0])
     return merge(*live)
@@ -477,8 +491,3 @@ def _in_order(streams: list[list[int]] | list[Iterator[int]]) -> Iterator[int]:
 
 def _first(entry: tuple[float, object]) -> float:
     return entry[0]
-
-
-def _after(keys: list[int], key: int) -> Iterator[int]:
-    """The keys greater than ``key``, lazily (no copy of a long queue)."""
-    return map(keys.__getitem__, range(bisect_right(keys, key), len(keys)))

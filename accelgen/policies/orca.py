@@ -87,3 +87,12 @@ class OrcaPolicy(Policy):
             scheduled.append((r, r.num_new_tokens))
         d.info["reserved_tokens"] = float(reserve)
         return d
+
+    def repeats(self, view: SchedulerView, decision: Decision) -> bool:
+        # Under the simulator's conditions (a decode-only decision that admitted, rejected and
+        # preempted nothing; then no arrival, no finish, no new block for the batch) Orca
+        # decides the same: the running requests are the same, in the same order, and the
+        # scheduled ones need no block; the free blocks cannot grow until a request finishes,
+        # so a running request or the waiting queue's head that did not fit still does not
+        # (head-of-line), and the batch limit and the reservation are the same.
+        return True

@@ -98,6 +98,10 @@ class Simulator:
         self.kv_bytes_per_token = kv_bytes_per_token
         self.host_link_bandwidth = host_link_bandwidth
         self.add_scheduler_overhead = add_scheduler_overhead
+        # Whether to ask ``Policy.repeats`` at all (never with the decision time charged: a
+        # repeated iteration takes no decision).
+        self._may_repeat = (type(policy).repeats is not Policy.repeats
+                            and not add_scheduler_overhead)
         # True: host transfers run beside the iteration's compute (a copy stream, as FastServe's
         # proactive swapping does), so an iteration takes max(compute, transfer), not the sum.
         self.swap_overlap = swap_overlap
@@ -163,7 +167,15 @@ class Simulator:
                 continue
             self._idle_decisions = 0
             shape = self._form_batch(decision.scheduled)
+            n_done = self._n_done
             self._advance(decision, shape, swap_s)
+            if (self._may_repeat and shape.prefill_seqs == 0 and not swap_s
+                    and self._n_done == n_done and not (
+                        decision.rejected or decision.preempted or decision.swap_out
+                        or decision.swap_in or decision.reserve)):
+                self._view.now = self._now
+                if self.policy.repeats(self._view, decision):
+                    self._repeat(decision, horizon, max_iterations)
         return self._result(wall0)
 
     # -- the loop's steps --------------------------------------------------------------------
@@ -388,6 +400,34 @@ class Simulator:
         self.policy.on_step_end(self._view, decision, latency)
         self._now = end
         self._iteration += 1
+
+    def _repeat(self, decision: Decision, horizon: float, max_iterations: float) -> None:
+        """Run the decode-only ``decision`` again, iteration by iteration, without asking the
+        policy (it declared, ``Policy.repeats``, that its decision stays the same), until an
+        event that may change it: an arrival, a request finishing, a request of the batch
+        needing a new KV block, the horizon or ``max_iterations``. Each iteration is the one
+        the loop would run (same batch forming, latency, tokens, log row), with no decision
+        time (and none is charged: not used with ``add_scheduler_overhead``). Orca serves one
+        request at a time in the paper's setting: most of its 17 M iterations pass here."""
+        scheduled = decision.scheduled
+        block_size = self.kv.block_size
+        view = self._view
+        n_done = self._n_done
+        while (self._now < self._next_arrival and self._now < horizon
+               and self._iteration < max_iterations):
+            # ``_form_batch`` for decode steps of running requests that need no new block: the
+            # shape alone.
+            decode_ctx = 0
+            for r, _ in scheduled:
+                ctx = r.num_computed_tokens
+                if ctx >= r.num_blocks * block_size:
+                    return  # its next token needs a new block: ask the policy
+                decode_ctx += ctx
+            view.now = self._now
+            self._decide_s = 0.0
+            self._advance(decision, BatchShape(0, 0, 0.0, len(scheduled), decode_ctx), 0.0)
+            if self._n_done != n_done:
+                return
 
     def _stop(self, reason: str) -> None:
         """End the run early: every request not done yet is rejected with ``reason``."""

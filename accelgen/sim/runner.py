@@ -48,7 +48,8 @@ def simulate(trace: pd.DataFrame, cfg: ExperimentConfig, *,
     )
     res = sim.run()
     req_df = requests_frame(res.requests, res.served_output_len)
-    its_df = res.iterations.to_frame()
+    # The log's integer columns as stored (1-4 bytes a value): written as int64.
+    its_df = res.iterations.to_frame(narrow=True)
     wall_time_s, timing = res.wall_time_s, res.iterations.timing_frame()
     # The frames hold what the results need; the requests (their token times) and the log go
     # before the metrics run (a paper-size run: 17 M token times, 4 M iterations).

@@ -1,0 +1,100 @@
+"""The simulator runs a decode-only decision again without asking the policy when the policy
+declares it repeats (``Policy.repeats``, Orca): every result is the one asking at every
+iteration gives."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from accelgen.kvcache import BlockManager
+from accelgen.policies.base import Decision, Pivot, SchedulerView
+from accelgen.policies.orca import OrcaPolicy
+from accelgen.sim.engine import SimulationResult, Simulator
+from tests.conftest import LinearCost, make_requests
+
+
+class AskingOrca(OrcaPolicy):
+    """Orca asked at every iteration (the definition the repeated iterations must match)."""
+
+    def repeats(self, view: SchedulerView, decision: Decision) -> bool:
+        return False
+
+
+def _run(policy: OrcaPolicy, trace: list[tuple[float, int, int]], *, num_blocks: int,
+         block_size: int, max_iterations: int | None, horizon_s: float | None,
+         overhead: bool = False) -> SimulationResult:
+    reqs = make_requests([(a, p) for a, p, _ in trace])
+    cost = LinearCost()
+    sim = Simulator(reqs, [o for *_, o in trace], policy, cost, BlockManager(num_blocks, block_size),
+                    Pivot(s_pf=256, t_pf=cost.forward_time(256)), max_model_len=100_000,
+                    max_iterations=max_iterations, horizon_s=horizon_s,
+                    add_scheduler_overhead=overhead)
+    return sim.run()
+
+
+def _same(trace: list[tuple[float, int, int]], **kw: Any) -> tuple[SimulationResult, ...]:
+    trace = sorted(trace, key=lambda x: x[0])
+    params = {k: kw.pop(k) for k in ("max_batch_size", "max_seq_len")}
+    fast = _run(OrcaPolicy(**params), trace, **kw)
+    ref = _run(AskingOrca(**params), trace, **kw)
+    assert [(r.req_id, r.status, r.reject_reason, r.num_preemptions, r.finish_time,
+             r.first_scheduled_time, tuple(r.token_times)) for r in fast.requests] == \
+        [(r.req_id, r.status, r.reject_reason, r.num_preemptions, r.finish_time,
+          r.first_scheduled_time, tuple(r.token_times)) for r in ref.requests]
+    assert fast.end_time == ref.end_time
+    assert fast.iterations.to_frame().equals(ref.iterations.to_frame())
+    return fast, ref
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(trace=st.lists(st.tuples(st.floats(min_value=0.0, max_value=3.0, allow_nan=False),
+                                st.integers(min_value=1, max_value=120),
+                                st.integers(min_value=1, max_value=80)),
+                      min_size=1, max_size=30),
+       num_blocks=st.integers(min_value=4, max_value=40), block_size=st.sampled_from([4, 16]),
+       max_batch_size=st.integers(min_value=1, max_value=4),
+       max_seq_len=st.sampled_from([16, 48, 100, 8192]),
+       max_iterations=st.sampled_from([None, 7, 150]),
+       horizon_s=st.sampled_from([None, 0.5, 2.0]))
+def test_repeated_decisions_give_the_results_of_asking(
+        trace: list[tuple[float, int, int]], num_blocks: int, block_size: int,
+        max_batch_size: int, max_seq_len: int, max_iterations: int | None,
+        horizon_s: float | None) -> None:
+    """Arrivals, finishes, block boundaries (a small max_seq_len: blocks on demand and the
+    recompute valve), a stopped run and a horizon end a repeated run where asking would have
+    seen them."""
+    _same(trace, num_blocks=num_blocks, block_size=block_size, max_batch_size=max_batch_size,
+          max_seq_len=max_seq_len, max_iterations=max_iterations, horizon_s=horizon_s)
+
+
+def test_most_iterations_of_a_long_decode_repeat(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(3)
+    trace = [(float(a), int(p), int(o)) for a, p, o in zip(
+        np.sort(rng.uniform(0, 2, 20)), rng.integers(1, 100, 20), rng.integers(20, 200, 20),
+        strict=True)]
+    asked = 0
+    schedule = OrcaPolicy.schedule
+
+    def counted(self: OrcaPolicy, view: SchedulerView) -> Decision:
+        nonlocal asked
+        asked += 1
+        return schedule(self, view)
+
+    monkeypatch.setattr(OrcaPolicy, "schedule", counted)
+    fast, _ = _same(trace, num_blocks=40, block_size=16, max_batch_size=2, max_seq_len=8192,
+                    max_iterations=None, horizon_s=None)
+    asked_fast = asked - len(_.iterations)  # the reference asked once per iteration
+    assert len(fast.iterations) > 1000 and asked_fast < len(fast.iterations) / 5
+    # Decision time is not charged: with add_scheduler_overhead the policy is asked every time.
+    asked = 0
+    trace = sorted(trace)
+    _run(OrcaPolicy(max_batch_size=2), trace, num_blocks=40, block_size=16,
+         max_iterations=None, horizon_s=None, overhead=True)
+    assert asked >= len(fast.iterations)
+    assert not math.isnan(fast.end_time)
