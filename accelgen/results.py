@@ -61,8 +61,11 @@ class IterationLog:
     Integer columns are stored in the narrowest of int8/16/32/64 that holds every value so far
     (a column is widened, all its segments, when a value does not fit): batch sizes, block and
     queue counts take 1-4 bytes instead of 8, which is most of a 17 M-row log (Orca on the paper
-    trace). Floats stay float64. ``to_frame`` gives int64 columns, or with ``narrow=True`` the
-    stored ones (the simulator's results: ``write_results`` writes them as int64).
+    trace). Float columns, the diagnostics among them, are stored in float32 while every value
+    so far is one exactly (counts, flags, budgets, a swap time of zero), else in float64: the
+    diagnostics are most of AccelGen's and the Oracle's logs (21-25 a row). ``to_frame`` gives
+    int64 and float64 columns, or with ``narrow=True`` the stored ones (the simulator's results:
+    ``write_results`` writes them as int64 and float64, the same values).
 
     Why segments of 8 MB: each is its own memory mapping, so the ones ``to_frame`` joins (column
     by column) go back to the system at once; small arrays would leave their memory in the
@@ -74,22 +77,23 @@ class IterationLog:
     SEGMENT_ROWS = 1 << 20
 
     __slots__ = ("_capacity", "_cols", "_dtypes", "_fast_index", "_fast_rows", "_info",
-                 "_info_cols", "_num_stored", "_rows", "decision_time")
+                 "_info_cols", "_info_dtypes", "_num_stored", "_rows", "decision_time")
 
     def __init__(self) -> None:
         self._rows: list[tuple[Any, ...]] = []  # the rows not yet stored in the columns
         # Per ITERATION_COLUMNS entry: its segments (the same lengths in every column; the
         # last one partly filled). ``_capacity``: their total length, ``_num_stored``: rows.
         self._cols: list[list[np.ndarray]] = [[] for _ in ITERATION_COLUMNS]
-        # The stored type of each column: float64, or the narrowest integer type so far.
+        # The stored type of each column: the narrowest integer type so far, float32 or float64.
         self._dtypes: list[np.dtype[Any]] = [
-            np.dtype(np.float64 if dt is np.float64 else np.int8) for dt in _ITERATION_DTYPES]
+            np.dtype(np.float32 if dt is np.float64 else np.int8) for dt in _ITERATION_DTYPES]
         self._capacity = 0
         self._num_stored = 0
         # Diagnostics by name, in first-seen order: the values of the rows not yet stored, and
         # segments aligned with ``_cols``.
         self._info: dict[str, array[float]] = {}
         self._info_cols: dict[str, list[np.ndarray]] = {}
+        self._info_dtypes: dict[str, np.dtype[Any]] = {}
         # Rows of ``InfoRow``s with exactly the logged names (``_fast_index``), kept as their
         # value arrays until they are spread over the columns (``_spread``): a policy logs a
         # couple of dozen diagnostics every iteration.
@@ -130,7 +134,9 @@ class IterationLog:
             col = cols.get(key)
             if col is None:  # a name first seen now: NaN in every earlier row
                 col = cols[key] = array("d", _NAN_ROW) * (num_rows - 1)
-                self._info_cols[key] = [np.full(len(seg), math.nan) for seg in self._cols[0]]
+                self._info_cols[key] = [np.full(len(seg), math.nan, np.float32)
+                                        for seg in self._cols[0]]
+                self._info_dtypes[key] = np.dtype(np.float32)
                 complete = False
             col.append(value)
         if not complete:  # some names are missing from this row
@@ -162,15 +168,23 @@ class IterationLog:
                    for c, dt in zip(zip(*rows, strict=True), _ITERATION_DTYPES, strict=True)]
         for j in _INT_INDEXES:
             self._fit(j, columns[j])
+        for j in _FLOAT_INDEXES:
+            if self._dtypes[j] != np.float64 and not _exact_float32(columns[j]):
+                self._dtypes[j] = np.dtype(np.float64)
+                self._cols[j] = [seg.astype(np.float64) for seg in self._cols[j]]
         infos = {key: np.array(col, dtype=np.float64) for key, col in self._info.items()}
+        for key, info_values in infos.items():
+            if self._info_dtypes[key] != np.float64 and not _exact_float32(info_values):
+                self._info_dtypes[key] = np.dtype(np.float64)
+                self._info_cols[key] = [seg.astype(np.float64) for seg in self._info_cols[key]]
         done = 0
         while done < k:
             if self._num_stored == self._capacity:
                 size = self.SEGMENT_ROWS if self._capacity else self.CHUNK_ROWS
                 for segs, dt in zip(self._cols, self._dtypes, strict=True):
                     segs.append(np.empty(size, dtype=dt))
-                for segs in self._info_cols.values():
-                    segs.append(np.full(size, math.nan))
+                for key, segs in self._info_cols.items():
+                    segs.append(np.full(size, math.nan, self._info_dtypes[key]))
                 self._capacity += size
             last = len(self._cols[0][-1])
             off = self._num_stored - (self._capacity - last)
@@ -245,6 +259,7 @@ class IterationLog:
             infos = {key: segs[0] for key, segs in self._info_cols.items()}
         if not narrow:
             cols = [c.astype(dt, copy=False) for c, dt in zip(cols, _ITERATION_DTYPES, strict=True)]
+            infos = {key: values.astype(np.float64, copy=False) for key, values in infos.items()}
         data: dict[str, Any] = dict(zip(ITERATION_COLUMNS, cols, strict=True))
         for key, values in infos.items():
             data[f"info_{key}"] = values
@@ -271,6 +286,13 @@ _FLOAT_COLUMNS = frozenset({"start", "latency", "prefill_attn", "swap_time"})
 _ITERATION_DTYPES = tuple(np.float64 if c in _FLOAT_COLUMNS else np.int64
                           for c in ITERATION_COLUMNS)
 _INT_INDEXES = tuple(j for j, dt in enumerate(_ITERATION_DTYPES) if dt is np.int64)
+_FLOAT_INDEXES = tuple(j for j, dt in enumerate(_ITERATION_DTYPES) if dt is np.float64)
+
+
+def _exact_float32(values: np.ndarray) -> bool:
+    """Whether every float64 value is a float32 exactly (NaN too)."""
+    return bool(np.array_equal(values.astype(np.float32).astype(np.float64), values,
+                               equal_nan=True))
 _INT_TYPES = tuple(np.dtype(t) for t in (np.int8, np.int16, np.int32, np.int64))
 # Rows per row group of a written parquet file: pyarrow's default (``write_table`` without
 # ``row_group_size``), which ``_write_iterations`` must reproduce to write the same bytes.
@@ -339,13 +361,18 @@ def _finite(obj: Any) -> Any:
     return obj
 
 
+# Stored column types that ``_write_iterations`` widens (to int64, or float64 for float32).
+_NARROW_TYPES = frozenset(np.dtype(t) for t in (np.int8, np.int16, np.int32, np.float32))
+
+
 def _write_iterations(iterations: pd.DataFrame, path: Path) -> None:
-    """Write the iteration table with its integer columns as int64: the file ``write_table``
-    gives for the int64 table. Narrower integer columns (``IterationLog.to_frame(narrow=True)``)
-    are converted one row group at a time, column by column, so a 17 M-row log is never held as
-    int64 whole (nor as a second table)."""
-    narrow = {c: np.int64 for c, dt in iterations.dtypes.items()
-              if dt.kind in "iu" and dt != np.int64}
+    """Write the iteration table with its integer columns as int64 and its float columns as
+    float64: the file ``write_table`` gives for that table. Narrower columns
+    (``IterationLog.to_frame(narrow=True)``) are converted one row group at a time, column by
+    column, so a 17 M-row log is never held wide whole (nor as a second table)."""
+    narrow: dict[Any, Any] = {c: np.int64 if dt.kind in "iu" else np.float64
+                              for c, dt in iterations.dtypes.items()
+                              if dt in _NARROW_TYPES}
     if not narrow or not len(iterations):
         pq.write_table(_table(iterations.astype(narrow)), path)
         return
@@ -353,8 +380,10 @@ def _write_iterations(iterations: pd.DataFrame, path: Path) -> None:
     columns = [(iterations[c].to_numpy(), c in narrow) for c in iterations.columns]
     with pq.ParquetWriter(path, schema) as writer:
         for a in range(0, len(iterations), ROW_GROUP_ROWS):
-            arrays = [pa.array(values[a:a + ROW_GROUP_ROWS].astype(np.int64) if widen
-                               else values[a:a + ROW_GROUP_ROWS], from_pandas=True)
+            arrays = [pa.array(values[a:a + ROW_GROUP_ROWS].astype(np.float64 if
+                                                                   values.dtype.kind == "f"
+                                                                   else np.int64)
+                               if widen else values[a:a + ROW_GROUP_ROWS], from_pandas=True)
                       for values, widen in columns]
             writer.write_table(pa.Table.from_arrays(arrays, schema=schema))
 
