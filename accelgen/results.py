@@ -26,7 +26,7 @@ from array import array
 from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -136,7 +136,9 @@ class IterationLog:
                 col = cols[key] = array("d", _NAN_ROW) * (num_rows - 1)
                 self._info_cols[key] = [np.full(len(seg), math.nan, np.float32)
                                         for seg in self._cols[0]]
-                self._info_dtypes[key] = np.dtype(np.float32)
+                # (a name first seen after the first rows: NaN before, so float from the start)
+                self._info_dtypes[key] = np.dtype(np.float32 if num_rows > 1 or self._cols[0]
+                                                  else np.int8)
                 complete = False
             col.append(value)
         if not complete:  # some names are missing from this row
@@ -174,9 +176,10 @@ class IterationLog:
                 self._cols[j] = [seg.astype(np.float64) for seg in self._cols[j]]
         infos = {key: np.array(col, dtype=np.float64) for key, col in self._info.items()}
         for key, info_values in infos.items():
-            if self._info_dtypes[key] != np.float64 and not _exact_float32(info_values):
-                self._info_dtypes[key] = np.dtype(np.float64)
-                self._info_cols[key] = [seg.astype(np.float64) for seg in self._info_cols[key]]
+            dt = _info_type(self._info_dtypes[key], info_values)
+            if dt != self._info_dtypes[key]:
+                self._info_dtypes[key] = dt
+                self._info_cols[key] = [seg.astype(dt) for seg in self._info_cols[key]]
         done = 0
         while done < k:
             if self._num_stored == self._capacity:
@@ -184,7 +187,9 @@ class IterationLog:
                 for segs, dt in zip(self._cols, self._dtypes, strict=True):
                     segs.append(np.empty(size, dtype=dt))
                 for key, segs in self._info_cols.items():
-                    segs.append(np.full(size, math.nan, self._info_dtypes[key]))
+                    dt = self._info_dtypes[key]
+                    segs.append(np.full(size, math.nan, dt) if dt.kind == "f"
+                                else np.zeros(size, dt))
                 self._capacity += size
             last = len(self._cols[0][-1])
             off = self._num_stored - (self._capacity - last)
@@ -289,6 +294,27 @@ _INT_INDEXES = tuple(j for j, dt in enumerate(_ITERATION_DTYPES) if dt is np.int
 _FLOAT_INDEXES = tuple(j for j, dt in enumerate(_ITERATION_DTYPES) if dt is np.float64)
 
 
+def _info_type(dt: np.dtype[Any], values: np.ndarray) -> np.dtype[Any]:
+    """The type a diagnostic stored as ``dt`` needs to also hold ``values`` exactly: the
+    narrowest of int8/16/32 while every value is a whole number (most are counts and flags),
+    else float32 while every value is one exactly (from int32 only if the stored ones are too),
+    else float64. Never narrower than ``dt``."""
+    if dt == np.float64:
+        return dt
+    if dt.kind == "i":
+        whole = bool(np.all(np.isfinite(values))) and bool(np.all(values == np.round(values)))
+        if whole:
+            lo, hi = (float(values.min()), float(values.max())) if values.size else (0.0, 0.0)
+            for t in _INT_TYPES[:3]:
+                lim = np.iinfo(cast(Any, t))
+                if t.itemsize >= dt.itemsize and lim.min <= lo and hi <= lim.max:
+                    return t
+            return np.dtype(np.float64)
+        if dt.itemsize > 2:  # int32 values may not all be float32s
+            return np.dtype(np.float64)
+    return np.dtype(np.float32) if _exact_float32(values) else np.dtype(np.float64)
+
+
 def _exact_float32(values: np.ndarray) -> bool:
     """Whether every float64 value is a float32 exactly (NaN too)."""
     return bool(np.array_equal(values.astype(np.float32).astype(np.float64), values,
@@ -361,8 +387,13 @@ def _finite(obj: Any) -> Any:
     return obj
 
 
-# Stored column types that ``_write_iterations`` widens (to int64, or float64 for float32).
+# Stored column types that ``_write_iterations`` widens (to float64 for a diagnostic or a float
+# column, else to int64).
 _NARROW_TYPES = frozenset(np.dtype(t) for t in (np.int8, np.int16, np.int32, np.float32))
+
+
+def _wide_type(column: str, dt: np.dtype[Any]) -> type:
+    return np.float64 if column.startswith("info_") or dt.kind == "f" else np.int64
 
 
 def _write_iterations(iterations: pd.DataFrame, path: Path) -> None:
@@ -370,21 +401,18 @@ def _write_iterations(iterations: pd.DataFrame, path: Path) -> None:
     float64: the file ``write_table`` gives for that table. Narrower columns
     (``IterationLog.to_frame(narrow=True)``) are converted one row group at a time, column by
     column, so a 17 M-row log is never held wide whole (nor as a second table)."""
-    narrow: dict[Any, Any] = {c: np.int64 if dt.kind in "iu" else np.float64
-                              for c, dt in iterations.dtypes.items()
+    narrow: dict[Any, Any] = {c: _wide_type(str(c), dt) for c, dt in iterations.dtypes.items()
                               if dt in _NARROW_TYPES}
     if not narrow or not len(iterations):
         pq.write_table(_table(iterations.astype(narrow)), path)
         return
     schema = _table(iterations.iloc[:0].astype(narrow)).schema  # names, types, pandas metadata
-    columns = [(iterations[c].to_numpy(), c in narrow) for c in iterations.columns]
+    columns = [(iterations[c].to_numpy(), narrow.get(c)) for c in iterations.columns]
     with pq.ParquetWriter(path, schema) as writer:
         for a in range(0, len(iterations), ROW_GROUP_ROWS):
-            arrays = [pa.array(values[a:a + ROW_GROUP_ROWS].astype(np.float64 if
-                                                                   values.dtype.kind == "f"
-                                                                   else np.int64)
-                               if widen else values[a:a + ROW_GROUP_ROWS], from_pandas=True)
-                      for values, widen in columns]
+            arrays = [pa.array(values[a:a + ROW_GROUP_ROWS] if wide is None
+                               else values[a:a + ROW_GROUP_ROWS].astype(wide), from_pandas=True)
+                      for values, wide in columns]
             writer.write_table(pa.Table.from_arrays(arrays, schema=schema))
 
 

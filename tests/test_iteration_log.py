@@ -236,15 +236,15 @@ def test_narrow_columns_are_written_as_the_int64_file_across_row_groups() -> Non
 
 
 def test_exact_floats_are_stored_narrow_and_given_back_as_float64() -> None:
-    """A zero swap time and count-valued diagnostics stay float32 in the log; a value float32
-    cannot hold widens its column (every segment); the frame gives the logged values."""
+    """A zero swap time stays float32 in the log and a count-valued diagnostic int8; a value
+    neither can hold widens its column (every segment); the frame gives the logged values."""
     log = type("Small", (IterationLog,), {"CHUNK_ROWS": 3, "SEGMENT_ROWS": 4})()
     values = [0.0, 1.0, 4096.0, 7.0, math.nan, 2.0, 0.1, 3.0]  # 0.1 is not a float32
     for i, v in enumerate(values):
         log.append(0.25 * i, 0.01, BatchShape(), 1, 0, 8, 0, 0.0, 0, 0, 1, 0, 0.0,
                    {"count": float(i), "mixed": v})
     narrow = log.to_frame(narrow=True)
-    assert narrow["swap_time"].dtype == np.float32 and narrow["info_count"].dtype == np.float32
+    assert narrow["swap_time"].dtype == np.float32 and narrow["info_count"].dtype == np.int8
     assert narrow["info_mixed"].dtype == np.float64 and narrow["start"].dtype == np.float32
     wide = log.to_frame()
     assert all(wide[c].dtype == np.float64 for c in ("swap_time", "info_count", "start"))
