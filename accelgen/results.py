@@ -61,9 +61,10 @@ class IterationLog:
     Integer columns are stored in the narrowest of int8/16/32/64 that holds every value so far
     (a column is widened, all its segments, when a value does not fit): batch sizes, block and
     queue counts take 1-4 bytes instead of 8, which is most of a 17 M-row log (Orca on the paper
-    trace). Float columns, the diagnostics among them, are stored in float32 while every value
-    so far is one exactly (counts, flags, budgets, a swap time of zero), else in float64: the
-    diagnostics are most of AccelGen's and the Oracle's logs (21-25 a row). ``to_frame`` gives
+    trace). Float columns are stored in float32 while every value so far is one exactly (a swap
+    time of zero, most prefill pair counts), else in float64; the diagnostics, most of
+    AccelGen's and the Oracle's logs (21-25 a row), in the narrowest of int8/16/32 while every
+    value is a whole number (counts, flags, budgets), else float32 or float64 the same way. ``to_frame`` gives
     int64 and float64 columns, or with ``narrow=True`` the stored ones (the simulator's results:
     ``write_results`` writes them as int64 and float64, the same values).
 

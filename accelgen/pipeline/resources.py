@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 REFERENCE_REQUESTS = 20_000
 MEASURED_ON = ("scripts/bench_sim.py --traces paper, 2026-11-24, 2-core development VM, "
-               "issue 17's builds ddb9a9d and the float32 log store")
+               "issue 17's builds ddb9a9d and the narrow diagnostics")
 STARTUP_S = 3.0  # interpreter, imports, trace load: not scaled
 BASE_MB = 250.0  # the process before the run (interpreter, numpy, pandas, pyarrow)
 
@@ -49,11 +49,12 @@ MEASURED: dict[str, JobCost] = {
     "fastgen": JobCost(seconds=44.9, rss_mb=1344.0),
     "fastserve": JobCost(seconds=73.0, rss_mb=1465.0),
     "edf": JobCost(seconds=77.9, rss_mb=1390.0),
-    # the same script, --policies orca oracle accelgen, after the log's float32 store (load 1.5
-    # before; vllm 40.6 s in that session)
-    "orca": JobCost(seconds=70.4, rss_mb=2004.0),  # 16.9 M iterations (batches of 8)
-    "oracle": JobCost(seconds=154.1, rss_mb=2313.0),  # one point of a search
-    "accelgen": JobCost(seconds=70.3, rss_mb=1758.0),
+    # the same script, --policies oracle orca accelgen, with the log's narrow floats and
+    # diagnostics (vllm 39.8 s in that session); Orca: the largest of its three runs (2,004 to
+    # 2,089 MiB)
+    "orca": JobCost(seconds=69.4, rss_mb=2089.0),  # 16.9 M iterations (batches of 8)
+    "oracle": JobCost(seconds=152.3, rss_mb=1982.0),  # one point of a search
+    "accelgen": JobCost(seconds=71.2, rss_mb=1552.0),
 }
 SCENARIO_REQUESTS = 100  # a fixed scenario (figure 6's ERA case and the like) is this small
 
