@@ -122,13 +122,15 @@ class IterationLog:
 
     def _append_info(self, info: MutableMapping[str, float], num_rows: int) -> None:
         """Add one row's diagnostics; ``num_rows``: rows not yet stored, this one too."""
-        if type(info) is InfoRow and info._index is self._fast_index and info._extra is None:
-            self._fast_rows.append(info._values)
-            return
-        self._spread()
-        row_index = info._index if type(info) is InfoRow and info._extra is None else None
+        row_index = None  # an InfoRow's names, for the rows after it
         if type(info) is InfoRow:
+            if info._extra is None:
+                if info._index is self._fast_index:
+                    self._fast_rows.append(info._values)
+                    return
+                row_index = info._index
             info = info.as_dict()
+        self._spread()
         cols = self._info
         complete = len(info) == len(cols)
         for key, value in info.items():
@@ -169,12 +171,11 @@ class IterationLog:
             return
         columns = [np.array(c, dtype=dt)
                    for c, dt in zip(zip(*rows, strict=True), _ITERATION_DTYPES, strict=True)]
-        for j in _INT_INDEXES:
-            self._fit(j, columns[j])
-        for j in _FLOAT_INDEXES:
-            if self._dtypes[j] != np.float64 and not _exact_float32(columns[j]):
-                self._dtypes[j] = np.dtype(np.float64)
-                self._cols[j] = [seg.astype(np.float64) for seg in self._cols[j]]
+        # Widen a column (every stored segment) whose type cannot hold the new values exactly.
+        for j, values in enumerate(columns):
+            dt = _column_type(self._dtypes[j], values)
+            if dt != self._dtypes[j]:
+                self._dtypes[j], self._cols[j] = dt, [seg.astype(dt) for seg in self._cols[j]]
         infos = {key: np.array(col, dtype=np.float64) for key, col in self._info.items()}
         for key, info_values in infos.items():
             dt = _info_type(self._info_dtypes[key], info_values)
@@ -204,20 +205,6 @@ class IterationLog:
         self._rows = []
         for key in self._info:
             self._info[key] = array("d")
-
-    def _fit(self, j: int, values: np.ndarray) -> None:
-        """Widen integer column ``j`` (its stored segments too) until it holds ``values``."""
-        dt = self._dtypes[j]
-        lo, hi = int(values.min()), int(values.max())
-        info = np.iinfo(dt)
-        if info.min <= lo and hi <= info.max:
-            return
-        for wider in _INT_TYPES:
-            info = np.iinfo(wider)
-            if wider.itemsize > dt.itemsize and info.min <= lo and hi <= info.max:
-                break
-        self._dtypes[j] = wider
-        self._cols[j] = [seg.astype(wider) for seg in self._cols[j]]
 
     def _join(self) -> None:
         """Every row stored, each column in one array of exactly its rows (kept: a second
@@ -291,8 +278,38 @@ _NAN_ROW = (math.nan,)
 _FLOAT_COLUMNS = frozenset({"start", "latency", "prefill_attn", "swap_time"})
 _ITERATION_DTYPES = tuple(np.float64 if c in _FLOAT_COLUMNS else np.int64
                           for c in ITERATION_COLUMNS)
-_INT_INDEXES = tuple(j for j, dt in enumerate(_ITERATION_DTYPES) if dt is np.int64)
-_FLOAT_INDEXES = tuple(j for j, dt in enumerate(_ITERATION_DTYPES) if dt is np.float64)
+_INT_TYPES = tuple(np.dtype(t) for t in (np.int8, np.int16, np.int32, np.int64))
+_FLOAT32, _FLOAT64 = np.dtype(np.float32), np.dtype(np.float64)
+
+
+def _int_holding(dt: np.dtype[Any], values: np.ndarray, types: tuple[np.dtype[Any], ...]
+                 ) -> np.dtype[Any] | None:
+    """The narrowest of ``types``, at least as wide as ``dt``, that holds every (whole) value;
+    None if none does."""
+    lo, hi = (values.min().item(), values.max().item()) if values.size else (0, 0)
+    for t in types:
+        lim = np.iinfo(cast(Any, t))
+        if t.itemsize >= dt.itemsize and lim.min <= lo and hi <= lim.max:
+            return t
+    return None
+
+
+def _exact_float32(values: np.ndarray) -> bool:
+    """Whether every float64 value is a float32 exactly (NaN too)."""
+    return bool(np.array_equal(values.astype(np.float32).astype(np.float64), values,
+                               equal_nan=True))
+
+
+def _float_type(dt: np.dtype[Any], values: np.ndarray) -> np.dtype[Any]:
+    """float32 while it and every value so far is one exactly, else float64."""
+    return _FLOAT32 if dt == _FLOAT32 and _exact_float32(values) else _FLOAT64
+
+
+def _column_type(dt: np.dtype[Any], values: np.ndarray) -> np.dtype[Any]:
+    """The type an iteration column stored as ``dt`` needs to also hold ``values`` exactly."""
+    if dt.kind == "i":
+        return _int_holding(dt, values, _INT_TYPES) or _INT_TYPES[-1]
+    return _float_type(dt, values)
 
 
 def _info_type(dt: np.dtype[Any], values: np.ndarray) -> np.dtype[Any]:
@@ -300,27 +317,15 @@ def _info_type(dt: np.dtype[Any], values: np.ndarray) -> np.dtype[Any]:
     narrowest of int8/16/32 while every value is a whole number (most are counts and flags),
     else float32 while every value is one exactly (from int32 only if the stored ones are too),
     else float64. Never narrower than ``dt``."""
-    if dt == np.float64:
-        return dt
     if dt.kind == "i":
-        whole = bool(np.all(np.isfinite(values))) and bool(np.all(values == np.round(values)))
-        if whole:
-            lo, hi = (float(values.min()), float(values.max())) if values.size else (0.0, 0.0)
-            for t in _INT_TYPES[:3]:
-                lim = np.iinfo(cast(Any, t))
-                if t.itemsize >= dt.itemsize and lim.min <= lo and hi <= lim.max:
-                    return t
-            return np.dtype(np.float64)
+        if bool(np.all(np.isfinite(values))) and bool(np.all(values == np.round(values))):
+            return _int_holding(dt, values, _INT_TYPES[:3]) or _FLOAT64
         if dt.itemsize > 2:  # int32 values may not all be float32s
-            return np.dtype(np.float64)
-    return np.dtype(np.float32) if _exact_float32(values) else np.dtype(np.float64)
+            return _FLOAT64
+        dt = _FLOAT32
+    return _float_type(dt, values)
 
 
-def _exact_float32(values: np.ndarray) -> bool:
-    """Whether every float64 value is a float32 exactly (NaN too)."""
-    return bool(np.array_equal(values.astype(np.float32).astype(np.float64), values,
-                               equal_nan=True))
-_INT_TYPES = tuple(np.dtype(t) for t in (np.int8, np.int16, np.int32, np.int64))
 # Rows per row group of a written parquet file: pyarrow's default (``write_table`` without
 # ``row_group_size``), which ``_write_iterations`` must reproduce to write the same bytes.
 ROW_GROUP_ROWS = 1 << 20

@@ -396,6 +396,14 @@ def test_lost_request_is_preempted_before_an_on_track_one() -> None:
     assert [r.req_id for r in d.preempted] == [on_track.req_id]
 
 
+def test_a_table_without_its_compiled_kernels_says_so() -> None:
+    t = RequestTable()  # (the layout alone, as the build's type signatures use it)
+    with pytest.raises(RuntimeError, match="no compiled kernels"):
+        t.add(Request(req_id=0, arrival=0.0, prompt_len=8))
+    t.kernels = load()
+    assert t.add(Request(req_id=1, arrival=0.0, prompt_len=8)) >= 0
+
+
 def test_a_token_past_its_deadline_marks_the_request_lost() -> None:
     t = RequestTable(kernels=load())
     late, on_time = running(0, 64, 0, bs=16, now=0.0, computed=0), running(1, 64, 0, bs=16,

@@ -123,9 +123,8 @@ class AccelGenPolicy(Policy):
         # forward pass, when every call costs cache misses)
         if len(view.waiting) + len(view.running) != t.n or self.debug_verify:
             self._sync(view)
-        if ws.arrays.requests is not t.rows:  # the table grew
+        if ws.arrays.requests is not t.rows:  # the table grew (and asks for a reindex itself)
             ws.follow(t)
-            t.reindex = True
         if ws.configure(p, view, self._exact_kv()):  # a new cost model, pivot or KV
             if math.isnan(self._chunk_mean):  # the first: L_c starts at S_pf, the budget at the cap
                 self._chunk_mean, self._prev_budget = float(view.pivot.s_pf), ws.cap

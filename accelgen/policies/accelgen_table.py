@@ -371,10 +371,10 @@ class RequestTable:
         active = self.active[: self.n_active].tolist()
         lo, hi = self.dormant_lo, self.dormant_lo + self.n_dormant
         keys, slots = self.dormant_key[lo:hi].tolist(), self.dormant_slot[lo:hi].tolist()
-        order = sorted(zip(keys, slots, strict=True))
+        order, dormant = sorted(zip(keys, slots, strict=True)), set(slots)
         if (sorted(active + slots) != list(range(self.n)) or active != sorted(active)
                 or order != list(zip(keys, slots, strict=True))
-                or any(self.dormant[s] != (s in set(slots)) for s in range(self.n))):
+                or any(self.dormant[s] != (s in dormant) for s in range(self.n))):
             bad.append(f"active {active} and dormant {order} do not partition the table in order")
         for key, s in order:
             if key != float(self.arrival[s]) + LOST_OFFSET or self.running[s] or not self.online[s]:

@@ -264,7 +264,8 @@ class FastServePolicy(Policy):
                    if p.proactive and p.swap else 0)
         # The candidates: the device, host and waiting indexes merged in key order, by hand (one
         # cursor and one end per index; ~12 candidates a decision). Dropping an index from the
-        # merge (``_narrow``) sets its end to its cursor: the others go on from where they are.
+        # merge (after a candidate could not get its blocks) sets its end to its cursor: the
+        # others go on from where they are.
         device_keys = index[Status.RUNNING].keys
         host_keys = index[Status.SWAPPED].keys
         wait_keys = index[Status.WAITING].keys

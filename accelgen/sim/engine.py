@@ -158,9 +158,9 @@ class Simulator:
                 break
             decision = self._decide()
             # Most decisions only schedule: skip the step that would find nothing to apply.
-            swap_s = (self._apply(decision) if (decision.rejected or decision.preempted
-                                                or decision.swap_out or decision.swap_in
-                                                or decision.reserve) else 0.0)
+            acts = (decision.rejected or decision.preempted or decision.swap_out
+                    or decision.swap_in or decision.reserve)
+            swap_s = self._apply(decision) if acts else 0.0
             if not decision.scheduled:
                 if not self._idle(decision, swap_s):
                     break
@@ -169,10 +169,8 @@ class Simulator:
             shape = self._form_batch(decision.scheduled)
             n_done = self._n_done
             self._advance(decision, shape, swap_s)
-            if (self._may_repeat and shape.prefill_seqs == 0 and not swap_s
-                    and self._n_done == n_done and not (
-                        decision.rejected or decision.preempted or decision.swap_out
-                        or decision.swap_in or decision.reserve)):
+            if (self._may_repeat and not acts and shape.prefill_seqs == 0
+                    and self._n_done == n_done):
                 self._view.now = self._now
                 if self.policy.repeats(self._view, decision):
                     self._repeat(decision, horizon, max_iterations)
