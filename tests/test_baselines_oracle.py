@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from accelgen.kvcache import blocks_for
-from accelgen.policies.base import Decision, SchedulerView
+from accelgen.policies.base import Decision, InfoRow, SchedulerView
 from accelgen.policies.registry import make_policy
 from accelgen.request import Request
 from tests.conftest import make_requests, run_sim
@@ -30,7 +30,8 @@ class _PlanCheck(RecordingPolicy):
         final = sum(blocks_for(r.prompt_len + view.true_output_len[r.req_id] - 1, b)
                     for r in view.running)
         assert final <= view.kv.num_total_blocks, "admitted more than can finish"
-        return super().schedule(view)
+        self.last = super().schedule(view)
+        return self.last
 
 
 def test_oracle_never_preempts_where_accelgen_must() -> None:
@@ -50,6 +51,12 @@ def test_oracle_never_preempts_where_accelgen_must() -> None:
     assert (its["info_clairvoyant"] == 1.0).all()
     # The plan was binding: some request waited although its prompt alone would have fitted.
     assert its["info_oracle_excluded"].max() > 0
+    # Its diagnostics are one row of names the log knows (its fast path), nothing added after.
+    d = policy.last
+    assert isinstance(d.info, InfoRow) and d.info._extra is None
+    assert list(d.info)[-4:] == ["clairvoyant", "oracle_reforms", "oracle_excluded",
+                                 "oracle_admissible"]
+    assert its.columns[-4:].tolist() == [f"info_{k}" for k in list(d.info)[-4:]]
 
 
 def test_oracle_without_kv_plan_is_accelgen_on_online_traces() -> None:

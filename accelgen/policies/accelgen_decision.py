@@ -32,6 +32,7 @@ _linear_time = _jit(linear_time)
 _roofline_time = _jit(roofline_time)
 
 NO_LIMIT = 1 << 62  # a block count no request reaches
+HIDDEN = NO_LIMIT + 1  # (Oracle) the need of an over-admitted dormant entry: never searched for
 
 
 # -- slack (SPEC 4.1) --------------------------------------------------------------------------
@@ -237,23 +238,49 @@ def _index_dormant(d: Any) -> None:
     # Only the changed blocks: a block outside them holds the same entries (or fewer, at the
     # queue's ends: its minima are then lower bounds, which only means looking inside it).
     for blk in range(a // DORMANT_BLOCK, (b - 1) // DORMANT_BLOCK + 1 if a < b else 0):
-        mb = d.dormant_minima[blk]
-        mb.need = mb.need_short = mb.final = mb.final_short = NO_LIMIT
         for q in range(max(blk * DORMANT_BLOCK, lo), min((blk + 1) * DORMANT_BLOCK, hi)):
             e = d.dormant[q]
             if full or e.final == UNCOUNTED:
                 r = d.requests[e.slot]
-                e.need = _admission_blocks(d, e.slot, r.prompt + r.n_out - r.computed)
+                e.need = _dormant_need(d, e.slot)
                 e.final = _final_blocks(d, e.slot) if par.exact_kv else 0
                 e.long = r.prompt + r.n_out >= par.long_threshold
                 if par.exact_kv:
                     _count_final(d, e.final, 1)
-            mb.need, mb.final = min(mb.need, e.need), min(mb.final, e.final)
-            if not e.long:
-                mb.need_short = min(mb.need_short, e.need)
-                mb.final_short = min(mb.final_short, e.final)
+        _block_changed(d, blk)
     st.reindex = False
     st.dirty_lo = st.dirty_hi = st.n_gone = 0
+
+
+@_jit
+def _dormant_need(d: Any, s: int) -> int:
+    """Blocks dormant ``s`` needs to start (all its pending tokens and the growth reserve)."""
+    r = d.requests[s]
+    return _admission_blocks(d, s, r.prompt + r.n_out - r.computed)
+
+
+@_jit
+def _block_changed(d: Any, blk: int) -> None:
+    """Block ``blk`` of the dormant queue changed: its minima are computed again when needed."""
+    d.dormant_minima[blk].final_max = -1
+
+
+@_jit
+def _block_minima(d: Any, blk: int, final_max: int) -> Any:
+    """The minima of block ``blk`` of the dormant queue over its entries holding at most
+    ``final_max`` blocks at the end (kept until the block changes or another ``final_max``)."""
+    mb = d.dormant_minima[blk]
+    if mb.final_max == final_max:
+        return mb
+    lo, hi = d.state[0].step.dormant_lo, _dormant_end(d)
+    mb.final_max, mb.need, mb.need_short = final_max, HIDDEN, HIDDEN
+    for q in range(max(blk * DORMANT_BLOCK, lo), min((blk + 1) * DORMANT_BLOCK, hi)):
+        e = d.dormant[q]
+        if e.final <= final_max:
+            mb.need = min(mb.need, e.need)
+            if not e.long:
+                mb.need_short = min(mb.need_short, e.need)
+    return mb
 
 
 @_jit
@@ -296,12 +323,8 @@ def _dormant_next(d: Any, q: int, need_max: int, final_max: int, allow_long: boo
     m = _dormant_end(d)
     while q < m:
         if q % DORMANT_BLOCK == 0:
-            mb = d.dormant_minima[q // DORMANT_BLOCK]
-            if allow_long:
-                skip = mb.need > need_max or mb.final > final_max
-            else:
-                skip = mb.need_short > need_max or mb.final_short > final_max
-            if skip:
+            mb = _block_minima(d, q // DORMANT_BLOCK, final_max)
+            if (mb.need if allow_long else mb.need_short) > need_max:
                 q += DORMANT_BLOCK
                 continue
         e = d.dormant[q]
@@ -361,13 +384,9 @@ def _first_eligible_dormant(d: Any) -> int:
 @_jit
 def _next_eligible_dormant(d: Any, q: int, allow_long: bool) -> int:
     """The first dormant request from position ``q`` on that is eligible (within the Oracle's
-    final KV, not over-admitted), long ones only with ``allow_long`` (``_dormant_end`` if none)."""
-    exact, end = d.state[0].params.exact_kv, _dormant_end(d)
-    while True:
-        q = _dormant_next(d, q, NO_LIMIT, _dormant_final_max(d), allow_long)
-        if q == end or not (exact and _over_listed(d, d.dormant[q].slot)):
-            return q
-        q += 1
+    final KV; not over-admitted: those are hidden, ``_hide``), long ones only with
+    ``allow_long`` (``_dormant_end`` if none)."""
+    return _dormant_next(d, q, NO_LIMIT, _dormant_final_max(d), allow_long)
 
 
 # -- 2. urgency and the token budget -----------------------------------------------------------
@@ -1156,13 +1175,59 @@ def _over_admitted(d: Any) -> bool:
         if d.requests[s].running:
             continue
         if _final_blocks(d, s) > left:
-            d.lists[out.oracle_n_over].over = s
+            over = d.lists[out.oracle_n_over]
+            over.over, over.over_at = s, _hide(d, s)
             d.cand[s].over = True
             out.oracle_n_over += 1
         else:
             left -= _final_blocks(d, s)
     out.oracle_reforms += out.oracle_n_over > before
     return out.oracle_n_over > before
+
+
+@_jit
+def _hide(d: Any, s: int) -> int:
+    """(Oracle) Over-admitted ``s``, if dormant, out of the dormant queue's searches for the rest
+    of the decision (``_dormant_next`` passes over it, its block too if nothing else there may
+    start): under overload a decision re-forms hundreds of times, and every pass would otherwise
+    look at every request excluded so far. Returns its position (-1: active)."""
+    if not d.requests[s].dormant:
+        return -1
+    q = _dormant_position(d, s)
+    d.dormant[q].need = HIDDEN
+    _block_changed(d, q // DORMANT_BLOCK)
+    return q
+
+
+@_jit
+def _unhide(d: Any) -> None:
+    """(Oracle) The hidden entries' needs and their blocks' minima back, when a decision ends."""
+    out = d.state[0].outcome
+    for k in range(out.oracle_n_over):
+        q = d.lists[k].over_at
+        if q >= 0:
+            d.dormant[q].need = _dormant_need(d, d.dormant[q].slot)
+            _block_changed(d, q // DORMANT_BLOCK)
+
+
+@_jit
+def _dormant_position(d: Any, s: int) -> int:
+    """Position of dormant ``s`` in the dormant queue (by key, then slot)."""
+    key = d.requests[s].arrival + LOST_OFFSET
+    lo, hi = d.state[0].step.dormant_lo, _dormant_end(d)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        e = d.dormant[mid]
+        if e.key < key or (e.key == key and e.slot < s):
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo < _dormant_end(d) and d.dormant[lo].slot == s:
+        return lo
+    for q in range(d.state[0].step.dormant_lo, _dormant_end(d)):  # (never: keys are exact)
+        if d.dormant[q].slot == s:
+            return q
+    return -1
 
 
 # -- 4. diagnostics ----------------------------------------------------------------------------
@@ -1210,6 +1275,8 @@ def decide(d: Any) -> int:
         if need >= 0:
             return need
         if not (d.state[0].params.exact_kv and _over_admitted(d)):
+            if d.state[0].params.exact_kv:
+                _unhide(d)
             _diagnostics(d)
             return -1
 

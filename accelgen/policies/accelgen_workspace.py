@@ -65,6 +65,7 @@ LISTS = np.dtype([
     ("dec_block", i8), ("dec_free", i8),  # decodes needing a new block / none
     ("fallback", i8),  # the deadlock breaker's candidates
     ("over", i8),  # the Oracle's over-admitted requests (excluded on the next pass)
+    ("over_at", i8),  # their positions in the dormant queue (-1: active)
     ("touched", i8),  # dormant requests whose columns this pass computed
 ], align=True)
 
@@ -167,8 +168,10 @@ BUDGET_TIME = np.dtype([
 # show that none of its requests can be admitted (``accelgen_decision._dormant_next``).
 DORMANT_BLOCK = 64
 DORMANT_MINIMA = np.dtype([
-    ("need", i8), ("need_short", i8),  # smallest admission need (of all; of those not long)
-    ("final", i8), ("final_short", i8),  # smallest final KV (the Oracle's exact plan)
+    # smallest admission need among the entries whose final KV is at most ``final_max`` (of all;
+    # of those not long): computed when first needed for that final_max (the Oracle's admissible
+    # KV, the same through a decision), anew after the block changes (``final_max`` -1)
+    ("final_max", i8), ("need", i8), ("need_short", i8),
 ], align=True)
 
 # "No cap" on admissions (max_num_seqs None): only ever decremented a few times.

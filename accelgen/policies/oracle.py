@@ -19,8 +19,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Literal
 
+import numpy as np
+
 from accelgen.policies.accelgen import AccelGenParams, AccelGenPolicy
-from accelgen.policies.accelgen_workspace import Outcome
+from accelgen.policies.accelgen_workspace import INFO_INDEX, Outcome
 from accelgen.policies.base import Decision, PolicyParams, SchedulerView
 from accelgen.request import Request
 
@@ -76,11 +78,23 @@ class OraclePolicy(AccelGenPolicy):
         if out.n_preempted and self._exact_kv():
             # never: the exact plan has no victims; a violation is a bug, not a choice
             raise AssertionError("Oracle preempted under an exact KV plan")
-        d = super()._decision(out)
-        d.info["clairvoyant"] = 1.0
-        d.info["oracle_reforms"] = float(out.oracle_reforms)
-        d.info["oracle_excluded"] = float(out.oracle_excluded)
-        if self._exact_kv():
-            d.info["oracle_admissible"] = float(out.oracle_admissible)
-        return d
+        return super()._decision(out)
 
+    def _info(self, out: Outcome) -> tuple[dict[str, int], np.ndarray]:
+        """AccelGen's diagnostics and the Oracle's own, in one row: ``clairvoyant``,
+        ``oracle_reforms``, ``oracle_excluded`` and, with the exact plan, ``oracle_admissible``."""
+        exact = self._exact_kv()
+        index = _INFO_INDEX_EXACT if exact else _INFO_INDEX
+        values = np.empty(len(index))
+        n = len(INFO_INDEX)
+        values[:n] = self._ws.info_values
+        values[n: n + 3] = 1.0, out.oracle_reforms, out.oracle_excluded
+        if exact:
+            values[n + 3] = out.oracle_admissible
+        return index, values
+
+
+# The diagnostics' names: AccelGen's, then the Oracle's (the exact plan adds the last one).
+_ORACLE_KEYS = ("clairvoyant", "oracle_reforms", "oracle_excluded", "oracle_admissible")
+_INFO_INDEX_EXACT = {**INFO_INDEX, **{k: len(INFO_INDEX) + i for i, k in enumerate(_ORACLE_KEYS)}}
+_INFO_INDEX = {k: i for k, i in _INFO_INDEX_EXACT.items() if k != "oracle_admissible"}
