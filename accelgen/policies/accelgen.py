@@ -77,6 +77,8 @@ class AccelGenPolicy(Policy):
         self._chunk_mean = math.nan  # L_c, starts at S_pf (the first pivot)
         self._era_owner: int | None = None  # req_id of the long prompt holding ERA
         self._pending_cuts: list[int] = []
+        self._info_names = self._info_index()
+        self._exact = self._exact_kv()
         # Tests switch this on: compare the table with the request objects every decision.
         self.debug_verify = False
 
@@ -125,7 +127,7 @@ class AccelGenPolicy(Policy):
             self._sync(view)
         if ws.arrays.requests is not t.rows:  # the table grew (and asks for a reindex itself)
             ws.follow(t)
-        if ws.configure(p, view, self._exact_kv()):  # a new cost model, pivot or KV
+        if ws.configure(p, view, self._exact):  # a new cost model, pivot or KV
             if math.isnan(self._chunk_mean):  # the first: L_c starts at S_pf, the budget at the cap
                 self._chunk_mean, self._prev_budget = float(view.pivot.s_pf), ws.cap
             self._prev_budget = min(self._prev_budget, ws.cap)  # (an online refit keeps it)
@@ -174,10 +176,10 @@ class AccelGenPolicy(Policy):
         batch = list(zip(map(objs.__getitem__, ws.slots[:ns].tolist()), ws.tokens[:ns].tolist(),
                          strict=True))
         preempted = [objs[s] for s in ws.preempted[:npre].tolist()] if npre else []
-        return Decision.of_batch(batch, preempted, *self._info(out))
+        # (the diagnostics as one array copy, wrapped as an InfoRow: a dict would be 21 float
+        # objects per step, and the log takes its fast path only for an InfoRow of known names)
+        return Decision.of_batch(batch, preempted, self._info_names, self._ws.info_values.copy())
 
-    def _info(self, out: Outcome) -> tuple[dict[str, int], np.ndarray]:
-        """The decision's diagnostics as an ``InfoRow``'s names and values: one array copy (a
-        dict would be 21 float objects per step, and the log takes its fast path only for rows
-        of an ``InfoRow`` with nothing added)."""
-        return INFO_INDEX, self._ws.info_values.copy()
+    def _info_index(self) -> dict[str, int]:
+        """The names of the decision's diagnostics, by position in the workspace's record."""
+        return INFO_INDEX

@@ -1254,6 +1254,8 @@ def _diagnostics(d: Any) -> None:
     info.max_chunk, info.n_cut_chunks, info.n_groups = max_chunk, out.n_cut, led.n_groups
     info.era_active, info.progress_fallback = out.era_owner >= 0, led.fallback
     info.chunk_mean, info.kv_free_blocks = st.chunk_mean, led.kv_free
+    info.oracle_reforms, info.oracle_excluded = out.oracle_reforms, out.oracle_excluded
+    info.oracle_admissible = out.oracle_admissible
 
 
 # -- the decision ------------------------------------------------------------------------------

@@ -156,7 +156,10 @@ INFO_KEYS = (
     "n_candidates", "n_urgent", "n_late", "n_lost", "n_preempted", "n_scheduled", "n_decode",
     "n_prefill", "n_decode_skipped", "max_chunk", "n_cut_chunks", "n_groups", "era_active",
     "progress_fallback", "chunk_mean", "kv_free_blocks")
-INFO = np.dtype([(key, f8) for key in INFO_KEYS])
+# The Oracle's own diagnostics, after AccelGen's in the same record (``clairvoyant`` is set once by
+# its policy; the decision fills the rest). AccelGen's rows name only ``INFO_KEYS``.
+ORACLE_INFO_KEYS = ("clairvoyant", "oracle_reforms", "oracle_excluded", "oracle_admissible")
+INFO = np.dtype([(key, f8) for key in INFO_KEYS + ORACLE_INFO_KEYS])
 INFO_INDEX = {key: i for i, key in enumerate(INFO_KEYS)}
 
 BUDGET_TIME = np.dtype([

@@ -19,10 +19,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Literal
 
-import numpy as np
-
 from accelgen.policies.accelgen import AccelGenParams, AccelGenPolicy
-from accelgen.policies.accelgen_workspace import INFO_INDEX, Outcome
+from accelgen.policies.accelgen_workspace import INFO_INDEX, ORACLE_INFO_KEYS, Outcome
 from accelgen.policies.base import Decision, PolicyParams, SchedulerView
 from accelgen.request import Request
 
@@ -68,33 +66,25 @@ class OraclePolicy(AccelGenPolicy):
         if view.true_output_len is None:
             raise RuntimeError("the Oracle is clairvoyant: it needs a backend that grants "
                                "view.true_output_len (the simulator does; vLLM does not)")
-        if self._true is None or len(view.waiting) + len(view.running) != self._table.n:
+        if self._true is None:
             self._true = view.true_output_len
-            self._sync(view)  # (rebuilt from the request objects: the true lengths again)
             self._patch(range(self._table.n))
         return super().schedule(view)
 
+    def _sync(self, view: SchedulerView) -> None:
+        super()._sync(view)
+        self._patch(range(self._table.n))  # (rebuilt from the request objects: the true lengths again)
+
     def _decision(self, out: Outcome) -> Decision:
-        if out.n_preempted and self._exact_kv():
+        if out.n_preempted and self._exact:
             # never: the exact plan has no victims; a violation is a bug, not a choice
             raise AssertionError("Oracle preempted under an exact KV plan")
         return super()._decision(out)
 
-    def _info(self, out: Outcome) -> tuple[dict[str, int], np.ndarray]:
-        """AccelGen's diagnostics and the Oracle's own, in one row: ``clairvoyant``,
-        ``oracle_reforms``, ``oracle_excluded`` and, with the exact plan, ``oracle_admissible``."""
-        exact = self._exact_kv()
-        index = _INFO_INDEX_EXACT if exact else _INFO_INDEX
-        values = np.empty(len(index))
+    def _info_index(self) -> dict[str, int]:
+        """AccelGen's diagnostics and the Oracle's own: ``clairvoyant``, ``oracle_reforms``,
+        ``oracle_excluded`` and, with the exact plan, ``oracle_admissible``."""
+        keys = ORACLE_INFO_KEYS if self._exact_kv() else ORACLE_INFO_KEYS[:-1]
         n = len(INFO_INDEX)
-        values[:n] = self._ws.info_values
-        values[n: n + 3] = 1.0, out.oracle_reforms, out.oracle_excluded
-        if exact:
-            values[n + 3] = out.oracle_admissible
-        return index, values
-
-
-# The diagnostics' names: AccelGen's, then the Oracle's (the exact plan adds the last one).
-_ORACLE_KEYS = ("clairvoyant", "oracle_reforms", "oracle_excluded", "oracle_admissible")
-_INFO_INDEX_EXACT = {**INFO_INDEX, **{k: len(INFO_INDEX) + i for i, k in enumerate(_ORACLE_KEYS)}}
-_INFO_INDEX = {k: i for k, i in _INFO_INDEX_EXACT.items() if k != "oracle_admissible"}
+        self._ws.info_values[n] = 1.0  # clairvoyant (the decision leaves it as it is)
+        return {**INFO_INDEX, **{key: n + i for i, key in enumerate(keys)}}
