@@ -1201,9 +1201,11 @@ def _hide(d: Any, s: int) -> int:
 
 @_jit
 def _unhide(d: Any) -> None:
-    """(Oracle) The hidden entries' needs and their blocks' minima back, when a decision ends."""
+    """(Oracle) When a decision ends: its over-admitted requests eligible again (the next starts
+    from none), the hidden entries' needs and their blocks' minima back."""
     out = d.state[0].outcome
     for k in range(out.oracle_n_over):
+        d.cand[d.lists[k].over].over = False
         q = d.lists[k].over_at
         if q >= 0:
             d.dormant[q].need = _dormant_need(d, d.dormant[q].slot)

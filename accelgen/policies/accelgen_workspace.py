@@ -111,7 +111,6 @@ def _record(fields: type) -> np.dtype:
 
 
 STEP, OUTCOME, ASK = _record(Step), _record(Outcome), _record(BatchShape)
-_N_OVER = Outcome._fields.index("oracle_n_over")
 
 LEDGER = np.dtype([
     # the running batch (for T_max)
@@ -322,7 +321,4 @@ class Workspace:
             asked.append(need)
         if asked:
             self._full_batch[asked] = math.nan
-        if self.exact_kv and self._outcome[_N_OVER]:  # (the next decision starts from none)
-            cand, lists = self.arrays.cand.view(np.ndarray), self.arrays.lists.view(np.ndarray)
-            cand["over"][lists["over"][: int(self._outcome[_N_OVER])]] = False
         return Outcome._make(self._outcome.tolist())
