@@ -270,8 +270,10 @@ class IterationLog:
         return np.concatenate(parts)
 
     def timing_frame(self) -> pd.DataFrame:
+        # One copy of the times: the frame takes the array (a dict's arrays are copied again
+        # by default, 135 MB more at once on a 17 M-iteration run).
         times = np.array(self.decision_time, dtype=np.float64)
-        return pd.DataFrame({"decision_time": times})
+        return pd.DataFrame({"decision_time": times}, copy=False)
 
 
 _NAN_ROW = (math.nan,)
@@ -336,11 +338,16 @@ ROW_GROUP_ROWS = 1 << 20
 _STATUS_NAMES = {s: s.name.lower() for s in Status}
 
 
-def requests_frame(requests: Iterable[Request],
-                   output_len: np.ndarray | Mapping[int, int]) -> pd.DataFrame:
+def requests_frame(requests: Iterable[Request], output_len: np.ndarray | Mapping[int, int], *,
+                   share_token_times: bool = False) -> pd.DataFrame:
     """One row per request (``REQUEST_COLUMNS``); ``output_len[req_id]`` is the output length the
-    request was to emit (its served length: the trace's, stopped at max_model_len)."""
+    request was to emit (its served length: the trace's, stopped at max_model_len).
+
+    ``share_token_times``: each row's ``token_times`` is a view of the request's own array, not
+    a copy (a finished simulation: 17 M token times are not held twice). Only for requests that
+    emit no more tokens: an array shared with a live view cannot grow (``BufferError``)."""
     rows: list[tuple[Any, ...]] = []
+    as_array = _shared_times if share_token_times else _copied_times
     for r in requests:
         rows.append((
             r.req_id, r.arrival, r.source, r.online, r.prompt_len, int(output_len[r.req_id]),
@@ -350,8 +357,16 @@ def requests_frame(requests: Iterable[Request],
             r.finish_time, r.num_preemptions,
             # A float64 array per request (a list of Python floats costs 4x the memory); an
             # empty one as [], so a column with no tokens at all keeps its list<null> type.
-            np.array(r.token_times, dtype=np.float64) if len(r.token_times) else []))
+            as_array(r.token_times) if len(r.token_times) else []))
     return pd.DataFrame.from_records(rows, columns=list(REQUEST_COLUMNS))
+
+
+def _copied_times(times: Any) -> np.ndarray:
+    return np.array(times, dtype=np.float64)
+
+
+def _shared_times(times: array[float]) -> np.ndarray:
+    return np.frombuffer(times, dtype=np.float64)
 
 
 def outcome_counts(summary: dict[str, Any]) -> str:
@@ -365,7 +380,46 @@ def outcome_counts(summary: dict[str, Any]) -> str:
 
 
 def _table(df: pd.DataFrame) -> pa.Table:
-    return pa.Table.from_pandas(df, preserve_index=False)
+    """``df`` as the table ``from_pandas`` gives. A ``token_times`` column of float64 arrays
+    (``requests_frame``) is built from its values in one array and their offsets:
+    ``from_pandas`` would grow its own copy of 17 M values (a paper-size run) to twice their
+    size and hold both, and its allocator keeps the memory after the table is gone."""
+    lists = _float_lists(df["token_times"]) if "token_times" in df.columns else None
+    if lists is None:
+        return pa.Table.from_pandas(df, preserve_index=False)
+    first, offsets, values = lists
+    # The schema and its pandas metadata: what ``from_pandas`` gives for one row with times.
+    schema = pa.Table.from_pandas(df.iloc[[first]], preserve_index=False).schema
+    rest = pa.Table.from_pandas(df.drop(columns="token_times"), preserve_index=False)
+    columns = list(rest.columns)
+    at = df.columns.get_loc("token_times")
+    if not isinstance(at, int) or rest.schema.types != [*schema.types[:at], *schema.types[at + 1:]]:
+        return pa.Table.from_pandas(df, preserve_index=False)
+    columns.insert(at, pa.ListArray.from_arrays(
+        pa.array(offsets), pa.array(values, from_pandas=True)))  # (NaN as null, as there)
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _float_lists(column: pd.Series) -> tuple[int, np.ndarray, np.ndarray] | None:
+    """A column of 1-d float64 arrays (an empty one may be ``[]``) as its first row with
+    values, the offsets (int32, as a list column's) and the values; None for any other column
+    (``from_pandas`` decides its type), one without values (its type is list<null>) or one with
+    more values than 32-bit offsets hold."""
+    entries = column.tolist()
+    sizes = np.zeros(len(entries) + 1, dtype=np.int64)
+    for i, times in enumerate(entries):
+        if isinstance(times, np.ndarray):
+            if times.dtype != np.float64 or times.ndim != 1:
+                return None
+        elif not (isinstance(times, list) and not times):
+            return None
+        sizes[i + 1] = len(times)
+    offsets = np.cumsum(sizes)
+    if not len(entries) or offsets[-1] == 0 or offsets[-1] > np.iinfo(np.int32).max:
+        return None
+    first = int(np.flatnonzero(sizes)[0]) - 1
+    values = np.concatenate([times for times in entries if len(times)])
+    return first, offsets.astype(np.int32), values
 
 
 def _json_default(obj: Any) -> Any:
@@ -416,10 +470,12 @@ def _write_iterations(iterations: pd.DataFrame, path: Path) -> None:
     columns = [(iterations[c].to_numpy(), narrow.get(c)) for c in iterations.columns]
     with pq.ParquetWriter(path, schema) as writer:
         for a in range(0, len(iterations), ROW_GROUP_ROWS):
-            arrays = [pa.array(values[a:a + ROW_GROUP_ROWS] if wide is None
-                               else values[a:a + ROW_GROUP_ROWS].astype(wide), from_pandas=True)
-                      for values, wide in columns]
-            writer.write_table(pa.Table.from_arrays(arrays, schema=schema))
+            # (no name holds a row group's arrays: they go when it is written, not while the
+            # next one is built)
+            writer.write_table(pa.Table.from_arrays(
+                [pa.array(values[a:a + ROW_GROUP_ROWS] if wide is None
+                          else values[a:a + ROW_GROUP_ROWS].astype(wide), from_pandas=True)
+                 for values, wide in columns], schema=schema))
 
 
 def write_results(out_dir: Path | str, requests: pd.DataFrame, iterations: pd.DataFrame,
@@ -432,6 +488,9 @@ def write_results(out_dir: Path | str, requests: pd.DataFrame, iterations: pd.Da
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         pq.write_table(_table(requests), tmp / "requests.parquet")
+        # Arrow's allocator keeps what the writer of a 17 M-value column freed (~150 MB on the
+        # paper trace) for its next allocations; numpy's (the iteration table's) cannot use it.
+        pa.default_memory_pool().release_unused()
         _write_iterations(iterations, tmp / "iterations.parquet")
         (tmp / "summary.json").write_text(dumps(summary))
         (tmp / "config.json").write_text(dumps(config))

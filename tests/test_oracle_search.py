@@ -14,7 +14,8 @@ import pytest
 
 from accelgen.cli import main
 from accelgen.config import Deployment, ExperimentConfig, PolicySpec, SimOptions
-from accelgen.results import read_results
+from accelgen.results import RunOutput, read_results
+from accelgen.sim import oracle_search
 from accelgen.sim.oracle_search import grid_points, search
 from accelgen.sim.runner import simulate
 from accelgen.workloads.trace import write_trace
@@ -64,6 +65,31 @@ def test_search_keeps_the_best_schedule() -> None:
     assert (exact["num_preemptions"] == 0).all()
     with pytest.raises(ValueError, match="unknown parameter"):
         grid_points({"gama": [1.0]})
+
+
+def test_search_holds_only_the_best_run_so_far(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A schedule's run is dropped once a better one is known (a search holding all its runs
+    needs that many runs' memory: ~1 GB each on the paper trace); ties go to the earlier one."""
+    goodputs = iter([1.0, 3.0, 2.0, 3.0, 0.5])  # 4 grid points, then the floor
+    live, most = [0], [0]
+
+    class _Run(RunOutput):
+        def __del__(self) -> None:
+            live[0] -= 1
+
+    def fake_run(args: object) -> RunOutput:
+        live[0] += 1
+        most[0] = max(most[0], live[0])
+        summary = {"goodput_rps": next(goodputs), "slo_attainment_request": 0.5}
+        return _Run(pd.DataFrame(), pd.DataFrame(), summary, pd.DataFrame(), {}, {})
+
+    monkeypatch.setattr(oracle_search, "_run", fake_run)
+    grid = {"kv_plan": ["exact", "none"], "gamma": [0.25, 1.5]}
+    res = search(_tiny_trace(), _cfg(), grid)
+    assert most[0] == 2  # the best so far and the one just run
+    assert res.table["best"].tolist() == [False, True, False, False, False]
+    assert res.best_params == grid_points(grid)[1] and res.best.summary["goodput_rps"] == 3.0
+    assert res.table["goodput_rps"].tolist() == [1.0, 3.0, 2.0, 3.0, 0.5]
 
 
 def test_the_floor_is_accelgens_own_schedule_and_wins_when_the_oracle_loses() -> None:

@@ -112,11 +112,23 @@ def search(trace: pd.DataFrame, cfg: ExperimentConfig,
     jobs = [(trace, cfg, "oracle", {**base, **pt}) for pt in points]
     jobs.append((trace, cfg, FLOOR_POLICY, floor))
     bar = _progress(len(jobs)) if progress else None
-    runs: list[RunOutput] = []
+    # Only the best run so far is kept (with its tables: ~1 GB on the paper trace), the others'
+    # summaries: a search holding all 13 runs would need 13 times one run's memory.
+    summaries: list[dict[str, Any]] = []
+    best, best_run = -1, None
+
+    def score(i: int) -> tuple[float, float, int]:
+        s = summaries[i]
+        m, att = s.get(metric, math.nan), s.get("slo_attainment_request", math.nan)
+        return (m if m == m else -math.inf, att if att == att else -math.inf, -i)
+
     with (ProcessPoolExecutor(min(processes, len(jobs))) if processes > 1
           else contextlib.nullcontext()) as ex:
         for run in (ex.map(_run, jobs) if ex is not None else map(_run, jobs)):
-            runs.append(run)
+            summaries.append(run.summary)
+            if best < 0 or score(len(summaries) - 1) > score(best):
+                best, best_run = len(summaries) - 1, run
+            del run  # (not held while the next one runs)
             if bar is not None:
                 bar.update()
     if bar is not None:
@@ -125,22 +137,17 @@ def search(trace: pd.DataFrame, cfg: ExperimentConfig,
     accel = AccelGenParams(**floor)
     floor_row = {k: getattr(accel, k) for k in points[0] if k in AccelGenParams.model_fields}
     rows = []
-    for (*_, policy, _params), pt, run in zip(jobs, [*points, floor_row], runs, strict=True):
+    for (*_, policy, _params), pt, summary in zip(jobs, [*points, floor_row], summaries,
+                                                   strict=True):
         row: dict[str, Any] = {"policy": policy}
         row.update({f"param_{k}": v for k, v in pt.items()})
-        row.update({k: v for k, v in run.summary.items() if isinstance(v, int | float | str)})
+        row.update({k: v for k, v in summary.items() if isinstance(v, int | float | str)})
         rows.append(row)
     table = pd.DataFrame(rows)
-
-    def score(i: int) -> tuple[float, float, int]:
-        s = runs[i].summary
-        m, att = s.get(metric, math.nan), s.get("slo_attainment_request", math.nan)
-        return (m if m == m else -math.inf, att if att == att else -math.inf, -i)
-
-    best = max(range(len(runs)), key=score)
-    table["best"] = [i == best for i in range(len(runs))]
+    table["best"] = [i == best for i in range(len(summaries))]
     floor_won = best == len(points)
-    return SearchResult(floor if floor_won else points[best], runs[best], table, metric,
+    assert best_run is not None
+    return SearchResult(floor if floor_won else points[best], best_run, table, metric,
                         floor_won)
 
 

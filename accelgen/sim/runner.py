@@ -47,7 +47,8 @@ def simulate(trace: pd.DataFrame, cfg: ExperimentConfig, *,
         progress=progress and cfg.sim.progress,
     )
     res = sim.run()
-    req_df = requests_frame(res.requests, res.served_output_len)
+    # (the requests are done: the frame takes their token times rather than a copy)
+    req_df = requests_frame(res.requests, res.served_output_len, share_token_times=True)
     # The log's integer columns as stored (1-4 bytes a value): written as int64.
     its_df = res.iterations.to_frame(narrow=True)
     wall_time_s, timing = res.wall_time_s, res.iterations.timing_frame()
