@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from accelgen.pipeline.grid import Grid
 
 REFERENCE_REQUESTS = 20_000
-MEASURED_ON = ("scripts/bench_sim.py --traces paper, 2026-11-24, 2-core development VM, "
-               "issue 17's builds ddb9a9d and the narrow diagnostics")
+MEASURED_ON = ("scripts/bench_sim.py --traces paper bursty, every policy in one session, "
+               "2026-11-24, 2-core development VM, build 7730497 (load 1.4 before, 1.0 after)")
 STARTUP_S = 3.0  # interpreter, imports, trace load: not scaled
 BASE_MB = 250.0  # the process before the run (interpreter, numpy, pandas, pyarrow)
 
@@ -41,20 +41,16 @@ class JobCost:
 # Per policy (a named variant costs what its base policy costs). ``oracle``: one point of its
 # search (the Oracle's policy at one parameter setting); a search costs points + 1 of them.
 MEASURED: dict[str, JobCost] = {
-    # scripts/bench_sim.py --traces paper bursty, every policy in one session, build ddb9a9d
-    # (load 1.2 before, 1.0 after); peak RSS in MiB (ru_maxrss)
-    "vllm": JobCost(seconds=41.0, rss_mb=1313.0),
-    "vllm-v0": JobCost(seconds=44.3, rss_mb=1195.0),
-    "sarathi": JobCost(seconds=42.8, rss_mb=1372.0),
-    "fastgen": JobCost(seconds=44.9, rss_mb=1344.0),
-    "fastserve": JobCost(seconds=73.0, rss_mb=1465.0),
-    "edf": JobCost(seconds=77.9, rss_mb=1390.0),
-    # the same script, --policies oracle orca accelgen, with the log's narrow floats and
-    # diagnostics (vllm 39.8 s in that session); Orca: the largest of its three runs (2,004 to
-    # 2,089 MiB)
-    "orca": JobCost(seconds=69.4, rss_mb=2089.0),  # 16.9 M iterations (batches of 8)
-    "oracle": JobCost(seconds=152.3, rss_mb=1982.0),  # one point of a search
-    "accelgen": JobCost(seconds=71.2, rss_mb=1552.0),
+    # peak RSS in MiB (ru_maxrss)
+    "vllm": JobCost(seconds=40.8, rss_mb=895.0),
+    "vllm-v0": JobCost(seconds=45.6, rss_mb=916.0),
+    "sarathi": JobCost(seconds=42.9, rss_mb=902.0),
+    "fastgen": JobCost(seconds=44.4, rss_mb=878.0),
+    "fastserve": JobCost(seconds=72.7, rss_mb=937.0),
+    "edf": JobCost(seconds=77.3, rss_mb=915.0),
+    "orca": JobCost(seconds=70.1, rss_mb=1596.0),  # 16.9 M iterations (batches of 8)
+    "oracle": JobCost(seconds=108.5, rss_mb=1405.0),  # one point of a search
+    "accelgen": JobCost(seconds=71.0, rss_mb=1069.0),
 }
 SCENARIO_REQUESTS = 100  # a fixed scenario (figure 6's ERA case and the like) is this small
 
