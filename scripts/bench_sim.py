@@ -14,9 +14,9 @@ runs one point of the Oracle's search (the Oracle's policy with its default para
 
 ``--checkout DIR`` also runs another source tree (e.g. an export of the build before a change)
 on the same traces, alternating the two trees run by run, and prints the ratio of their median
-wall times side by side. Take the lock and quote the load, as the team rules say:
+wall times side by side. Run it with nothing else busy and quote the load it prints:
 
-    flock /work/notes/heavy.lock nice -n 5 .venv/bin/python scripts/bench_sim.py \\
+    .venv/bin/python scripts/bench_sim.py \\
         --traces paper bursty [--policies vllm sarathi ...] [--checkout /tmp/base] [--repeats 3]
 """
 
