@@ -178,7 +178,7 @@ class AccelGenPolicy(Policy):
         preempted = [objs[s] for s in ws.preempted[:npre].tolist()] if npre else []
         # (the diagnostics as one array copy, wrapped as an InfoRow: a dict would be 21 float
         # objects per step, and the log takes its fast path only for an InfoRow of known names)
-        return Decision.of_batch(batch, preempted, self._info_names, self._ws.info_values.copy())
+        return Decision.of_batch(batch, preempted, self._info_names, ws.info_values.copy())
 
     def _info_index(self) -> dict[str, int]:
         """The names of the decision's diagnostics, by position in the workspace's record."""

@@ -200,15 +200,8 @@ def _oracle_admission(d: Any) -> None:
         if _final_blocks(d, i) > out.oracle_admissible:
             d.cand[i].eligible = False
             out.oracle_excluded += 1
-        elif _over_listed(d, i):  # (an over-admitted dormant request: ``_wake``)
+        elif _over_listed(d, i):  # (a dormant one: hidden, ``_hide``, and ``_wake``)
             d.cand[i].eligible = False
-    # The first dormant entry that may be eligible in this decision: the ones before it hold
-    # too much KV at the end (the admissible KV is the same in every pass of a decision) or are
-    # over-admitted (a list that only grows), so each pass starts there instead of passing over
-    # them again; a decision re-forms up to hundreds of times under overload.
-    led = d.state[0].ledger
-    q = st.dormant_lo if out.oracle_n_over == 0 else led.dormant_first
-    led.dormant_first = led.dormant_head = _next_eligible_dormant(d, q, True)
 
 
 @_jit
@@ -375,18 +368,10 @@ def _set_available(d: Any, s: int) -> None:
 
 @_jit
 def _first_eligible_dormant(d: Any) -> int:
-    """Position of the first eligible dormant request (``_dormant_end`` if none)."""
-    exact = d.state[0].params.exact_kv
-    q = d.state[0].ledger.dormant_first if exact else d.state[0].step.dormant_lo
-    return _next_eligible_dormant(d, q, _dormant_allow_long(d))
-
-
-@_jit
-def _next_eligible_dormant(d: Any, q: int, allow_long: bool) -> int:
-    """The first dormant request from position ``q`` on that is eligible (within the Oracle's
-    final KV; not over-admitted: those are hidden, ``_hide``), long ones only with
-    ``allow_long`` (``_dormant_end`` if none)."""
-    return _dormant_next(d, q, NO_LIMIT, _dormant_final_max(d), allow_long)
+    """Position of the first eligible dormant request (``_dormant_end`` if none): within the
+    Oracle's final KV, not over-admitted (those are hidden, ``_hide``)."""
+    return _dormant_next(d, d.state[0].step.dormant_lo, NO_LIMIT, _dormant_final_max(d),
+                         _dormant_allow_long(d))
 
 
 # -- 2. urgency and the token budget -----------------------------------------------------------

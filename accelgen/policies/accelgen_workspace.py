@@ -132,7 +132,6 @@ LEDGER = np.dtype([
     ("oversize", i8),  # /Chunk: the oversized head prompt, -1 if none
     ("n_touched", i8),  # lists.touched[:n_touched]
     ("dormant_head", i8),  # dormant[:dormant_head] is no longer available
-    ("dormant_first", i8),  # (Oracle) dormant[:dormant_first] is not eligible in this decision
 ], align=True)
 
 PARAMS = np.dtype([

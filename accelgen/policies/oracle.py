@@ -43,6 +43,7 @@ class OraclePolicy(AccelGenPolicy):
     def __init__(self, params: PolicyParams | None = None, **overrides: object) -> None:
         super().__init__(params, **overrides)
         self._true: dict[int, int] | None = None
+        self._ws.info_values[len(INFO_INDEX)] = 1.0  # clairvoyant (the decision leaves it be)
 
     def on_arrival(self, req: Request, now: float) -> None:
         super().on_arrival(req, now)
@@ -85,6 +86,4 @@ class OraclePolicy(AccelGenPolicy):
         """AccelGen's diagnostics and the Oracle's own: ``clairvoyant``, ``oracle_reforms``,
         ``oracle_excluded`` and, with the exact plan, ``oracle_admissible``."""
         keys = ORACLE_INFO_KEYS if self._exact_kv() else ORACLE_INFO_KEYS[:-1]
-        n = len(INFO_INDEX)
-        self._ws.info_values[n] = 1.0  # clairvoyant (the decision leaves it as it is)
-        return {**INFO_INDEX, **{key: n + i for i, key in enumerate(keys)}}
+        return {**INFO_INDEX, **{key: len(INFO_INDEX) + i for i, key in enumerate(keys)}}

@@ -49,7 +49,7 @@ def simulate(trace: pd.DataFrame, cfg: ExperimentConfig, *,
     res = sim.run()
     # (the requests are done: the frame takes their token times rather than a copy)
     req_df = requests_frame(res.requests, res.served_output_len, share_token_times=True)
-    # The log's integer columns as stored (1-4 bytes a value): written as int64.
+    # The log's columns as stored (narrow integers and floats): written as int64 and float64.
     its_df = res.iterations.to_frame(narrow=True)
     wall_time_s, timing = res.wall_time_s, res.iterations.timing_frame()
     # The frames hold what the results need; the requests (their token times) and the log go
