@@ -19,7 +19,7 @@ from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, Pos
 from accelgen.policies.accelgen_compiled import load
 from accelgen.policies.accelgen_table import RequestTable
 from accelgen.policies.accelgen_workspace import INFO_INDEX, NO_ADMISSION_CAP, Outcome, Workspace
-from accelgen.policies.base import Decision, Policy, PolicyParams, SchedulerView
+from accelgen.policies.base import Decision, InfoRow, Policy, PolicyParams, SchedulerView
 from accelgen.request import Request
 
 
@@ -79,15 +79,21 @@ class AccelGenPolicy(Policy):
         self._pending_cuts: list[int] = []
         self._info_names = self._info_index()
         self._exact = self._exact_kv()
+        # The last decision, while its batch is still the workspace's output (and its slots and
+        # tokens as lists): what ``schedule_after_decodes`` advances and compares with.
+        self._last: Decision | None = None
+        self._last_batch: tuple[list[int], list[int]] = ([], [])
         # Tests switch this on: compare the table with the request objects every decision.
         self.debug_verify = False
 
     # -- hooks ---------------------------------------------------------------------------------
     def on_arrival(self, req: Request, now: float) -> None:
         self._table.add(req)
+        self._last = None
 
     def on_finish(self, req: Request, now: float) -> None:
         self._table.remove(req.req_id)
+        self._last = None
 
     def on_step_end(self, view: SchedulerView, decision: Decision, latency: float) -> None:
         self._table.refresh([r for r, _ in decision.scheduled] + decision.preempted)
@@ -96,17 +102,33 @@ class AccelGenPolicy(Policy):
             self._chunk_mean += w * (c - self._chunk_mean)
         self._pending_cuts = []
 
+    def schedule_after_decodes(self, view: SchedulerView, decision: Decision,
+                               latency: float) -> Decision:
+        # The step taken in from the table itself (its batch, one token more each), not read
+        # back from the request objects; the decision as ``schedule`` makes it; and, when it is
+        # the same batch, ``decision`` again rather than a new one.
+        if decision is not self._last or self._pending_cuts or self.debug_verify:
+            return super().schedule_after_decodes(view, decision, latency)
+        self._table.advance_decodes(decision.scheduled, self._last_batch[0], self._ws.slots,
+                                    view.now)
+        return self._schedule(view, decision)
+
     # -- decision ------------------------------------------------------------------------------
     def schedule(self, view: SchedulerView) -> Decision:
+        return self._schedule(view, None)
+
+    def _schedule(self, view: SchedulerView, last: Decision | None) -> Decision:
         out = self._run(view)
         if out is None:
+            self._last = None
             return Decision(info={"token_budget": float(self._prev_budget), "n_candidates": 0.0})
-        return self._decision(out)
+        return self._decision(out, last)
 
     def explain(self, view: SchedulerView) -> dict[int, dict[str, float]]:
         """Per request (by id): slack, urgency, per-iteration SLO, N_ck, whether it counts toward
         SLO_min, its deadline, whether it is lost, T_max and the token budget: the next decision's
         own columns after its plan. Read-only; for notebooks, tests and the adapter's logs."""
+        self._last = None  # (the workspace's output is the plan's now)
         out = self._run(view, plan_only=True)
         if out is None:
             return {}
@@ -165,20 +187,33 @@ class AccelGenPolicy(Policy):
         """Whether the decision plans KV with the true output lengths (the Oracle)."""
         return False
 
-    def _decision(self, out: Outcome) -> Decision:
-        """The decision in the workspace; keeps its ERA owner, cut chunks and budget."""
+    def _decision(self, out: Outcome, last: Decision | None) -> Decision:
+        """The decision in the workspace; keeps its ERA owner, cut chunks and budget. ``last``
+        (the previous decision, its batch run since as decode steps alone) itself when the
+        decision schedules the same batch and nothing else."""
         t, ws = self._table, self._ws
-        objs = t.objs
         ns, npre = out.n_sched, out.n_preempted
         self._era_owner = int(t.req_id[out.era_owner]) if out.era_owner >= 0 else None
         self._pending_cuts = ws.cut_chunks[: out.n_cut].tolist() if out.n_cut else []
         self._prev_budget = out.budget
-        batch = list(zip(map(objs.__getitem__, ws.slots[:ns].tolist()), ws.tokens[:ns].tolist(),
-                         strict=True))
-        preempted = [objs[s] for s in ws.preempted[:npre].tolist()] if npre else []
         # (the diagnostics as one array copy, wrapped as an InfoRow: a dict would be 21 float
         # objects per step, and the log takes its fast path only for an InfoRow of known names)
-        return Decision.of_batch(batch, preempted, self._info_names, ws.info_values.copy())
+        info = ws.info_values.copy()
+        batch_slots, tokens = ws.slots[:ns].tolist(), ws.tokens[:ns].tolist()
+        if last is not None and not npre and (batch_slots, tokens) == self._last_batch:
+            last.info = InfoRow(self._info_names, info)
+            return last
+        objs = t.objs
+        batch = list(zip(map(objs.__getitem__, batch_slots), tokens, strict=True))
+        preempted = self._victims(npre) if npre else []
+        self._last = decision = Decision.of_batch(batch, preempted, self._info_names, info)
+        self._last_batch = (batch_slots, tokens)
+        return decision
+
+    def _victims(self, n: int) -> list[Request]:
+        """The decision's ``n`` preempted requests."""
+        objs = self._table.objs
+        return [objs[s] for s in self._ws.preempted[:n].tolist()]
 
     def _info_index(self) -> dict[str, int]:
         """The names of the decision's diagnostics, by position in the workspace's record."""

@@ -30,7 +30,7 @@ from accelgen.policies.accelgen_workspace import Workspace
 
 DecideFn = Callable[[Any], int]
 # The compiled functions besides the decision: the table's rows (``RequestTable``), every step.
-KERNELS = ("read_rows", "set_deadlines")
+KERNELS = ("read_rows", "decode_rows", "set_deadlines")
 
 
 class Build(NamedTuple):
@@ -39,13 +39,15 @@ class Build(NamedTuple):
     name: str
     decide: DecideFn
     read_rows: Callable[..., int]
+    decode_rows: Callable[..., int]
     set_deadlines: Callable[..., int]
 
 _HERE = Path(__file__).resolve().parent
 # Everything the compiled module is built from: the code, and the record layouts in its signature.
 _SOURCES = (_HERE / "accelgen_decision.py", _HERE / "accelgen_workspace.py",
-            _HERE / "accelgen_table.py", _HERE.parent / "costmodel" / "linear.py",
-            _HERE.parent / "costmodel" / "analytic.py", _HERE.parent / "costmodel" / "base.py")
+            _HERE / "accelgen_table.py", _HERE / "accelgen_compiled.py",
+            _HERE.parent / "costmodel" / "linear.py", _HERE.parent / "costmodel" / "analytic.py",
+            _HERE.parent / "costmodel" / "base.py")
 ENV = "ACCELGEN_DECISION"
 
 
@@ -84,7 +86,9 @@ def _kernel_signatures() -> dict[str, tuple[Any, ...]]:
     from numba import typeof, types
 
     rows, ints = typeof(RequestTable(capacity=1).rows), types.int64[::1]
+    # (``decode_rows`` reads the slots where the decision wrote them: a field of its lists)
     return {"read_rows": (rows, types.float64[:, ::1], types.bool_, ints),
+            "decode_rows": (rows, types.int64[:], types.int64, types.float64, ints),
             "set_deadlines": (rows, ints)}
 
 

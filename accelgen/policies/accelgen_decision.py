@@ -1300,15 +1300,35 @@ def read_rows(rows: Any, values: Any, lost_rule: bool, watch: Any) -> int:
     for j in range(values.shape[0]):
         v = values[j]
         s = int(v[0])
-        r = rows[s]
-        n_out = int(v[1])
-        emitted, due = n_out > r.n_out, r.deadline
-        r.n_out, r.computed, r.blocks = n_out, int(v[2]), int(v[3])
-        r.running, r.last_tok = v[4] != 0.0, v[5]
-        _set_deadline(r)
-        if lost_rule and r.online and emitted and r.last_tok > due:
-            r.lost = True
-        if not r.running or r.dormant:
+        if _read_row(rows[s], int(v[1]), int(v[2]), int(v[3]), v[4] != 0.0, v[5], lost_rule):
             watch[k] = s
             k += 1
     return k
+
+
+@_jit
+def decode_rows(rows: Any, slots: Any, n: int, now: float, watch: Any) -> int:
+    """``read_rows`` (with the lost rule) after an iteration of decode steps alone that changed
+    nothing else: each of the rows ``slots[:n]`` computed one more token and emitted it at
+    ``now``, still running (its blocks already written: ``RequestTable.advance_decodes``)."""
+    k = 0
+    for j in range(n):
+        s = slots[j]
+        r = rows[s]
+        if _read_row(r, r.n_out + 1, r.computed + 1, r.blocks, r.running, now, True):
+            watch[k] = s
+            k += 1
+    return k
+
+
+@_jit
+def _read_row(r: Any, n_out: int, computed: int, blocks: int, running: bool, last_tok: float,
+              lost_rule: bool) -> bool:
+    """One row's dynamic fields and deadline; returns whether it waits or is dormant."""
+    emitted, due = n_out > r.n_out, r.deadline
+    r.n_out, r.computed, r.blocks = n_out, computed, blocks
+    r.running, r.last_tok = running, last_tok
+    _set_deadline(r)
+    if lost_rule and r.online and emitted and r.last_tok > due:
+        r.lost = True
+    return not r.running or r.dormant

@@ -84,6 +84,9 @@ class TableKernels(Protocol):
     def read_rows(self) -> Callable[..., int]: ...
 
     @property
+    def decode_rows(self) -> Callable[..., int]: ...
+
+    @property
     def set_deadlines(self) -> Callable[..., object]: ...
 
 
@@ -236,8 +239,23 @@ class RequestTable:
                   for r in reqs if (s := get(r.req_id)) is not None]
         if not values:
             return
-        k = self._read(np.array(values, dtype=np.float64), lost_rule=True)
-        if self.dormancy:  # dormant requests that run again; preempted ones to watch
+        self._rewatch(self._read(np.array(values, dtype=np.float64), lost_rule=True))
+
+    def advance_decodes(self, batch: list[tuple[Request, int]], slots: list[int],
+                        slot_array: np.ndarray, now: float) -> None:
+        """``refresh`` of the requests of ``batch`` (in ``slots``, also the head of
+        ``slot_array``) after it ran as decode steps alone and nothing else changed
+        (``Policy.schedule_after_decodes``): each computed and emitted one more token, at
+        ``now``. Only their KV blocks are read from the request objects."""
+        blocks = self.blocks
+        for s, (r, _) in zip(slots, batch, strict=True):
+            blocks[s] = r.num_blocks  # (the backend may have given it a block for this token)
+        self._rewatch(self._kernels().decode_rows(self.rows, slot_array, len(slots), now,
+                                                  self._watch_slots))
+
+    def _rewatch(self, k: int) -> None:
+        """After a read, the ``k`` slots in ``_watch_slots`` that wait or are dormant."""
+        if k and self.dormancy:  # dormant requests that run again; preempted ones to watch
             for s in self._watch_slots[:k].tolist():
                 if self.dormant[s] and self.running[s]:
                     self._dormant_delete(s)

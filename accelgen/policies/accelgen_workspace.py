@@ -311,7 +311,7 @@ class Workspace:
         while it returns a token budget, it needs the latency of the full batch at that budget
         (``ask``) from the cost model, and runs again from the start with it known."""
         if self.exact_kv:
-            self._outcome[:] = 0  # the Oracle's counters accumulate over its passes
+            self._outcome.fill(0)  # the Oracle's counters accumulate over its passes
         self._step[0] = step
         arrays = self.arrays
         asked = []

@@ -199,6 +199,21 @@ class Policy(ABC):
         every iteration)."""
         return False
 
+    def schedule_after_decodes(self, view: SchedulerView, decision: Decision,
+                               latency: float) -> Decision:
+        """``on_step_end`` and then ``schedule`` in one call, which a policy may make cheaper.
+        A backend calls it only after an iteration that ran ``decision`` as decode steps alone
+        (one token for every request of its batch; a request may have been given a KV block
+        for it) and changed nothing else: no arrival, no request ending, no rejection,
+        preemption, swap or reservation;
+        ``view.now`` is already the new decision's time (the iteration's end). Return
+        ``decision`` itself, its ``info`` replaced, exactly when the new decision schedules the
+        same batch and nothing else; the backend then runs it again as it is. The results must
+        be the ones of the two calls. (The simulator calls it only for a policy that overrides
+        it.)"""
+        self.on_step_end(view, decision, latency)
+        return self.schedule(view)
+
     def on_step_end(self, view: SchedulerView, decision: Decision, latency: float) -> None:  # noqa: B027
         """The iteration decided by ``decision`` finished after ``latency`` seconds."""
 

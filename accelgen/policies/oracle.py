@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from typing import Literal
 
 from accelgen.policies.accelgen import AccelGenParams, AccelGenPolicy
-from accelgen.policies.accelgen_workspace import INFO_INDEX, ORACLE_INFO_KEYS, Outcome
+from accelgen.policies.accelgen_workspace import INFO_INDEX, ORACLE_INFO_KEYS
 from accelgen.policies.base import Decision, PolicyParams, SchedulerView
 from accelgen.request import Request
 
@@ -76,11 +76,11 @@ class OraclePolicy(AccelGenPolicy):
         super()._sync(view)
         self._patch(range(self._table.n))  # (rebuilt from the request objects: the true lengths again)
 
-    def _decision(self, out: Outcome) -> Decision:
-        if out.n_preempted and self._exact:
+    def _victims(self, n: int) -> list[Request]:
+        if self._exact:
             # never: the exact plan has no victims; a violation is a bug, not a choice
             raise AssertionError("Oracle preempted under an exact KV plan")
-        return super()._decision(out)
+        return super()._victims(n)
 
     def _info_index(self) -> dict[str, int]:
         """AccelGen's diagnostics and the Oracle's own: ``clairvoyant``, ``oracle_reforms``,

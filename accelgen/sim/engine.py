@@ -9,9 +9,11 @@ to the next event) or ``_form_batch`` (admit, allocate KV, the batch's shape) an
 
 from __future__ import annotations
 
+import gc
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,6 +104,12 @@ class Simulator:
         # repeated iteration takes no decision).
         self._may_repeat = (type(policy).repeats is not Policy.repeats
                             and not add_scheduler_overhead)
+        # Whether the policy decides after a decode-only iteration faster than through
+        # ``on_step_end`` and ``schedule`` (``Policy.schedule_after_decodes``; not with the
+        # decision time charged: the step's bookkeeping would be charged with it).
+        self._may_redecide = (type(policy).schedule_after_decodes
+                              is not Policy.schedule_after_decodes
+                              and not add_scheduler_overhead)
         # True: host transfers run beside the iteration's compute (a copy stream, as FastServe's
         # proactive swapping does), so an iteration takes max(compute, transfer), not the sum.
         self.swap_overlap = swap_overlap
@@ -135,6 +143,10 @@ class Simulator:
 
     def run(self) -> SimulationResult:
         """Serve every request; one pass of the loop is one iteration (or one idle decision)."""
+        with _collector_for_loop():
+            return self._run()
+
+    def _run(self) -> SimulationResult:
         wall0 = time.perf_counter()
         self._start()
         # The queues are mutated in place by every step: the same three lists throughout.
@@ -142,21 +154,26 @@ class Simulator:
         n_total = self._n_total
         max_iterations = math.inf if self.max_iterations is None else self.max_iterations
         horizon = math.inf if self.horizon_s is None else self.horizon_s
+        policy, view = self.policy, self._view
+        decided: Decision | None = None  # the next iteration's decision, when already made
         while self._n_done < n_total:
-            if self._now >= horizon:
-                self._stop_at_horizon(horizon)
-                break
-            if self._now >= self._next_arrival:
-                self._admit_arrivals()
-            if not (waiting or running or swapped):
-                if self._next_arrival < math.inf:  # idle until the next arrival
-                    self._now = self._next_arrival
-                    continue
-                break
-            if self._iteration >= max_iterations:
-                self._stop(f"simulation stopped at max_iterations={self.max_iterations}")
-                break
-            decision = self._decide()
+            if decided is not None:
+                decision, decided = decided, None
+            else:
+                if self._now >= horizon:
+                    self._stop_at_horizon(horizon)
+                    break
+                if self._now >= self._next_arrival:
+                    self._admit_arrivals()
+                if not (waiting or running or swapped):
+                    if self._next_arrival < math.inf:  # idle until the next arrival
+                        self._now = self._next_arrival
+                        continue
+                    break
+                if self._iteration >= max_iterations:
+                    self._stop(f"simulation stopped at max_iterations={self.max_iterations}")
+                    break
+                decision = self._decide()
             # Most decisions only schedule: skip the step that would find nothing to apply.
             acts = (decision.rejected or decision.preempted or decision.swap_out
                     or decision.swap_in or decision.reserve)
@@ -168,12 +185,18 @@ class Simulator:
             self._idle_decisions = 0
             shape = self._form_batch(decision.scheduled)
             n_done = self._n_done
-            self._advance(decision, shape, swap_s)
-            if (self._may_repeat and not acts and shape.prefill_seqs == 0
-                    and self._n_done == n_done):
-                self._view.now = self._now
-                if self.policy.repeats(self._view, decision):
-                    self._repeat(decision, horizon, max_iterations)
+            latency = self._advance(decision, shape, swap_s)
+            if not acts and shape.prefill_seqs == 0 and self._n_done == n_done:
+                if self._may_redecide:
+                    decided = self._redecide(decision, latency, horizon, max_iterations)
+                    continue
+                if self._may_repeat:
+                    policy.on_step_end(view, decision, latency)
+                    view.now = self._now
+                    if policy.repeats(view, decision):
+                        self._repeat(decision, horizon, max_iterations)
+                    continue
+            policy.on_step_end(view, decision, latency)
         return self._result(wall0)
 
     # -- the loop's steps --------------------------------------------------------------------
@@ -353,9 +376,10 @@ class Simulator:
             _remove(self._waiting, admitted)
         return BatchShape(prefill_tokens, prefill_seqs, prefill_attn, decode_seqs, decode_ctx)
 
-    def _advance(self, decision: Decision, shape: BatchShape, swap_s: float) -> None:
+    def _advance(self, decision: Decision, shape: BatchShape, swap_s: float) -> float:
         """Run the iteration: charge its latency, emit the tokens that complete at its end,
-        finish the requests that are done, log it, and move the clock to its end."""
+        finish the requests that are done, log it, and move the clock to its end. Returns its
+        latency (the caller tells the policy, ``on_step_end``)."""
         decide_s = self._decide_s
         compute = self.cost.iteration_time(shape)
         latency = ((max(compute, swap_s) if self.swap_overlap else compute + swap_s)
@@ -395,9 +419,9 @@ class Simulator:
             now, latency, shape, len(scheduled), total_blocks - kv.num_free_blocks, total_blocks,
             kv_used_tokens, decide_s, len(decision.preempted), len(waiting), len(running),
             len(self._swapped), swap_s, decision.info)
-        self.policy.on_step_end(self._view, decision, latency)
         self._now = end
         self._iteration += 1
+        return latency
 
     def _repeat(self, decision: Decision, horizon: float, max_iterations: float) -> None:
         """Run the decode-only ``decision`` again, iteration by iteration, without asking the
@@ -408,24 +432,61 @@ class Simulator:
         time (and none is charged: not used with ``add_scheduler_overhead``). Orca serves one
         request at a time in the paper's setting: most of its 17 M iterations pass here."""
         scheduled = decision.scheduled
-        block_size = self.kv.block_size
         view = self._view
         n_done = self._n_done
         while (self._now < self._next_arrival and self._now < horizon
                and self._iteration < max_iterations):
-            # ``_form_batch`` for decode steps of running requests that need no new block: the
-            # shape alone.
-            decode_ctx = 0
-            for r, _ in scheduled:
-                ctx = r.num_computed_tokens
-                if ctx >= r.num_blocks * block_size:
-                    return  # its next token needs a new block: ask the policy
-                decode_ctx += ctx
+            shape = self._decode_shape(scheduled)
+            if shape is None:
+                return  # a request's next token needs a new block: ask the policy
             view.now = self._now
             self._decide_s = 0.0
-            self._advance(decision, BatchShape(0, 0, 0.0, len(scheduled), decode_ctx), 0.0)
+            latency = self._advance(decision, shape, 0.0)
+            self.policy.on_step_end(view, decision, latency)
             if self._n_done != n_done:
                 return
+
+    def _redecide(self, decision: Decision, latency: float, horizon: float,
+                  max_iterations: float) -> Decision | None:
+        """After the decode-only ``decision`` ran (its ``on_step_end`` not yet called), let the
+        policy take in the step and decide in one call (``Policy.schedule_after_decodes``) for
+        as long as nothing else happens, and run its decision while it stays the same. Returns
+        the first decision that differs (the loop runs it), or None once an event needs the
+        loop's own steps: an arrival, a request finishing, the horizon, ``max_iterations``
+        (``on_step_end`` then tells the policy of the last iteration). The Oracle serves one
+        to three requests at a time for most of the paper's trace: most of its 6 M iterations
+        pass here."""
+        policy, view = self.policy, self._view
+        scheduled = decision.scheduled
+        while (self._now < self._next_arrival and self._now < horizon
+               and self._iteration < max_iterations):
+            view.now = self._now
+            t0 = time.perf_counter()
+            decided = policy.schedule_after_decodes(view, decision, latency)
+            self._decide_s = time.perf_counter() - t0
+            if decided is not decision:
+                return decided
+            shape = self._decode_shape(scheduled)
+            if shape is None:  # a request's next token needs a new block: allocate it
+                shape = self._form_batch(scheduled)
+            n_done = self._n_done
+            latency = self._advance(decision, shape, 0.0)
+            if self._n_done != n_done:
+                break
+        policy.on_step_end(view, decision, latency)
+        return None
+
+    def _decode_shape(self, scheduled: list[tuple[Request, int]]) -> BatchShape | None:
+        """``_form_batch`` of decode steps of running requests that need no new KV block: the
+        shape alone (None if a request needs a block)."""
+        block_size = self.kv.block_size
+        decode_ctx = 0
+        for r, _ in scheduled:
+            ctx = r.num_computed_tokens
+            if ctx >= r.num_blocks * block_size:
+                return None
+            decode_ctx += ctx
+        return BatchShape(0, 0, 0.0, len(scheduled), decode_ctx)
 
     def _stop(self, reason: str) -> None:
         """End the run early: every request not done yet is rejected with ``reason``."""
@@ -479,6 +540,28 @@ class Simulator:
 
 
 _RUNNING, _WAITING = Status.RUNNING, Status.WAITING
+
+# The collector's thresholds during the loop (Python's defaults: 700, 10, 10).
+LOOP_GC_THRESHOLDS = (100_000, 50, 100)
+
+
+@contextmanager
+def _collector_for_loop() -> Iterator[None]:
+    """Python's cyclic collector, tuned for the loop. The loop allocates millions of short-lived
+    containers (batch lists, shapes, log rows) and few cycles; with the default thresholds the
+    collector ran ~16 K times in one 20K-request run and traversed everything alive at every
+    full collection (the trace, the requests, the log). Here the objects alive when the loop
+    starts are set aside (``gc.freeze``) and the young generation is collected every 100 K
+    allocations, the older ones more rarely; both are restored afterwards (docs/simulator.md,
+    *Performance*). Results are the same: the collector frees only unreachable objects."""
+    thresholds = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(*LOOP_GC_THRESHOLDS)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
 
 
 def _remove(queue: list[Request], members: list[Request]) -> None:

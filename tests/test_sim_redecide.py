@@ -1,0 +1,124 @@
+"""After a decode-only iteration the simulator lets AccelGen (and the Oracle) take in the step
+and decide in one call (``Policy.schedule_after_decodes``), and runs the same decision object
+again while the batch stays the same: every result is the one ``on_step_end`` + ``schedule``
+give at every iteration."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from accelgen.kvcache import BlockManager
+from accelgen.policies.accelgen import AccelGenPolicy
+from accelgen.policies.base import Decision, Pivot, Policy, SchedulerView
+from accelgen.policies.oracle import OraclePolicy
+from accelgen.request import Request
+from accelgen.sim.engine import SimulationResult, Simulator
+from tests.conftest import LinearCost
+
+
+class AskingAccelGen(AccelGenPolicy):
+    """AccelGen told of every step and asked at every iteration (the definition)."""
+
+    schedule_after_decodes = Policy.schedule_after_decodes
+
+
+class AskingOracle(OraclePolicy):
+    schedule_after_decodes = Policy.schedule_after_decodes
+
+
+# (arrival, prompt, output, kind): kind 0 online, tight TTFT; 1 online, loose; 2 offline (JCT)
+Spec = tuple[float, int, int, int]
+
+
+def _requests(specs: list[Spec]) -> list[Request]:
+    reqs = []
+    for i, (arrival, prompt, output, kind) in enumerate(specs):
+        online = kind < 2
+        reqs.append(Request(req_id=i, arrival=arrival, prompt_len=prompt,
+                            ttft_slo=(0.05 if kind == 0 else 2.0) if online else math.inf,
+                            tbt_slo=0.05 if online else math.inf,
+                            jct_slo=math.inf if online else 0.5 + 0.02 * output,
+                            online=online, predicted_output_len=max(1, output // 2)))
+    return reqs
+
+
+def _run(policy: Policy, specs: list[Spec], *, num_blocks: int, block_size: int,
+         max_iterations: int | None, horizon_s: float | None) -> SimulationResult:
+    cost = LinearCost()
+    sim = Simulator(_requests(specs), [o for _, _, o, _ in specs], policy, cost,
+                    BlockManager(num_blocks, block_size),
+                    Pivot(s_pf=64, t_pf=cost.forward_time(64)), max_model_len=100_000,
+                    max_iterations=max_iterations, horizon_s=horizon_s)
+    return sim.run()
+
+
+def _same(fast_policy: Policy, ref_policy: Policy, specs: list[Spec],
+          **kw: Any) -> tuple[SimulationResult, SimulationResult]:
+    specs = sorted(specs, key=lambda x: x[0])
+    fast = _run(fast_policy, specs, **kw)
+    ref = _run(ref_policy, specs, **kw)
+    assert [(r.req_id, r.status, r.reject_reason, r.num_preemptions, r.finish_time,
+             r.first_scheduled_time, tuple(r.token_times)) for r in fast.requests] == \
+        [(r.req_id, r.status, r.reject_reason, r.num_preemptions, r.finish_time,
+          r.first_scheduled_time, tuple(r.token_times)) for r in ref.requests]
+    assert fast.end_time == ref.end_time
+    assert fast.iterations.to_frame().equals(ref.iterations.to_frame())
+    return fast, ref
+
+
+_specs = st.lists(st.tuples(st.floats(min_value=0.0, max_value=2.0, allow_nan=False),
+                            st.integers(min_value=1, max_value=150),
+                            st.integers(min_value=1, max_value=120),
+                            st.integers(min_value=0, max_value=2)),
+                  min_size=1, max_size=25)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(specs=_specs, num_blocks=st.integers(min_value=12, max_value=40),
+       block_size=st.sampled_from([4, 16]), oracle=st.booleans(),
+       max_iterations=st.sampled_from([None, 9, 200]), horizon_s=st.sampled_from([None, 0.7]))
+def test_deciding_after_decodes_gives_the_results_of_asking(
+        specs: list[Spec], num_blocks: int, block_size: int, oracle: bool,
+        max_iterations: int | None, horizon_s: float | None) -> None:
+    """Arrivals, finishes, new blocks, lost and dormant requests (tight TTFTs), offline JCT
+    plans, the Oracle's exact plan, a stopped run and a horizon."""
+    fast, ref = (OraclePolicy(), AskingOracle()) if oracle else (AccelGenPolicy(), AskingAccelGen())
+    _same(fast, ref, specs, num_blocks=num_blocks, block_size=block_size,
+          max_iterations=max_iterations, horizon_s=horizon_s)
+
+
+def test_most_decode_iterations_reuse_the_decision(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Long decodes under the Oracle's exact plan (one or two requests at a time): the policy is
+    told of most steps in the one call, and most decisions are the previous object again."""
+    rng = np.random.default_rng(5)
+    specs = [(float(a), int(p), int(o), int(k)) for a, p, o, k in zip(
+        np.sort(rng.uniform(0, 1, 12)), rng.integers(20, 120, 12), rng.integers(100, 300, 12),
+        rng.integers(0, 3, 12), strict=True)]
+    calls = {"step_end": 0, "after": 0, "same": 0}
+    step_end, after = OraclePolicy.on_step_end, OraclePolicy.schedule_after_decodes
+
+    def counted_step_end(self: OraclePolicy, *a: Any) -> None:
+        calls["step_end"] += 1
+        step_end(self, *a)
+
+    def counted_after(self: OraclePolicy, view: SchedulerView, decision: Decision,
+                      latency: float) -> Decision:
+        calls["after"] += 1
+        out = after(self, view, decision, latency)
+        calls["same"] += out is decision
+        return out
+
+    monkeypatch.setattr(OraclePolicy, "on_step_end", counted_step_end)
+    monkeypatch.setattr(OraclePolicy, "schedule_after_decodes", counted_after)
+    fast, _ = _same(OraclePolicy(), AskingOracle(), specs, num_blocks=40, block_size=16,
+                    max_iterations=None, horizon_s=None)
+    n = len(fast.iterations)
+    # (the reference's on_step_end calls are counted too: one per iteration)
+    assert n > 1000 and calls["step_end"] - n < n / 5
+    assert calls["same"] > 0.8 * n and calls["after"] <= n
