@@ -170,7 +170,8 @@ class AccelGenPolicy(Policy):
                      t.slot_of.get(owner, -1) if owner is not None else -1, self._prev_budget,
                      view.kv.num_free_blocks, admissions, plan_only, t.n_active, t.n_dormant,
                      t.dormant_lo, t.dirty_lo, t.dirty_hi, t.n_gone, t.reindex)
-        t.seen()
+        if t.dirty_hi or t.n_gone or t.reindex:
+            t.seen()
         return out
 
     def _sync(self, view: SchedulerView) -> None:
@@ -200,7 +201,8 @@ class AccelGenPolicy(Policy):
         # objects per step, and the log takes its fast path only for an InfoRow of known names)
         info = ws.info_values.copy()
         batch_slots, tokens = ws.slots[:ns].tolist(), ws.tokens[:ns].tolist()
-        if last is not None and not npre and (batch_slots, tokens) == self._last_batch:
+        if (last is not None and not npre and batch_slots == self._last_batch[0]
+                and tokens == self._last_batch[1]):
             last.info = InfoRow(self._info_names, info)
             return last
         objs = t.objs

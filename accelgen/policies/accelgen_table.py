@@ -248,8 +248,8 @@ class RequestTable:
         (``Policy.schedule_after_decodes``): each computed and emitted one more token, at
         ``now``. Only their KV blocks are read from the request objects."""
         blocks = self.blocks
-        for s, (r, _) in zip(slots, batch, strict=True):
-            blocks[s] = r.num_blocks  # (the backend may have given it a block for this token)
+        for j, s in enumerate(slots):  # (the backend may have given it a block for this token)
+            blocks[s] = batch[j][0].num_blocks
         self._rewatch(self._kernels().decode_rows(self.rows, slot_array, len(slots), now,
                                                   self._watch_slots))
 
