@@ -79,10 +79,9 @@ class AccelGenPolicy(Policy):
         self._pending_cuts: list[int] = []
         self._info_names = self._info_index()
         self._exact = self._exact_kv()
-        # The last decision, while its batch is still the workspace's output (and its slots and
-        # tokens as lists): what ``schedule_after_decodes`` advances and compares with.
+        # The last decision, while its batch is still the workspace's output: the one
+        # ``schedule_after_decodes`` takes in and may hand back again.
         self._last: Decision | None = None
-        self._last_batch: tuple[list[int], list[int]] = ([], [])
         # Tests switch this on: compare the table with the request objects every decision.
         self.debug_verify = False
 
@@ -109,8 +108,7 @@ class AccelGenPolicy(Policy):
         # the same batch, ``decision`` again rather than a new one.
         if decision is not self._last or self._pending_cuts or self.debug_verify:
             return super().schedule_after_decodes(view, decision, latency)
-        self._table.advance_decodes(decision.scheduled, self._last_batch[0], self._ws.slots,
-                                    view.now)
+        self._table.advance_decodes(decision.scheduled, self._ws.slots, view.now)
         return self._schedule(view, decision)
 
     # -- decision ------------------------------------------------------------------------------
@@ -200,16 +198,14 @@ class AccelGenPolicy(Policy):
         # (the diagnostics as one array copy, wrapped as an InfoRow: a dict would be 21 float
         # objects per step, and the log takes its fast path only for an InfoRow of known names)
         info = ws.info_values.copy()
-        batch_slots, tokens = ws.slots[:ns].tolist(), ws.tokens[:ns].tolist()
-        if (last is not None and not npre and batch_slots == self._last_batch[0]
-                and tokens == self._last_batch[1]):
+        if last is not None and out.same_batch:
             last.info = InfoRow(self._info_names, info)
             return last
         objs = t.objs
-        batch = list(zip(map(objs.__getitem__, batch_slots), tokens, strict=True))
+        batch = list(zip(map(objs.__getitem__, ws.slots[:ns].tolist()), ws.tokens[:ns].tolist(),
+                         strict=True))
         preempted = self._victims(npre) if npre else []
         self._last = decision = Decision.of_batch(batch, preempted, self._info_names, info)
-        self._last_batch = (batch_slots, tokens)
         return decision
 
     def _victims(self, n: int) -> list[Request]:

@@ -1267,7 +1267,23 @@ def decide(d: Any) -> int:
             if d.state[0].params.exact_kv:
                 _unhide(d)
             _diagnostics(d)
+            _compare_batch(d)
             return -1
+
+
+@_jit
+def _compare_batch(d: Any) -> None:
+    """``outcome.same_batch``: the batch is the previous decision's and nothing else happens
+    (no preemption); then this batch is kept as the one the next decision compares with."""
+    out, led, lists = d.state[0].outcome, d.state[0].ledger, d.lists
+    n = out.n_sched
+    same = n == led.last_n_sched and out.n_preempted == 0
+    for j in range(n):
+        e = lists[j]
+        if e.last_slots != e.slots or e.last_tokens != e.tokens:
+            same = False
+        e.last_slots, e.last_tokens = e.slots, e.tokens
+    out.same_batch, led.last_n_sched = same, n
 
 
 # -- the table's dynamic columns (``RequestTable``: compiled too, it runs every step) ------------

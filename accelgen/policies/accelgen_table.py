@@ -241,16 +241,16 @@ class RequestTable:
             return
         self._rewatch(self._read(np.array(values, dtype=np.float64), lost_rule=True))
 
-    def advance_decodes(self, batch: list[tuple[Request, int]], slots: list[int],
-                        slot_array: np.ndarray, now: float) -> None:
-        """``refresh`` of the requests of ``batch`` (in ``slots``, also the head of
-        ``slot_array``) after it ran as decode steps alone and nothing else changed
-        (``Policy.schedule_after_decodes``): each computed and emitted one more token, at
-        ``now``. Only their KV blocks are read from the request objects."""
-        blocks = self.blocks
-        for j, s in enumerate(slots):  # (the backend may have given it a block for this token)
-            blocks[s] = batch[j][0].num_blocks
-        self._rewatch(self._kernels().decode_rows(self.rows, slot_array, len(slots), now,
+    def advance_decodes(self, batch: list[tuple[Request, int]], slots: np.ndarray,
+                        now: float) -> None:
+        """``refresh`` of the requests of ``batch`` (their slots the head of ``slots``) after
+        it ran as decode steps alone and nothing else changed (``Policy.schedule_after_decodes``):
+        each computed and emitted one more token, at ``now``. Only their KV blocks are read from
+        the request objects."""
+        blocks, slot_of = self.blocks, self.slot_of
+        for r, _ in batch:  # (the backend may have given it a block for this token)
+            blocks[slot_of[r.req_id]] = r.num_blocks
+        self._rewatch(self._kernels().decode_rows(self.rows, slots, len(batch), now,
                                                   self._watch_slots))
 
     def _rewatch(self, k: int) -> None:

@@ -67,6 +67,7 @@ LISTS = np.dtype([
     ("over", i8),  # the Oracle's over-admitted requests (excluded on the next pass)
     ("over_at", i8),  # their positions in the dormant queue (-1: active)
     ("touched", i8),  # dormant requests whose columns this pass computed
+    ("last_slots", i8), ("last_tokens", i8),  # the previous decision's batch (``same_batch``)
 ], align=True)
 
 
@@ -103,6 +104,9 @@ class Outcome(NamedTuple):
     oracle_excluded: int  # requests its exact KV plan kept out
     oracle_reforms: int  # passes that found over-admissions
     oracle_n_over: int  # over-admitted requests so far (``lists.over``)
+    # 1: the batch (slots and tokens, in order) is the previous decision's, and nothing else is
+    # scheduled (``AccelGenPolicy`` then hands back the previous ``Decision``); else 0
+    same_batch: int
 
 
 def _record(fields: type) -> np.dtype:
@@ -131,6 +135,7 @@ LEDGER = np.dtype([
     ("era_owner_start", i8),  # the ERA owner when the pass began (eligibility)
     ("oversize", i8),  # /Chunk: the oversized head prompt, -1 if none
     ("n_touched", i8),  # lists.touched[:n_touched]
+    ("last_n_sched", i8),  # the previous decision's batch size (``lists.last_slots``)
     ("dormant_head", i8),  # dormant[:dormant_head] is no longer available
 ], align=True)
 
@@ -202,6 +207,9 @@ class DecisionArrays(NamedTuple):
     dormant_gone: np.ndarray  # the table's ``gone``
     # (Oracle) the dormant requests' final KV in blocks: a Fenwick tree of their counts
     dormant_finals: np.ndarray
+
+
+_new_tuple = tuple.__new__
 
 
 def _records(dtype: np.dtype, n: int) -> np.recarray:
@@ -320,4 +328,5 @@ class Workspace:
             asked.append(need)
         if asked:
             self._full_batch[asked] = math.nan
-        return Outcome._make(self._outcome.tolist())
+        # (``tuple.__new__``: the NamedTuple without its Python-level constructor, every step)
+        return _new_tuple(Outcome, self._outcome.tolist())
