@@ -1,0 +1,47 @@
+"""The simulator tunes Python's garbage collector for its loop only: the thresholds and the
+frozen objects are back as they were after a run, also one that fails."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from accelgen.kvcache import BlockManager
+from accelgen.policies.base import Decision, Pivot, SchedulerView
+from accelgen.policies.vllm import VLLMPolicy
+from accelgen.sim.engine import LOOP_GC_THRESHOLDS, PolicyError, Simulator
+from tests.conftest import LinearCost, make_requests
+
+
+def _sim(policy: VLLMPolicy) -> Simulator:
+    cost = LinearCost()
+    return Simulator(make_requests([(0.0, 40), (0.1, 30)]), [5, 7], policy, cost,
+                     BlockManager(32, 16), Pivot(s_pf=64, t_pf=cost.forward_time(64)),
+                     max_model_len=1000)
+
+
+class _Broken(VLLMPolicy):
+    def schedule(self, view: SchedulerView) -> Decision:
+        assert gc.get_threshold() == LOOP_GC_THRESHOLDS
+        raise PolicyError("broken on purpose")
+
+
+def test_the_collector_is_restored_after_a_run() -> None:
+    before, frozen = gc.get_threshold(), gc.get_freeze_count()
+    res = _sim(VLLMPolicy()).run()
+    assert all(r.status.name == "FINISHED" for r in res.requests)
+    assert gc.get_threshold() == before and gc.get_freeze_count() == frozen
+    with pytest.raises(PolicyError, match="on purpose"):
+        _sim(_Broken()).run()
+    assert gc.get_threshold() == before and gc.get_freeze_count() == frozen
+
+
+def test_a_callers_frozen_objects_stay_frozen() -> None:
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        _sim(VLLMPolicy()).run()
+        assert gc.get_freeze_count() == frozen > 0
+    finally:
+        gc.unfreeze()
