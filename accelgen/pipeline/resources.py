@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 REFERENCE_REQUESTS = 20_000
 MEASURED_ON = ("scripts/bench_sim.py --traces paper bursty, every policy in one session, "
-               "2026-11-25, 2-core development VM, build d028159 (load 1.0 before, 1.1 after)")
+               "2026-11-25, 2-core development VM, build 74eb80c (load 1.0 before and after)")
 STARTUP_S = 3.0  # interpreter, imports, trace load: not scaled
 BASE_MB = 250.0  # the process before the run (interpreter, numpy, pandas, pyarrow)
 
@@ -42,15 +42,15 @@ class JobCost:
 # search (the Oracle's policy at one parameter setting); a search costs points + 1 of them.
 MEASURED: dict[str, JobCost] = {
     # peak RSS in MiB (ru_maxrss)
-    "vllm": JobCost(seconds=43.3, rss_mb=905.0),
-    "vllm-v0": JobCost(seconds=45.7, rss_mb=916.0),
-    "sarathi": JobCost(seconds=48.7, rss_mb=869.0),
-    "fastgen": JobCost(seconds=54.1, rss_mb=876.0),
-    "fastserve": JobCost(seconds=74.1, rss_mb=935.0),
-    "edf": JobCost(seconds=89.3, rss_mb=920.0),
-    "orca": JobCost(seconds=65.6, rss_mb=1592.0),  # 16.9 M iterations (batches of 8)
-    "oracle": JobCost(seconds=83.4, rss_mb=1351.0),  # one point of a search
-    "accelgen": JobCost(seconds=58.0, rss_mb=1073.0),
+    "vllm": JobCost(seconds=45.4, rss_mb=909.0),
+    "vllm-v0": JobCost(seconds=46.3, rss_mb=920.0),
+    "sarathi": JobCost(seconds=49.6, rss_mb=902.0),
+    "fastgen": JobCost(seconds=52.9, rss_mb=878.0),
+    "fastserve": JobCost(seconds=80.5, rss_mb=935.0),
+    "edf": JobCost(seconds=85.5, rss_mb=918.0),
+    "orca": JobCost(seconds=68.0, rss_mb=1590.0),  # 16.9 M iterations (batches of 8)
+    "oracle": JobCost(seconds=91.1, rss_mb=1353.0),  # one point of a search
+    "accelgen": JobCost(seconds=59.9, rss_mb=1109.0),
 }
 SCENARIO_REQUESTS = 100  # a fixed scenario (figure 6's ERA case and the like) is this small
 
