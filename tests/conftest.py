@@ -77,6 +77,18 @@ def run_sim(requests: list[Request], output_len: Sequence[int], policy: Policy, 
     return sim.run()
 
 
+def assert_same_results(a: SimulationResult, b: SimulationResult) -> None:
+    """Two simulations of the same trace gave the same results: every request's outcome and
+    token times, the end time and the iteration log."""
+    def outcomes(res: SimulationResult) -> list[tuple[object, ...]]:
+        return [(r.req_id, r.status, r.reject_reason, r.num_preemptions, r.finish_time,
+                 r.first_scheduled_time, tuple(r.token_times)) for r in res.requests]
+
+    assert outcomes(a) == outcomes(b)
+    assert a.end_time == b.end_time
+    assert a.iterations.to_frame().equals(b.iterations.to_frame())
+
+
 @pytest.fixture
 def linear_cost() -> LinearCost:
     return LinearCost()

@@ -19,7 +19,7 @@ from accelgen.policies.base import Decision, Pivot, Policy, SchedulerView
 from accelgen.policies.oracle import OraclePolicy
 from accelgen.request import Request
 from accelgen.sim.engine import SimulationResult, Simulator
-from tests.conftest import LinearCost
+from tests.conftest import LinearCost, assert_same_results
 
 
 class AskingAccelGen(AccelGenPolicy):
@@ -63,12 +63,7 @@ def _same(fast_policy: Policy, ref_policy: Policy, specs: list[Spec],
     specs = sorted(specs, key=lambda x: x[0])
     fast = _run(fast_policy, specs, **kw)
     ref = _run(ref_policy, specs, **kw)
-    assert [(r.req_id, r.status, r.reject_reason, r.num_preemptions, r.finish_time,
-             r.first_scheduled_time, tuple(r.token_times)) for r in fast.requests] == \
-        [(r.req_id, r.status, r.reject_reason, r.num_preemptions, r.finish_time,
-          r.first_scheduled_time, tuple(r.token_times)) for r in ref.requests]
-    assert fast.end_time == ref.end_time
-    assert fast.iterations.to_frame().equals(ref.iterations.to_frame())
+    assert_same_results(fast, ref)
     return fast, ref
 
 

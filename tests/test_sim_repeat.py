@@ -16,7 +16,7 @@ from accelgen.kvcache import BlockManager
 from accelgen.policies.base import Decision, Pivot, SchedulerView
 from accelgen.policies.orca import OrcaPolicy
 from accelgen.sim.engine import SimulationResult, Simulator
-from tests.conftest import LinearCost, make_requests
+from tests.conftest import LinearCost, assert_same_results, make_requests
 
 
 class AskingOrca(OrcaPolicy):
@@ -43,12 +43,7 @@ def _same(trace: list[tuple[float, int, int]], **kw: Any) -> tuple[SimulationRes
     params = {k: kw.pop(k) for k in ("max_batch_size", "max_seq_len")}
     fast = _run(OrcaPolicy(**params), trace, **kw)
     ref = _run(AskingOrca(**params), trace, **kw)
-    assert [(r.req_id, r.status, r.reject_reason, r.num_preemptions, r.finish_time,
-             r.first_scheduled_time, tuple(r.token_times)) for r in fast.requests] == \
-        [(r.req_id, r.status, r.reject_reason, r.num_preemptions, r.finish_time,
-          r.first_scheduled_time, tuple(r.token_times)) for r in ref.requests]
-    assert fast.end_time == ref.end_time
-    assert fast.iterations.to_frame().equals(ref.iterations.to_frame())
+    assert_same_results(fast, ref)
     return fast, ref
 
 

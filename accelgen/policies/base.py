@@ -205,8 +205,8 @@ class Policy(ABC):
         A backend calls it only after an iteration that ran ``decision`` as decode steps alone
         (one token for every request of its batch; a request may have been given a KV block
         for it) and changed nothing else: no arrival, no request ending, no rejection,
-        preemption, swap or reservation;
-        ``view.now`` is already the new decision's time (the iteration's end). Return
+        preemption, swap or reservation; ``view.now`` is already the new decision's time (the
+        iteration's end). Return
         ``decision`` itself, its ``info`` replaced, exactly when the new decision schedules the
         same batch and nothing else; the backend then runs it again as it is. The results must
         be the ones of the two calls. (The simulator calls it only for a policy that overrides
