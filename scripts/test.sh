@@ -6,4 +6,6 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh --vllm
 .venv/bin/ruff check accelgen tests scripts
 .venv/bin/mypy accelgen
-.venv/bin/python -m pytest "$@"
+# Two workers: most tests are single-threaded; the real-engine tests (marker `vllm`) all run on
+# one of them (tests/conftest.py), since an engine takes both cores.
+.venv/bin/python -m pytest -n "${PYTEST_WORKERS:-2}" --dist loadgroup "$@"

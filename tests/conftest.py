@@ -23,6 +23,17 @@ settings.register_profile("ci", derandomize=True, database=None, print_blob=True
 settings.register_profile("explore", derandomize=False, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+# Real-engine tests share one pytest-xdist worker (``--dist loadgroup``): a vLLM CPU engine takes
+# both cores, so two at once only slow each other down and blur the timings they read.
+ENGINE_GROUP = "vllm-engine"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("vllm") is not None:
+            item.add_marker(pytest.mark.xdist_group(ENGINE_GROUP))
+
 
 class LinearCost(LinearCostModel):
     """The project's linear model with the tests' defaults: base + per_token x S_f + per_ctx x

