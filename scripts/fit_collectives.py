@@ -10,7 +10,8 @@ the fitted numbers in ``accelgen/costmodel/collectives.py``, not the data).
 ``collectives.BUILTIN``), then per node and TP degree the error of the fit, of the package's
 current terms and of the old assumed terms (75 % of the NVLink bandwidth per direction, 10 us per
 all-reduce) at an iteration's message sizes (N x hidden x 2 bytes, N on ``TOKEN_GRID``, hidden
-8192 and 12288: Llama-3-70B and OPT-175B, the multi-GPU models), as a Markdown table.
+8192 and 12288: Llama-3-70B and OPT-175B, the multi-GPU models), as a Markdown table; and the
+latency of a few iterations of the multi-GPU deployments under the package's terms.
 ``--write-sample DIR`` writes the points nearest to N x 8192 x 2 bytes (N = 1, 2, 4, ..., 4096)
 as ``DIR/nccl_sample_<node>.csv``, the sample the tests check the package's fit on.
 """
@@ -133,6 +134,36 @@ def write_sample(points: cf.CollectivePoints, hw: str, node: str, out: Path) -> 
     return path
 
 
+def iteration_lines() -> list[str]:
+    """Iterations of the multi-GPU deployments under the package's terms (contexts 2,048)."""
+    from accelgen.costmodel.analytic import AnalyticCostModel
+    from accelgen.costmodel.base import BatchShape
+    from accelgen.costmodel.factory import make_cost_model
+    from accelgen.costmodel.profiles import resolve_deployment
+
+    def shape(prefill: int = 0, decodes: int = 0) -> BatchShape:
+        s = BatchShape()
+        if prefill:
+            s.add_prefill(prefill, 0)
+        for _ in range(decodes):
+            s.add_decode(2048)
+        return s
+
+    shapes = [("decode, 1 request", shape(decodes=1)), ("decode, 32 requests", shape(decodes=32)),
+              ("prefill, 512 tokens", shape(prefill=512)),
+              ("512-token chunk + 32 decodes", shape(prefill=512, decodes=32)),
+              ("prefill, 4096 tokens", shape(prefill=4096))]
+    out = ["| deployment | iteration (decode contexts 2,048) | latency (ms) | of it TP/PP "
+           "communication (ms) |", "|---|---|---|---|"]
+    for name in ("llama-3-70b", "opt-175b", "opt-175b-tp2pp4"):
+        cost = make_cost_model(resolve_deployment(name))
+        assert isinstance(cost, AnalyticCostModel)
+        for label, s in shapes:
+            out.append(f"| {name} | {label} | {cost.iteration_time(s) * 1e3:.1f} | "
+                       f"{cost.breakdown(s)['comm'] * 1e3:.1f} |")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -151,6 +182,7 @@ def main() -> int:
         if args.write_sample is not None:
             written.append(write_sample(points, hw, node, args.write_sample))
     print("\n".join(table))
+    print("\n".join(iteration_lines()))
     print(f"fit_collectives: fitted {len(NODES)} nodes"
           + (f"; wrote {', '.join(map(str, written))}" if written else ""))
     return 0
