@@ -306,3 +306,12 @@ def test_token_grid_spans_the_iteration() -> None:
     assert cf.TOKEN_GRID[0] == 1 and cf.TOKEN_GRID[-1] == 8192
     assert all(b > a for a, b in zip(cf.TOKEN_GRID, cf.TOKEN_GRID[1:], strict=False))
     assert math.isclose(cf.MATCH_FACTOR ** 2, 2.0)
+
+
+def test_a_pipeline_deployment_takes_collectives() -> None:
+    from accelgen.pipeline.config import DeploymentSpec, resolve_deployment_spec
+
+    terms = BUILTIN["h100"].model_dump()
+    dep = resolve_deployment_spec("llama-3-70b", DeploymentSpec.model_validate(
+        {"collectives": terms}))
+    assert dep.collectives == BUILTIN["h100"] and dep.tp == 4

@@ -17,8 +17,10 @@ bytes, N = 1..8,192 tokens). Written: the deployment (``cost_model: analytic`` w
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -104,9 +106,22 @@ def report_lines(terms: CollectiveTerms, points: cf.CollectivePoints, hardware: 
     return lines, errors
 
 
+def _atomic_write(path: Path, text: str) -> None:
+    """Write through a temporary file in the same directory and a rename: a failure leaves no
+    half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def run(args: argparse.Namespace, data: dict[str, Any]) -> int:
     """Fit, print, write the deployment file (``data`` is calibrate's base configuration)."""
-    from accelgen.costmodel.calibrate_cli import _atomic_write
     from accelgen.costmodel.profiles import resolve_hardware, resolve_model
 
     if args.points:
