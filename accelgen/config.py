@@ -96,6 +96,46 @@ class CalibratedTerms(StrictModel):
     source: str = ""  # what the terms were fitted on
 
 
+class AllReduceFit(StrictModel):
+    """Fitted time of one all-reduce over ``ranks`` GPUs of one node (``accelgen.costmodel.
+    collectives``): max(latency_s, startup_s + ring bytes / bus bandwidth(S)) for a message of S
+    bytes, ring bytes = 2 (ranks - 1) / ranks x S, the bus bandwidth growing as
+    (S / ref_bytes)^(1 - exponent) up to ``bus_bandwidth`` at ``ref_bytes`` and constant beyond."""
+
+    ranks: int = Field(ge=2)
+    latency_s: Seconds  # floor: the time of a small message
+    startup_s: Seconds  # offset of the bandwidth-bound regime
+    bus_bandwidth: PositiveFloat  # bytes/s at ref_bytes (nccl-tests' "busbw")
+    exponent: float = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False)
+    ref_bytes: PositiveFloat  # the largest fitted message; the bandwidth is held beyond it
+
+
+class SendRecvFit(StrictModel):
+    """Fitted time of one point-to-point transfer (a pipeline hop) of S bytes:
+    startup_s + S / bus_bandwidth."""
+
+    startup_s: Seconds
+    bus_bandwidth: PositiveFloat  # bytes/s
+
+
+class CollectiveTerms(StrictModel):
+    """The analytic model's communication terms for one kind of node: an all-reduce fit per
+    measured TP degree (a degree not listed uses the nearest one's, with its own ring factor)
+    and a send/recv fit for pipeline hops. ``accelgen calibrate --collectives`` fits them to
+    ``nccl-tests`` output; the package carries fits for A100 and H100 nodes."""
+
+    all_reduce: list[AllReduceFit] = Field(min_length=1)
+    send_recv: SendRecvFit
+    source: str = ""  # what the terms were fitted on
+
+    @model_validator(mode="after")
+    def _one_fit_per_degree(self) -> CollectiveTerms:
+        ranks = [f.ranks for f in self.all_reduce]
+        if len(set(ranks)) != len(ranks):
+            raise ValueError(f"all_reduce: one fit per rank count, got ranks {ranks}")
+        return self
+
+
 class Deployment(StrictModel):
     """A model served on a number of GPUs with a KV-cache budget."""
 
@@ -112,6 +152,9 @@ class Deployment(StrictModel):
     cost_model: Literal["analytic", "profile", "calibrated"] = "analytic"
     profile_csv: Path | None = None  # for cost_model == "profile"
     calibration: CalibratedTerms | None = None  # for cost_model == "calibrated"
+    # TP/PP communication of the analytic model; default: the package's fit for the hardware
+    # (accelgen.costmodel.collectives).
+    collectives: CollectiveTerms | None = None
     pivot_tolerance: PositiveFloat = 0.03
 
     @property
@@ -125,6 +168,9 @@ class Deployment(StrictModel):
         if self.cost_model == "calibrated" and self.calibration is None:
             raise ValueError("cost_model 'calibrated' needs calibration (the terms `accelgen "
                              "calibrate` writes)")
+        if self.collectives is not None and self.cost_model != "analytic":
+            raise ValueError(f"collectives: used by cost_model 'analytic' only, not "
+                             f"{self.cost_model!r}")
         return self
 
 

@@ -82,13 +82,9 @@ def linear_pred(cal: Calibration, d: pd.DataFrame) -> np.ndarray:
             models[key] = AnalyticCostModel(one_layer(row.src, row), A100,
                                             tp=row.num_tensor_parallel_workers, calibration=cal)
         b = models[key].breakdown(BatchShape(prefill_tokens=int(row.num_tokens)))
-        out[i] = b["fixed"] - _tp_fixed(models[key]) + b["linear"]
+        # 'fixed' holds no communication (that is 'comm'), as Vidur's op times hold none.
+        out[i] = b["fixed"] + b["linear"]
     return out
-
-
-def _tp_fixed(m: AnalyticCostModel) -> float:
-    """The all-reduce latency share of 'fixed' (Vidur's op times exclude communication)."""
-    return 2 * m.model.num_layers * m.calibration.allreduce_latency_s if m.tp > 1 else 0.0
 
 
 def prefill_attn_pred(cal: Calibration, d: pd.DataFrame) -> np.ndarray:
@@ -253,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print("\n# --- paste into accelgen/costmodel/analytic.py ---")
     fields = [f.name for f in dataclasses.fields(Calibration)
-              if f.name not in ("comm_eff", "allreduce_latency_s", "p2p_latency_s", "source")]
+              if f.name != "source"]
     for f in fields:
         v = getattr(cal, f)
         print(f"    {f}={v:.4g},")

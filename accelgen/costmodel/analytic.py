@@ -17,13 +17,15 @@ Per transformer layer, summed over all layers of the model:
   on GPUs).
 - LM head: a roofline over the sampled sequences (one logit row per sequence). Not in the
   calibration data (which has no LM head); its weights add about 0.2-0.3 ms per iteration.
-- Multi-GPU (assumed, not fitted: the calibration set has no multi-GPU traces): TP divides
-  weights, FLOPs, heads and KV heads by tp and adds two ring all-reduces of S x hidden per layer
-  (Megatron layout) at ``comm_eff`` of the per-direction link bandwidth plus a fixed latency.
-  PP adds (pp - 1) point-to-point activation transfers. With PP the scheduler is charged a full
-  pipeline pass per iteration (all layers, no micro-batch overlap, i.e. the bubble is never
-  filled): simple and pessimistic for throughput, which is why the default OPT-175B layout is
-  TP 8 (see profiles.py).
+- Multi-GPU: TP divides weights, FLOPs, heads and KV heads by tp and adds two all-reduces of
+  S x hidden x dtype bytes per layer (Megatron layout); PP adds (pp - 1) point-to-point transfers
+  of the same size. Their times are fitted to measured NCCL collectives (``collectives.py``:
+  a latency floor, a startup and a bus bandwidth that grows with the message size, per TP degree;
+  the package's fits are DGX-A100 and DGX-H100 nodes; ``Deployment.collectives`` takes a user's
+  own, ``accelgen calibrate --collectives``). With PP the scheduler is charged a full pipeline
+  pass per iteration (all layers, no micro-batch overlap, i.e. the bubble is never filled):
+  simple and pessimistic for throughput, which is why the default OPT-175B layout is TP 8 (see
+  profiles.py).
 - ``extra_overhead_s``: a constant per iteration for engine CPU work, sampling and so on. The
   calibration data are GPU kernel times only, so the default is 0 (a real engine adds a few ms).
 
@@ -37,8 +39,9 @@ import math
 from dataclasses import asdict, dataclass
 from typing import NamedTuple, final
 
-from accelgen.config import HardwareProfile, ModelProfile
+from accelgen.config import CollectiveTerms, HardwareProfile, ModelProfile
 from accelgen.costmodel.base import BatchShape, CostModel
+from accelgen.costmodel.collectives import builtin_collectives, comm_terms, comm_time
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,12 +58,7 @@ class Calibration:
     attn_decode_mem_eff: float
     attn_decode_seq_head_s: float  # per layer, per decode sequence, per attention head
     attn_decode_fixed_s: float  # per layer, iterations with decodes
-    # Multi-GPU terms: assumptions, not fitted. NCCL all-reduce on A100 NVLink reaches a bus
-    # bandwidth of ~230 of 300 GB/s per direction (nccl-tests, DGX A100); small-message latency
-    # is ~10 us.
-    comm_eff: float = 0.75
-    allreduce_latency_s: float = 10e-6
-    p2p_latency_s: float = 10e-6
+    # (TP/PP communication: ``collectives.py``, fitted on measured NCCL collectives.)
     source: str = ""
 
 
@@ -89,8 +87,8 @@ class RooflineTerms(NamedTuple):
     """The per-iteration constants of ``AnalyticCostModel`` (seconds; ``p`` the roofline's
     transition exponent): all ``roofline_time`` needs."""
 
-    fixed_s: float  # per iteration: fixed per-layer costs, communication latency, extra overhead
-    comm_tok_s: float  # per forward token: TP all-reduces and PP transfers
+    fixed_s: float  # per iteration: fixed per-layer costs, PP transfers' startup, extra overhead
+    comm_tok_s: float  # per forward token: PP transfers
     lin_w_s: float  # linear layers: weight streaming
     lin_tok_s: float  # linear layers: compute per forward token
     p: float
@@ -103,6 +101,14 @@ class RooflineTerms(NamedTuple):
     dec_fixed_s: float  # iterations with decodes
     dec_seq_s: float  # per decode sequence
     dec_ctx_s: float  # per context token a decode reads
+    # TP all-reduces of all layers for N forward tokens (``collectives.CommTerms``):
+    # max(ar_floor_s, ar_startup_s + ar_tok_s x m^ar_exp x N / m), m = min(N, ar_cap);
+    # ar_tok_s is 0 without TP.
+    ar_floor_s: float
+    ar_startup_s: float
+    ar_tok_s: float
+    ar_exp: float
+    ar_cap: float
 
 
 def roofline_time(t: RooflineTerms, prefill_tokens: int, prefill_seqs: int, prefill_attn: float,
@@ -116,6 +122,10 @@ def roofline_time(t: RooflineTerms, prefill_tokens: int, prefill_seqs: int, pref
     p, inv_p = t.p, t.inv_p
     lin_w = t.lin_w_s
     out = t.fixed_s + n * t.comm_tok_s
+    if t.ar_tok_s > 0.0:
+        m = n if n < t.ar_cap else t.ar_cap
+        ar = t.ar_startup_s + t.ar_tok_s * m ** t.ar_exp * (n / m)
+        out += ar if ar > t.ar_floor_s else t.ar_floor_s
     out += lin_w * (1.0 + (n * t.lin_tok_s / lin_w) ** p) ** inv_p
     sampled = prefill_seqs + decode_seqs
     if sampled > 0:
@@ -141,13 +151,15 @@ class AnalyticCostModel(CostModel):
 
     name = "analytic"
 
-    __slots__ = ("_causal", "_comm_tok", "_ctx", "_dec_ctx", "_dec_fixed", "_dec_seq", "_fixed",
+    __slots__ = ("_causal", "_comm", "_comm_tok", "_ctx", "_dec_ctx", "_dec_fixed", "_dec_seq", "_fixed",
                  "_inv_p", "_lin_tok", "_lin_w", "_lm_tok", "_lm_w", "_p", "_pf_fixed",
-                 "calibration", "extra_overhead_s", "hardware", "model", "pp", "terms", "tp")
+                 "calibration", "collectives", "extra_overhead_s", "hardware", "model", "pp",
+                 "terms", "tp")
 
     def __init__(self, model: ModelProfile, hardware: HardwareProfile, tp: int = 1, pp: int = 1,
                  calibration: Calibration = A100_CALIBRATION,
-                 extra_overhead_s: float = 0.0) -> None:
+                 extra_overhead_s: float = 0.0,
+                 collectives: CollectiveTerms | None = None) -> None:
         if tp < 1 or pp < 1:
             raise ValueError(f"tp and pp must be >= 1, got tp={tp}, pp={pp}")
         if pp > model.num_layers:
@@ -156,6 +168,8 @@ class AnalyticCostModel(CostModel):
             raise ValueError(f"extra_overhead_s must be >= 0, got {extra_overhead_s}")
         self.model, self.hardware, self.tp, self.pp = model, hardware, tp, pp
         self.calibration, self.extra_overhead_s = calibration, extra_overhead_s
+        self.collectives = (collectives if collectives is not None
+                            else builtin_collectives(hardware))
         c = calibration
         peak, bw, dt = hardware.peak_flops, hardware.mem_bandwidth, model.dtype_bytes
         layers, hidden, head_dim = model.num_layers, model.hidden_size, model.head_dim
@@ -172,17 +186,10 @@ class AnalyticCostModel(CostModel):
         self._lm_tok = 2.0 * lm_params / (peak * c.linear_compute_eff)
         self._lm_w = lm_params * dt / (bw * c.linear_memory_eff)
 
-        act_bytes = hidden * dt  # one token's activations
-        link = hardware.interconnect_bandwidth * c.comm_eff
-        comm_tok, comm_fixed = 0.0, 0.0
-        if tp > 1:
-            comm_tok += layers * 2 * (2.0 * (tp - 1) / tp) * act_bytes / link
-            comm_fixed += layers * 2 * c.allreduce_latency_s
-        if pp > 1:
-            comm_tok += (pp - 1) * act_bytes / link
-            comm_fixed += (pp - 1) * c.p2p_latency_s
-        self._comm_tok = comm_tok
-        self._fixed = layers * c.linear_layer_fixed_s + comm_fixed + extra_overhead_s
+        # One token's activations travel in every all-reduce and pipeline hop.
+        self._comm = comm = comm_terms(self.collectives, layers, hidden * dt, tp, pp)
+        self._comm_tok = comm.tok_s
+        self._fixed = layers * c.linear_layer_fixed_s + comm.fixed_s + extra_overhead_s
 
         pair_flops = 4.0 * heads * head_dim  # QK^T and PV, per query-key pair
         self._ctx = layers * pair_flops / (peak * c.attn_context_eff)
@@ -199,7 +206,8 @@ class AnalyticCostModel(CostModel):
         self.terms = RooflineTerms(
             self._fixed, self._comm_tok, self._lin_w, self._lin_tok, self._p, self._inv_p,
             self._lm_w, self._lm_tok, self._pf_fixed, self._causal, self._ctx, self._dec_fixed,
-            self._dec_seq, self._dec_ctx)
+            self._dec_seq, self._dec_ctx, comm.ar_floor_s, comm.ar_startup_s, comm.ar_tok_s,
+            comm.ar_exp, comm.ar_cap)
 
     @final
     def iteration_time(self, shape: BatchShape) -> float:
@@ -217,8 +225,8 @@ class AnalyticCostModel(CostModel):
         n = shape.prefill_tokens + shape.decode_seqs
         if n <= 0:
             return out
-        out["fixed"] = self._fixed
-        out["comm"] = n * self._comm_tok
+        out["fixed"] = self._fixed - self._comm.fixed_s
+        out["comm"] = comm_time(self._comm, n)
         out["linear"] = _roofline(n * self._lin_tok, self._lin_w, self._p)
         sampled = shape.prefill_seqs + shape.decode_seqs
         if sampled > 0:
@@ -235,7 +243,8 @@ class AnalyticCostModel(CostModel):
     def describe(self) -> dict[str, object]:
         return {"model": self.model.name, "hardware": self.hardware.name, "tp": self.tp,
                 "pp": self.pp, "extra_overhead_s": self.extra_overhead_s,
-                "calibration": asdict(self.calibration)}
+                "calibration": asdict(self.calibration),
+                "collectives": self.collectives.source}
 
     def __repr__(self) -> str:
         return (f"AnalyticCostModel({self.model.name}, {self.hardware.name}, tp={self.tp}, "

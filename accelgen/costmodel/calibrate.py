@@ -39,6 +39,7 @@ def prior_terms(model: ModelProfile, hardware: HardwareProfile) -> CalibratedTer
     model's form, for ``model`` on one ``hardware`` GPU: the starting point of a fit and the
     value of every term the points do not constrain."""
     from accelgen.costmodel.analytic import A100_CALIBRATION, AnalyticCostModel
+    from accelgen.costmodel.collectives import token_transfer_s
 
     c = A100_CALIBRATION
     a = AnalyticCostModel(model, hardware, calibration=c)
@@ -53,8 +54,7 @@ def prior_terms(model: ModelProfile, hardware: HardwareProfile) -> CalibratedTer
         causal_pair_s=a._causal,
         context_pair_s=a._ctx,
         context_token_s=a._dec_ctx,
-        comm_token_s=model.hidden_size * model.dtype_bytes
-        / (hardware.interconnect_bandwidth * c.comm_eff),
+        comm_token_s=token_transfer_s(hardware, model.hidden_size * model.dtype_bytes),
         source=f"analytic model of {model.name} on {hardware.name} (not fitted)")
 
 

@@ -38,6 +38,7 @@ from typing import Any
 import yaml
 
 from accelgen.config import CalibratedTerms, Deployment, load_yaml
+from accelgen.costmodel import collectives_cli
 from accelgen.costmodel.calibrate import (
     HOLDOUTS,
     LOO_MAX_POINTS,
@@ -63,9 +64,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("calibrate", help="fit the cost model to measured latencies; write a "
                        "deployment file", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--points", action="append", required=True, metavar="CSV|DIR|NAME",
+    p.add_argument("--points", action="append", default=[], metavar="CSV|DIR|NAME",
                    help="measured points: a CSV, a results directory (step log) or a built-in "
                         f"set ({', '.join(BUILTIN_POINTS)}); repeat to pool several")
+    collectives_cli.add_option(p)
     p.add_argument("--check", action="append", default=[], metavar="CSV|DIR",
                    help="points to predict out of sample with the fitted model (repeatable)")
     which = p.add_mutually_exclusive_group()
@@ -116,7 +118,7 @@ def base_config(args: argparse.Namespace) -> dict[str, Any]:
                        ("block_size", args.block_size), ("max_model_len", args.max_model_len)):
         if value is not None:
             dep[key] = value
-    dep.update(cost_model="analytic", profile_csv=None, calibration=None)
+    dep.update(cost_model="analytic", profile_csv=None, calibration=None, collectives=None)
     data["deployment"] = Deployment.model_validate(dep).model_dump(mode="json")
     return data
 
@@ -134,6 +136,11 @@ def run(args: argparse.Namespace) -> int:
     from accelgen.costmodel.profiles import resolve_model
 
     data = base_config(args)
+    if args.collectives:
+        return collectives_cli.run(args, data)
+    if not args.points:
+        raise ValueError("calibrate: give --points (iteration latencies) or --collectives "
+                         "(nccl-tests output)")
     dep = Deployment.model_validate(data["deployment"])
     layers = resolve_model(dep.model).num_layers
     points = PointSet.concat([load_points(s, dep) for s in args.points])

@@ -57,7 +57,8 @@ def _build(dep: Deployment) -> CostModel:
     if model.num_heads % dep.tp:
         raise ValueError(f"tp={dep.tp} does not divide the {model.num_heads} heads of "
                          f"{model.name}")
-    return AnalyticCostModel(model, resolve_hardware(dep.hardware), tp=dep.tp, pp=dep.pp)
+    return AnalyticCostModel(model, resolve_hardware(dep.hardware), tp=dep.tp, pp=dep.pp,
+                             collectives=dep.collectives)
 
 
 def effective_max_model_len(dep: Deployment) -> int:

@@ -30,7 +30,7 @@ from pydantic import (
     model_validator,
 )
 
-from accelgen.config import CalibratedTerms, Deployment, SimOptions
+from accelgen.config import CalibratedTerms, CollectiveTerms, Deployment, SimOptions
 from accelgen.workloads.config import WorkloadConfig
 from accelgen.workloads.datasets import DEFAULT_RAW_DIR, DownloadConfig
 
@@ -127,6 +127,9 @@ class DeploymentSpec(Strict):
     cost_model: Literal["analytic", "profile", "calibrated"] | None = None
     profile_csv: Path | None = None
     calibration: CalibratedTerms | None = None
+    collectives: CollectiveTerms | None = Field(
+        None, description="TP/PP communication terms of the analytic model (`accelgen calibrate "
+                          "--collectives` writes them); default: the package's fit for the GPU")
     calibration_file: Path | None = Field(
         None, description="a deployment file `accelgen calibrate` wrote: its calibrated terms "
                           "become this deployment's cost model (cost_model: calibrated)")
