@@ -45,7 +45,7 @@ import numpy as np
 import yaml
 
 from accelgen.cliopts import hidden_alias
-from accelgen.config import CalibratedTerms, Deployment, load_yaml
+from accelgen.config import CalibratedTerms, Deployment, kv_cache_gb_arg, load_yaml
 from accelgen.costmodel.calibrate import (
     HOLDOUTS,
     LOO_MAX_POINTS,
@@ -86,7 +86,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     for name, kind, what in (("model", str, "model shape"), ("hardware", str, "GPU profile"),
                              ("tp", int, "tensor-parallel degree"),
                              ("pp", int, "pipeline-parallel degree"),
-                             ("kv-cache-gb", float, "KV cache GiB per GPU"),
+                             ("kv-cache-gb", kv_cache_gb_arg, "KV cache GiB per GPU, or auto"),
                              ("block-size", int, "KV block size"),
                              ("max-model-len", int, "context length")):
         p.add_argument(f"--{name}", type=kind, help=f"deployment override: {what}")
