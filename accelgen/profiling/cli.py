@@ -159,6 +159,13 @@ def _measure(args: argparse.Namespace) -> tuple[list[Measurement], dict[str, obj
         grid = args.grid or ("gpu" if device.startswith("cuda") else "cpu")
         shapes = quick_grid(top) if args.quick else (
             gpu_grid(top) if grid == "gpu" else cpu_grid(top))
+        # The standard grid's chunks over 4096 tokens of context and its decodes at 4096 tokens
+        # per sequence do not fit a model of a 4K context: left out, as the vllm backend does.
+        fits = [s for s in shapes if s.max_len() <= model.max_model_len]
+        if len(fits) < len(shapes):
+            say(f"{len(shapes) - len(fits)} shapes of the {grid} grid need more than the "
+                f"{model.max_model_len} positions of {model.name}: left out")
+        shapes = fits
         opts = TorchOptions(device=device, dtype=args.dtype, threads=args.threads,
                             repeats=args.repeats, warmup=args.warmup, clock=args.clock,
                             attention=args.attention)
