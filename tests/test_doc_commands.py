@@ -67,6 +67,8 @@ def _snakemake_parts(text: str) -> list[tuple[str, ...]]:
             tokens = shlex.split(part, comments=True)
         except ValueError:
             continue
+        if tokens[:1] == ["time"]:
+            tokens = tokens[1:]
         # A bare `snakemake` in prose names the program; a command line has arguments.
         if len(tokens) > 1 and (tokens[0] == "snakemake" or tokens[0].endswith("/snakemake")):
             out.append(tuple(itertools.chain.from_iterable(_brace(t) for t in tokens[1:])))
@@ -78,8 +80,8 @@ def _line_of(text: str, offset: int) -> int:
 
 
 def documented_commands(path: Path, text: str | None = None) -> list[Command]:
-    """Snakemake command lines of a Markdown file: lines of fenced code blocks (with their
-    backslash continuations) and inline code spans (which may wrap lines)."""
+    """Snakemake command lines of a Markdown file: lines of fenced and indented code blocks
+    (with their backslash continuations) and inline code spans (which may wrap lines)."""
     text = path.read_text() if text is None else text
     name = path.name if path.parent == ROOT else f"{path.parent.name}/{path.name}"
     found: list[Command] = []
@@ -101,6 +103,17 @@ def documented_commands(path: Path, text: str | None = None) -> list[Command]:
             found += [Command(where, line.strip(), argv) for argv in _snakemake_parts(line)]
             i += 1
     spans = "".join(prose)
+    # Indented code blocks (and indented prose, which yields no command line).
+    lines = spans.split("\n")
+    for n, line in enumerate(lines):
+        if line.startswith("    ") and line.strip() and not lines[n - 1].rstrip().endswith("\\"):
+            k = n
+            while line.rstrip().endswith("\\") and k + 1 < len(lines):
+                k += 1
+                line = line.rstrip()[:-1] + " " + lines[k]
+            if "`" not in line:
+                found += [Command(f"{name}:{n + 1}", line.strip(), argv)
+                          for argv in _snakemake_parts(line)]
     for m in re.finditer(r"(`+)(.+?)\1", spans, re.S):
         content = m.group(2)
         inner = [c.group(2) for c in re.finditer(r"(`+)(.+?)\1", content, re.S)] or [content]
