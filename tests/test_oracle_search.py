@@ -137,7 +137,7 @@ def test_cli_simulate_oracle_searches_and_is_never_below_accelgen(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     trace = tmp_path / "t.parquet"
     write_trace(_exact_plan_loses(), {}, trace)
-    common = ["--trace", str(trace), "--deployment", "opt-13b", "--kv-gb", "1", "--no-progress"]
+    common = ["--trace", str(trace), "--deployment", "opt-13b", "--kv-cache-gb", "1", "--no-progress"]
     assert main(["simulate", "--policy", "accelgen", *common, "--out", str(tmp_path / "a")]) == 0
     capsys.readouterr()
     assert main(["simulate", "--policy", "oracle", *common, "--out", str(tmp_path / "o")]) == 0

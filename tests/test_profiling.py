@@ -281,3 +281,24 @@ def test_vllm_backend_without_vllm_is_a_clear_error(tmp_path: Path,
                      "--out", str(out)]) == 2
     assert "needs vllm" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_torch_profile_leaves_out_grid_shapes_longer_than_the_model(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The standard (GPU) grid has decodes at 4096 tokens per sequence: a model of a 4K context
+    (llama-7b, what scripts/gpu_check.sh profiles) is measured on the shapes that fit it."""
+    import accelgen.profiling.torch_backend as tb
+
+    seen: list[Shape] = []
+
+    def fake_profile(model, shapes, opts, progress=None):  # type: ignore[no-untyped-def]
+        seen.extend(shapes)
+        return [Measurement(s, [1e-3 + 1e-6 * s.forward_size]) for s in shapes], {}
+
+    monkeypatch.setattr(tb, "profile_torch", fake_profile)
+    assert cli_main(["profile", "--backend", "torch", "--model", "llama-7b", "--device", "cpu",
+                     "--grid", "gpu", "--out", str(tmp_path / "p.csv")]) == 0
+    grid = gpu_grid(4096)
+    assert seen == [s for s in grid if s.max_len() <= 4096] and len(seen) == len(grid) - 11
+    assert "11 shapes of the gpu grid need more than the 4096 positions" in capsys.readouterr().err

@@ -6,11 +6,19 @@ roofline, so the fit starts from the best linear model (non-negative least squar
 and from that model with a floor (and from the prior's terms), refines each with
 ``scipy.optimize.least_squares`` and keeps the best.
 
-A term no point constrains is not fitted: it keeps the prior's value (``prior_terms``: the
-analytic model of the deployment's model and GPU, or 0), and the fit says so. That is the case
-for decode terms given prefill points only, and for the communication term unless the points
-span two or more layouts (at one layout it cannot be told from the per-token work, which then
-absorbs it).
+Which terms are fitted (``identify``). A term no point constrains is not fitted: it keeps the
+prior's value (``prior_terms``: the analytic model of the deployment's model and GPU, or 0), and
+the fit says so. That is the case for decode terms given prefill points only, and for the
+communication term unless the points span two or more layouts (at one layout it cannot be told
+from the per-token work, which then absorbs it). When there are at least as many points as
+constrained terms and the linear model's columns (relative error, the weights floor aside) have
+full rank, every constrained term is fitted, the weights floor and its bend included: the full
+fit. Otherwise (a paper's handful of points) the fit is partial: it takes the terms in the order
+of ``PRIORITY`` that add to the rank of those taken before; each other term keeps the prior and
+the fit names the terms it cannot be told from, and the weights floor and its bend keep the
+prior's. Points of rank below 2 (one point, or points of one shape) identify nothing, not even
+the fixed cost against the work: ``NotIdentifiable``, with what would identify each term.
+``only`` (``--fit``) fits exactly the named terms, if the points identify them.
 
 Held-out error (``calibrate``): ``loo`` refits without each point in turn (the model written is
 the fit on all points); ``half`` fits on every other point of each kind, in order of size, and
@@ -64,8 +72,10 @@ class Fit:
 
     terms: CalibratedTerms
     fitted: list[str]
-    fixed: dict[str, str]  # term -> why it was not fitted
+    fixed: dict[str, str]  # term -> why it was not fitted (it keeps the prior's value)
     rel_err: np.ndarray  # on the fitted points
+    full: bool = True  # every constrained term fitted (False: a partial fit, or --fit)
+    rank: int = 0  # of the design over the constrained terms, weights floor aside
 
     @property
     def rms(self) -> float:
@@ -92,8 +102,51 @@ def _columns(f: Features) -> np.ndarray:
                             f.context_pairs * f.inv_tp, f.decode_ctx * f.inv_tp, f.comm])
 
 
-def free_terms(points: PointSet, num_layers: int) -> tuple[list[str], dict[str, str]]:
-    """Terms the points constrain, and why each other term is not fitted."""
+# The order in which a partial fit takes terms (the points fit fewer terms than there are, or
+# cannot tell some apart): the fixed cost, then the per-token and per-sequence work a reader
+# calibrates a deployment for, then the finer terms. The weights floor comes last: only a full
+# fit takes it (its bend needs every other term determined).
+PRIORITY = ("overhead_s", "prefill_token_s", "decode_token_s", "causal_pair_s",
+            "context_token_s", "context_pair_s", "prefill_seq_s", "comm_token_s")
+# A term is told apart from the terms already taken when its column (relative error, unit norm)
+# keeps more than this share of its length outside their span.
+RANK_TOL = 1e-3
+# What points identify each term (the messages of a partial fit and of a refusal).
+NEEDS = {
+    "overhead_s": "points of two or more sizes (the fixed cost against the per-token work)",
+    "weights_s": "enough points to determine every other term, from small batches (weight "
+                 "streaming) to large ones (compute), or points at two TP degrees",
+    "prefill_token_s": "prefill points (prefill_tokens > 0) of two or more sizes",
+    "prefill_seq_s": "batches of several prefill chunks (prefill_seqs > 1), or prefill points "
+                     "beside decode points",
+    "decode_token_s": "decode points (decode_seqs > 0) of two or more batch sizes",
+    "causal_pair_s": "prefill points of three or more sizes (the attention's quadratic term)",
+    "context_pair_s": "prefill chunks over prior context (prefill_ctx > 0)",
+    "context_token_s": "decode points with different contexts per sequence (decode_ctx / "
+                       "decode_seqs)",
+    "comm_token_s": "points on two or more layouts (tp, pp)",
+}
+
+
+class NotIdentifiable(ValueError):
+    """The points identify no term (or not the terms ``--fit`` asks for); the message says which
+    points would identify what."""
+
+
+@dataclass(frozen=True, slots=True)
+class Identified:
+    """Which terms a fit takes (``free``, ``TERMS`` order), why each other term keeps the prior
+    (``held``), and whether it is the full fit (every term the points constrain, weights floor
+    and bend included) or a partial one."""
+
+    free: list[str]
+    held: dict[str, str]
+    full: bool
+    rank: int  # of the design over the constrained terms (weights floor aside)
+
+
+def _candidates(points: PointSet, num_layers: int) -> tuple[list[str], dict[str, str]]:
+    """Terms some point constrains, and why each other term is not fitted."""
     f = features(points, num_layers)
     fixed: dict[str, str] = {}
     used = {"prefill_token_s": f.prefill_tokens, "prefill_seq_s": f.prefill_seqs,
@@ -118,21 +171,120 @@ def free_terms(points: PointSet, num_layers: int) -> tuple[list[str], dict[str, 
     return [t for t in TERMS if t not in fixed], fixed
 
 
-def fit_terms(points: PointSet, num_layers: int = 1,
-              prior: CalibratedTerms | None = None) -> Fit:
+def _unit_columns(points: PointSet, num_layers: int) -> dict[str, np.ndarray]:
+    """Each term's column of the linear model in relative-error units, scaled to unit length
+    (the weights floor as the constant it is under compute: 1 / tp)."""
+    a = _columns(features(points, num_layers)) / points.latency_s[:, None]
+    out = {}
+    for i, t in enumerate(TERMS):
+        norm = float(np.linalg.norm(a[:, i]))
+        out[t] = a[:, i] / norm if norm > 0 else a[:, i]
+    return out
+
+
+def _take(cols: dict[str, np.ndarray], order: list[str]
+          ) -> tuple[list[str], dict[str, list[str]]]:
+    """Greedy rank: the terms of ``order`` whose columns add to the span of those taken before
+    (never more than there are points), and for each other term the taken terms it cannot be
+    told from."""
+    taken: list[str] = []
+    basis: list[np.ndarray] = []
+    same: dict[str, list[str]] = {}
+    for t in order:
+        c = cols[t]
+        r = c - sum(((b @ c) * b for b in basis), np.zeros_like(c))
+        if float(np.linalg.norm(r)) > RANK_TOL:
+            taken.append(t)
+            basis.append(r / np.linalg.norm(r))
+            continue
+        m = np.column_stack([cols[u] for u in taken])
+        coef, *_ = np.linalg.lstsq(m, c, rcond=None)
+        same[t] = [u for u, k in zip(taken, coef, strict=True) if abs(k) > 1e-6]
+    return taken, same
+
+
+def identify(points: PointSet, num_layers: int = 1,
+             only: tuple[str, ...] | None = None) -> Identified:
+    """The terms a fit on ``points`` takes (module docstring). ``only``: exactly these terms
+    (``accelgen calibrate --fit``; ``weights_s`` brings the bend ``transition_p`` with it).
+    Raises ``NotIdentifiable`` when the points identify no term, or not those of ``only``."""
+    n = len(points)
+    cands, held = _candidates(points, num_layers)
+    cols = _unit_columns(points, num_layers)
+    linear = [t for t in cands if t != "weights_s"]
+    if only is not None:
+        return _identify_only(points, only, cands, held, cols)
+    rank = len(_take(cols, linear)[0])
+    if n >= len(cands) and rank == len(linear):
+        return Identified(cands, held, True, rank)
+    if rank < 2:
+        raise NotIdentifiable(_refusal(points, held))
+    taken, same = _take(cols, [t for t in PRIORITY if t in linear])
+    for t, like in same.items():
+        held[t] = (f"cannot be told from {', '.join(like)} with these points (rank {rank} of "
+                   f"{len(linear)}); needs {NEEDS[t]}")
+    if "weights_s" in cands:
+        held["weights_s"] = ("a partial fit keeps the weights floor and its bend (transition_p) "
+                             f"at the prior; needs {NEEDS['weights_s']}")
+    return Identified([t for t in TERMS if t in taken], held, False, rank)
+
+
+def _identify_only(points: PointSet, only: tuple[str, ...], cands: list[str],
+                   held: dict[str, str], cols: dict[str, np.ndarray]) -> Identified:
+    unknown = [t for t in only if t not in TERMS]
+    if unknown:
+        raise ValueError(f"--fit: unknown term(s) {', '.join(unknown)}; the terms are "
+                         f"{', '.join(TERMS)}")
+    for t in only:
+        if t not in cands:
+            raise NotIdentifiable(f"{points.source}: --fit {t}: {held[t]}; needs {NEEDS[t]}")
+    linear = [t for t in TERMS if t in only and t != "weights_s"]
+    taken, same = _take(cols, linear)
+    for t in linear:
+        if t in same:
+            raise NotIdentifiable(f"{points.source}: --fit {t}: cannot be told from "
+                                  f"{', '.join(same[t])} with these points; needs {NEEDS[t]}")
+    if len(points) < len(only):
+        raise NotIdentifiable(f"{points.source}: {len(points)} points cannot determine the "
+                              f"{len(only)} terms of --fit ({', '.join(only)})")
+    free = [t for t in TERMS if t in only]
+    out = {t: held.get(t, "not in --fit") for t in TERMS if t not in free}
+    return Identified(free, out, False, len(taken))
+
+
+def _refusal(points: PointSet, held: dict[str, str]) -> str:
+    kinds = points.kinds
+    have = ", ".join(f"{(kinds == k).sum()} {k}" for k in KINDS if (kinds == k).any())
+    lines = [f"{points.source}: {len(points)} point(s) ({have}) identify no term: the fixed "
+             "cost and the work of a batch are told apart only by points of two or more sizes. "
+             "What identifies each term:"]
+    for t in TERMS:
+        note = f" (now: {held[t]})" if t in held else ""
+        lines.append(f"  {t}: {NEEDS[t]}{note}")
+    return "\n".join(lines)
+
+
+def free_terms(points: PointSet, num_layers: int) -> tuple[list[str], dict[str, str]]:
+    """Terms a fit on ``points`` takes, and why each other term keeps the prior."""
+    ident = identify(points, num_layers)
+    return ident.free, ident.held
+
+
+def fit_terms(points: PointSet, num_layers: int = 1, prior: CalibratedTerms | None = None,
+              only: tuple[str, ...] | None = None) -> Fit:
     """Least-squares terms for ``points`` (module docstring); ``prior`` supplies the terms the
-    points do not constrain (default: 0) and one starting point."""
+    points do not identify (default: 0) and one starting point; ``only``: fit exactly these
+    terms (``identify``)."""
     from scipy.optimize import least_squares, nnls
 
     prior = prior or CalibratedTerms()
-    free, fixed = free_terms(points, num_layers)
-    if len(points) < len(free):
-        raise ValueError(f"{points.source}: {len(points)} points cannot determine the "
-                         f"{len(free)} terms {', '.join(free)}; give more points")
+    ident = identify(points, num_layers, only)
+    free, fixed = ident.free, ident.held
     f = features(points, num_layers)
     y = points.latency_s
     base = _coef(prior)
     is_free = np.array([t in free for t in TERMS])
+    fit_p = "weights_s" in free  # the bend is fitted with the floor
 
     def residual(coef: np.ndarray, p: float) -> np.ndarray:
         return f.predict(coef, p) / y - 1.0
@@ -166,20 +318,25 @@ def fit_terms(points: PointSet, num_layers: int = 1,
         nz = col[col > 0]
         scale[i] = med / float(np.median(nz)) if len(nz) else 1.0
     free_idx = np.flatnonzero(is_free)
+    k = len(free_idx)
 
     def unpack(x: np.ndarray) -> tuple[np.ndarray, float]:
         coef = base.copy()
-        coef[free_idx] = x[:-1] * scale[free_idx]
-        return coef, float(x[-1])
+        coef[free_idx] = x[:k] * scale[free_idx]
+        return coef, float(x[-1]) if fit_p else prior.transition_p
 
+    lower, upper = np.zeros(k), np.full(k, np.inf)
+    if fit_p:
+        lower, upper = np.append(lower, 1.0), np.append(upper, 16.0)
     best: tuple[float, np.ndarray, float] | None = None
     for coef0, p0 in candidates:
         coef0 = np.where(is_free, coef0, base)
-        if "weights_s" in free and coef0[1] > 0:
-            x0 = np.append(coef0[free_idx] / scale[free_idx], p0)
-            res = least_squares(lambda x: residual(*unpack(x)), x0,
-                                bounds=(np.append(np.zeros(len(free_idx)), 1.0),
-                                        np.append(np.full(len(free_idx), np.inf), 16.0)),
+        # A floor (fitted, or held at the prior's) makes the model nonlinear: refine.
+        if coef0[1] > 0:
+            x0 = coef0[free_idx] / scale[free_idx]
+            if fit_p:
+                x0 = np.append(x0, p0)
+            res = least_squares(lambda x: residual(*unpack(x)), x0, bounds=(lower, upper),
                                 method="trf")
             coef, p = unpack(res.x)
         else:
@@ -197,7 +354,8 @@ def fit_terms(points: PointSet, num_layers: int = 1,
     terms = CalibratedTerms(**{t: float(max(v, 0.0)) for t, v in zip(TERMS, coef, strict=True)},
                             transition_p=float(min(max(p, 1.0), 16.0)),
                             source=f"accelgen calibrate on {points.source}")
-    return Fit(terms, free, fixed, residual(_coef(terms), terms.transition_p))
+    return Fit(terms, free, fixed, residual(_coef(terms), terms.transition_p), ident.full,
+               ident.rank)
 
 
 def split_half(points: PointSet) -> tuple[np.ndarray, np.ndarray]:
@@ -252,15 +410,7 @@ class Calibration:
 
     def summary(self) -> list[KindStat]:
         """MAPE, median and worst error by set and kind (``all``: every kind)."""
-        out = []
-        for name, ps, pred in self.groups():
-            err = pred / ps.latency_s - 1
-            kinds = ps.kinds
-            for kind in (*KINDS, "all"):
-                sel = np.ones(len(ps), dtype=bool) if kind == "all" else kinds == kind
-                if sel.any():
-                    out.append(_stat(name, kind, err[sel], ps.latency_s[sel], pred[sel]))
-        return out
+        return kind_stats(self.groups())
 
     def mape(self, group: str, kind: str) -> float:
         for r in self.summary():
@@ -318,6 +468,20 @@ def _row(ps: PointSet, i: int, role: str, pred: float, held: float) -> PointErro
                       float(held) / y - 1 if math.isfinite(held) else math.nan)
 
 
+def kind_stats(groups: list[tuple[str, PointSet, np.ndarray]]) -> list[KindStat]:
+    """MAPE, median and worst error of each (name, points, predictions) by kind (``all``: every
+    kind)."""
+    out = []
+    for name, ps, pred in groups:
+        err = pred / ps.latency_s - 1
+        kinds = ps.kinds
+        for kind in (*KINDS, "all"):
+            sel = np.ones(len(ps), dtype=bool) if kind == "all" else kinds == kind
+            if sel.any():
+                out.append(_stat(name, kind, err[sel], ps.latency_s[sel], pred[sel]))
+    return out
+
+
 def _stat(group: str, kind: str, err: np.ndarray, y: np.ndarray, pred: np.ndarray) -> KindStat:
     return KindStat(group, kind, len(err), float(np.mean(np.abs(err))), float(np.median(err)),
                     float(err[np.argmax(np.abs(err))]), float(np.mean(y)), float(np.mean(pred)))
@@ -325,9 +489,11 @@ def _stat(group: str, kind: str, err: np.ndarray, y: np.ndarray, pred: np.ndarra
 
 def calibrate(points: PointSet, num_layers: int = 1, prior: CalibratedTerms | None = None,
               holdout: Holdout = "loo",
-              checks: dict[str, PointSet] | None = None) -> Calibration:
-    """Fit, with held-out errors by ``holdout`` (module docstring), and the fitted model's
-    errors on each ``checks`` set (points measured elsewhere: out of sample)."""
+              checks: dict[str, PointSet] | None = None,
+              only: tuple[str, ...] | None = None) -> Calibration:
+    """Fit (``only``: exactly these terms), with held-out errors by ``holdout`` (module
+    docstring), and the fitted model's errors on each ``checks`` set (points measured
+    elsewhere: out of sample)."""
     if holdout not in HOLDOUTS:
         raise ValueError(f"holdout must be one of {', '.join(HOLDOUTS)}, got {holdout!r}")
     n = len(points)
@@ -337,11 +503,11 @@ def calibrate(points: PointSet, num_layers: int = 1, prior: CalibratedTerms | No
         fit_idx, held_idx = split_half(points)
         if not len(held_idx):
             raise ValueError(f"{points.source}: {n} point(s) cannot be split in two")
-        fit = fit_terms(points.take(fit_idx), num_layers, prior)
+        fit = fit_terms(points.take(fit_idx), num_layers, prior, only)
         in_fit[held_idx] = False
         held_pred[held_idx] = predict(fit.terms, points.take(held_idx), num_layers)
     else:
-        fit = fit_terms(points, num_layers, prior)
+        fit = fit_terms(points, num_layers, prior, only)
         if holdout == "loo":
             if n > LOO_MAX_POINTS:
                 raise ValueError(f"{points.source}: {n} points; leave-one-out refits at most "
@@ -349,7 +515,7 @@ def calibrate(points: PointSet, num_layers: int = 1, prior: CalibratedTerms | No
             for i in range(n):
                 rest = points.take(np.delete(np.arange(n), i))
                 try:
-                    t = fit_terms(rest, num_layers, prior).terms
+                    t = fit_terms(rest, num_layers, prior, only).terms
                 except ValueError:
                     continue  # too few points left for the terms
                 held_pred[i] = predict(t, points.take([i]), num_layers)[0]

@@ -6,6 +6,10 @@ write a deployment file that uses them.
         --out deployments/opt-13b-calibrated.yaml
     # your own points: a profile CSV (accelgen profile), or typed in
     accelgen calibrate --points my-latencies.csv --deployment llama-13b --out my.yaml
+    # a paper's handful of points: the terms they identify are fitted, the rest keep the
+    # analytic model's value (or name the terms: --fit decode_token_s,context_token_s)
+    accelgen calibrate --points paper.csv --check paper-check.csv --deployment llama-13b \
+        --tp 2 --holdout none --out llama13b-tp2.yaml
     # a replay's per-step log, checked on another replay (out of sample)
     accelgen calibrate --points results/replay-a --check results/replay-b \
         --config experiment.yaml --out engine.yaml
@@ -16,11 +20,13 @@ Points (``accelgen.costmodel.points``): a CSV with ``prefill_tokens``, ``prefill
 ``latency_s`` or ``latency_ms`` (optional ``tp``, ``pp``: the layout measured, default the
 deployment's), or a results directory of a replay or simulation (its busy steps, each with its
 period). The model and the fit: ``accelgen.costmodel.calibrated``, ``calibrate``; terms the
-points do not constrain keep the analytic model's value for the deployment, and the output says
-which. Printed: the terms, each point's error (all points up to --show, else the worst), MAPE by
-kind for the fitted and the held-out points (and each --check set). Written: the deployment
-file (YAML, ``deployment:`` with ``cost_model: calibrated``; comments say what it was fitted on)
-and every point's error as CSV (--errors).
+points do not identify keep the prior (the deployment's analytic model, or 0), and the output
+says which and why; with no identifiable term it exits 2 and says which points would identify
+what. Printed: the terms, each point's error (all points up to --show, else the worst), MAPE by
+kind for the fitted and the held-out points (and each --check set), and the deployment's
+analytic model on the same points beside them. Written: the deployment file (YAML,
+``deployment:`` with ``cost_model: calibrated``; comments say what it was fitted on), every
+point's error as CSV (--errors) and, with --summary, the MAPE table and the terms as JSON.
 """
 
 from __future__ import annotations
@@ -35,17 +41,21 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
-from accelgen.config import CalibratedTerms, Deployment, load_yaml
+from accelgen.cliopts import hidden_alias
+from accelgen.config import CalibratedTerms, Deployment, kv_cache_gb_arg, load_yaml
 from accelgen.costmodel import collectives_cli
 from accelgen.costmodel.calibrate import (
     HOLDOUTS,
     LOO_MAX_POINTS,
     Calibration,
     Holdout,
+    KindStat,
     PointError,
     calibrate,
+    kind_stats,
 )
 from accelgen.costmodel.calibrated import TERMS
 from accelgen.costmodel.points import PointSet, read_points
@@ -78,22 +88,39 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     for name, kind, what in (("model", str, "model shape"), ("hardware", str, "GPU profile"),
                              ("tp", int, "tensor-parallel degree"),
                              ("pp", int, "pipeline-parallel degree"),
-                             ("kv-gb", float, "KV cache GiB per GPU"),
+                             ("kv-cache-gb", kv_cache_gb_arg, "KV cache GiB per GPU, or auto"),
                              ("block-size", int, "KV block size"),
                              ("max-model-len", int, "context length")):
         p.add_argument(f"--{name}", type=kind, help=f"deployment override: {what}")
+    hidden_alias(p, "--kv-gb", "kv_cache_gb")
     p.add_argument("--holdout", choices=HOLDOUTS,
                    help=f"held-out error: leave-one-out (default up to {LOO_MAX_POINTS} "
                         "points), every other point of each kind (half; default beyond), none")
     p.add_argument("--prior", choices=("analytic", "zero"), default="analytic",
-                   help="value of terms the points do not constrain: the deployment's analytic "
+                   help="value of terms the points do not identify: the deployment's analytic "
                         "model (default) or 0")
+    p.add_argument("--fit", type=term_list, metavar="TERM,...",
+                   help="fit exactly these terms, the others keep the prior (default: every "
+                        "term the points identify); terms: " + ", ".join(TERMS))
     p.add_argument("--show", type=int, default=60, metavar="N",
                    help="print every point up to N points, else the N worst (default 60)")
     p.add_argument("--out", type=Path, required=True, help="deployment file to write (YAML)")
     p.add_argument("--errors", type=Path,
                    help="per-point errors CSV (default: beside --out, <name>.errors.csv)")
+    p.add_argument("--summary", type=Path,
+                   help="also write the MAPE table (fitted and analytic model) and the terms "
+                        "as JSON")
     p.set_defaults(func=run)
+
+
+def term_list(text: str) -> tuple[str, ...]:
+    """``--fit``'s value: comma-separated term names."""
+    names = tuple(t.strip() for t in text.split(",") if t.strip())
+    unknown = [t for t in names if t not in TERMS]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"unknown term(s) {', '.join(unknown) or repr(text)}; "
+                                         f"the terms are {', '.join(TERMS)}")
+    return names
 
 
 def load_points(spec: str, dep: Deployment) -> PointSet:
@@ -114,7 +141,7 @@ def base_config(args: argparse.Namespace) -> dict[str, Any]:
         data["deployment"] = resolve_deployment(args.deployment).model_dump(mode="json")
     dep = dict(data.get("deployment") or {})
     for key, value in (("model", args.model), ("hardware", args.hardware), ("tp", args.tp),
-                       ("pp", args.pp), ("kv_cache_gb", args.kv_gb),
+                       ("pp", args.pp), ("kv_cache_gb", args.kv_cache_gb),
                        ("block_size", args.block_size), ("max_model_len", args.max_model_len)):
         if value is not None:
             dep[key] = value
@@ -147,8 +174,10 @@ def run(args: argparse.Namespace) -> int:
     checks = {c: read_points(c, tp=dep.tp, pp=dep.pp) for c in args.check}
     holdout: Holdout = args.holdout or ("loo" if len(points) <= LOO_MAX_POINTS else "half")
     prior = prior_for(dep, args.prior)
-    cal = calibrate(points, layers, prior, holdout, checks)
+    cal = calibrate(points, layers, prior, holdout, checks, args.fit)
+    analytic = analytic_errors(cal, dep)
     print(report_text(cal, prior, args.show))
+    print(analytic_text(analytic, dep))
     dep_out = dep.model_copy(update={"cost_model": "calibrated", "calibration": cal.fit.terms})
     data["deployment"] = Deployment.model_validate(dep_out.model_dump()).model_dump(
         mode="json", exclude_none=True)
@@ -157,13 +186,81 @@ def run(args: argparse.Namespace) -> int:
         if sys.argv[1:2] == ["calibrate"] else "accelgen calibrate"
     write_deployment(args.out, data, cal, command)
     write_errors(errors, cal)
+    if args.summary is not None:
+        write_summary(args.summary, cal, analytic, dep, command)
     pf, dec = cal.mape("held-out", "prefill"), cal.mape("held-out", "decode")
     held = ("held-out MAPE " + ", ".join(f"{k} {v:.1%}" for k, v in
                                          (("prefill", pf), ("decode", dec)) if v == v)
             if holdout != "none" else "no held-out points")
+    also = f", {errors} and {args.summary}" if args.summary is not None else f" and {errors}"
     print(f"wrote {args.out} ({dep.model} on {dep.tp * dep.pp} x {dep.hardware}, "
-          f"{len(points)} points, {len(cal.fit.fitted)} terms fitted; {held}) and {errors}")
+          f"{len(points)} points, {len(cal.fit.fitted)} terms fitted, {len(cal.fit.fixed)} "
+          f"held; {held}){also}")
     return 0
+
+
+def analytic_errors(cal: Calibration, dep: Deployment) -> list[KindStat]:
+    """The MAPE table (``Calibration.summary``) of the deployment's analytic model (A100-fitted
+    efficiencies on the deployment's hardware, ``analytic.py``) on the same sets of points,
+    each point at its own layout: the model a calibration replaces."""
+    from accelgen.costmodel.factory import make_cost_model
+
+    def predict(ps: PointSet) -> np.ndarray:
+        out = np.empty(len(ps))
+        for i, shape in enumerate(ps.shapes):
+            layout = dep.model_copy(update={"tp": int(ps.tp[i]), "pp": int(ps.pp[i]),
+                                            "cost_model": "analytic", "calibration": None})
+            out[i] = make_cost_model(layout).iteration_time(shape)
+        return out
+
+    try:
+        return kind_stats([(name, ps, predict(ps)) for name, ps, _ in cal.groups()])
+    except ValueError as exc:  # e.g. a layout the analytic model cannot split the heads over
+        print(f"no analytic comparison: {exc}", file=sys.stderr)
+        return []
+
+
+def analytic_text(stats: list[KindStat], dep: Deployment) -> str:
+    if not stats:
+        return f"the analytic model of {dep.model} on {dep.hardware}: no comparison"
+    lines = [f"the analytic model of {dep.model} on {dep.hardware} (not fitted) on the same "
+             "points, MAPE by kind:"]
+    lines += [_stat_line(k) for k in stats]
+    return "\n".join(lines)
+
+
+def _stat_line(k: KindStat) -> str:
+    return (f"  {k.set:<24} {k.kind:<7} n {k.n:>5}  MAPE {k.mape:>6.1%}  median "
+            f"{k.median_error:>+6.1%}  worst {k.worst:>+7.1%}  "
+            f"{k.measured_mean_s * 1e3:.4g} / {k.predicted_mean_s * 1e3:.4g} ms")
+
+
+def summary_data(cal: Calibration, analytic: list[KindStat], dep: Deployment,
+                 command: str) -> dict[str, Any]:
+    """What ``--summary`` writes: the command, the terms (fitted or held, and why), and the MAPE
+    table of the fitted model and of the deployment's analytic model."""
+    from dataclasses import asdict
+
+    t = cal.fit.terms
+    return {
+        "command": command, "points": cal.points.source, "num_points": len(cal.points),
+        "holdout": cal.holdout,
+        "deployment": {"model": dep.model, "hardware": dep.hardware, "tp": dep.tp, "pp": dep.pp},
+        "full_fit": cal.fit.full,
+        "terms": {name: {"value": getattr(t, name), "fitted": name in cal.fit.fitted,
+                         **({"held": cal.fit.fixed[name]} if name in cal.fit.fixed else {})}
+                  for name in TERMS} | {"transition_p": {"value": t.transition_p}},
+        "calibrated": [asdict(k) for k in cal.summary()],
+        "analytic": [asdict(k) for k in analytic],
+    }
+
+
+def write_summary(path: Path, cal: Calibration, analytic: list[KindStat], dep: Deployment,
+                  command: str) -> None:
+    import json
+
+    data = summary_data(cal, analytic, dep, command)
+    _atomic_write(path, json.dumps(data, indent=2, allow_nan=True) + "\n")
 
 
 def _term_line(name: str, value: float, note: str) -> str:
@@ -188,14 +285,25 @@ def report_text(cal: Calibration, prior: CalibratedTerms, show: int = 60) -> str
                     "half": " (fit on every other point of each kind, in order of size; the "
                             "written model is that fit)",
                     "none": ""}[cal.holdout])
+    fit = cal.fit
+    if fit.full:
+        how = "every term the points constrain"
+    elif any(v == "not in --fit" for v in fit.fixed.values()):
+        how = "the terms of --fit"
+    else:
+        how = (f"partial: the {len(fit.fitted)} terms the points identify (rank {fit.rank}); "
+               "the others keep the prior")
+    lines.append(f"fitted: {len(fit.fitted)} of {len(TERMS)} terms ({how}); held at the prior: "
+                 f"{', '.join(fit.fixed) or 'none'}")
     lines.append("terms (for the whole model on one GPU; the deployment's TP divides the work "
                  "terms):")
-    t = cal.fit.terms
+    t = fit.terms
     for name in TERMS:
-        note = ("fitted" if name in cal.fit.fitted else
-                f"not fitted ({cal.fit.fixed[name]}): {prior.source or 'prior'}")
+        note = ("fitted" if name in fit.fitted else
+                f"held ({fit.fixed[name]}): {prior.source or 'prior'}")
         lines.append(_term_line(name, getattr(t, name), note))
-    bend = "fitted" if t.weights_s > 0 and "weights_s" in cal.fit.fitted else "no weights floor"
+    bend = ("fitted" if "weights_s" in fit.fitted else
+            "held with the weights floor" if t.weights_s > 0 else "no weights floor")
     lines.append(_term_line("transition_p", t.transition_p, bend))
     own = [r for r in cal.rows() if not r.set.startswith("check:")]
     shown = own if len(own) <= show else sorted(
@@ -215,10 +323,7 @@ def report_text(cal: Calibration, prior: CalibratedTerms, show: int = 60) -> str
                      f"{r.error:>+7.1%} {held:>8}")
     lines.append("MAPE by kind (mean |error|; median and worst error; mean latency measured / "
                  "predicted):")
-    for k in cal.summary():
-        lines.append(f"  {k.set:<24} {k.kind:<7} n {k.n:>5}  MAPE {k.mape:>6.1%}  median "
-                     f"{k.median_error:>+6.1%}  worst {k.worst:>+7.1%}  "
-                     f"{k.measured_mean_s * 1e3:.4g} / {k.predicted_mean_s * 1e3:.4g} ms")
+    lines += [_stat_line(k) for k in cal.summary()]
     return "\n".join(lines)
 
 
@@ -244,7 +349,7 @@ def deployment_text(data: dict[str, Any], cal: Calibration, command: str) -> str
     if ps.note:
         head.append(ps.note)
     head.append(f"terms fitted: {', '.join(cal.fit.fitted)}")
-    head += [f"not fitted: {k} ({v})" for k, v in cal.fit.fixed.items()]
+    head += [f"held at the prior: {k} ({v})" for k, v in cal.fit.fixed.items()]
     head += [f"{k.set} {k.kind}: n {k.n}, MAPE {k.mape:.1%}, worst {k.worst:+.1%}"
              for k in cal.summary()]
     head.append("Use: accelgen simulate --config <this file> --trace ... (or a pipeline "

@@ -26,11 +26,14 @@ import csv
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from accelgen.costmodel.base import BatchShape
+
+if TYPE_CHECKING:  # a step log needs pandas; CSV points do not (a bare GPU machine's Python)
+    import pandas as pd
 
 KINDS = ("prefill", "decode", "mixed")
 SHAPE_COLUMNS = ("prefill_tokens", "prefill_seqs", "prefill_ctx", "decode_seqs", "decode_ctx")

@@ -35,6 +35,11 @@ MODELS: dict[str, ModelProfile] = {
         ModelProfile(name="llama-13b", num_layers=40, hidden_size=5120, num_heads=40,
                      num_kv_heads=40, ffn_size=13824, gated_ffn=True, vocab_size=32000,
                      max_model_len=4096, tie_word_embeddings=False),
+        # Llama-2-7B (meta-llama/Llama-2-7b-hf config.json): not a paper deployment; the shape
+        # `scripts/gpu_check.sh` profiles on one GPU with random weights.
+        ModelProfile(name="llama-7b", num_layers=32, hidden_size=4096, num_heads=32,
+                     num_kv_heads=32, ffn_size=11008, gated_ffn=True, vocab_size=32000,
+                     max_model_len=4096, tie_word_embeddings=False),
         # Llama-3-70B shape (GQA, 8 KV heads). SPEC section 10 shows long-context behaviour on
         # this model, so the context is the 128K of Llama-3.1-70B (identical layer shapes,
         # RoPE-scaled); 128K tokens fit its 135 GiB KV budget (442K tokens) more than 3 times.

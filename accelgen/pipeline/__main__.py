@@ -112,7 +112,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m accelgen.pipeline", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
@@ -150,7 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--alpha", type=float, default=1.0,
                    help="time ~ requests^alpha (1: linear; >1: superlinear schedulers)")
     s.set_defaults(func=cmd_estimate)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except (ValueError, FileNotFoundError) as exc:

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from accelgen.cliopts import hidden_alias
 from accelgen.config import Deployment
 from accelgen.costmodel.profiles import MODELS, resolve_deployment, resolve_model
 from accelgen.costmodel.table import read_profile_csv
@@ -65,9 +66,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--block-size", type=int, default=32, help="pivot sweep step (KV block size)")
     p.add_argument("--tolerance", type=float, help="pivot tolerance (default 0.03)")
     p.add_argument("--max-num-seqs", type=int, default=128, help="vllm: engine max_num_seqs")
-    p.add_argument("--num-blocks", type=int,
+    p.add_argument("--num-gpu-blocks", type=int,
                    help="vllm: KV blocks of the engine (num_gpu_blocks_override; default: "
                         "what VLLM_CPU_KVCACHE_SPACE holds)")
+    hidden_alias(p, "--num-blocks", "num_gpu_blocks")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048,
                    help="vllm: engine token budget per step (largest profiled forward size)")
     p.add_argument("--max-model-len", type=int, default=2048, help="vllm: engine max_model_len")
@@ -157,6 +159,13 @@ def _measure(args: argparse.Namespace) -> tuple[list[Measurement], dict[str, obj
         grid = args.grid or ("gpu" if device.startswith("cuda") else "cpu")
         shapes = quick_grid(top) if args.quick else (
             gpu_grid(top) if grid == "gpu" else cpu_grid(top))
+        # The standard grid's chunks over 4096 tokens of context and its decodes at 4096 tokens
+        # per sequence do not fit a model of a 4K context: left out, as the vllm backend does.
+        fits = [s for s in shapes if s.max_len() <= model.max_model_len]
+        if len(fits) < len(shapes):
+            say(f"{len(shapes) - len(fits)} shapes of the {grid} grid need more than the "
+                f"{model.max_model_len} positions of {model.name}: left out")
+        shapes = fits
         opts = TorchOptions(device=device, dtype=args.dtype, threads=args.threads,
                             repeats=args.repeats, warmup=args.warmup, clock=args.clock,
                             attention=args.attention)
@@ -185,7 +194,7 @@ def _measure_vllm(args: argparse.Namespace, say: Callable[[str], None]
     opts_v = VllmOptions(model=args.model or "tiny", tp=args.tp or 1, grid=args.grid or "cpu",
                          max_tokens=top, repeats=args.repeats,
                          warmup=args.warmup, threads=args.threads, quick=args.quick,
-                         max_num_seqs=args.max_num_seqs, num_blocks=args.num_blocks,
+                         max_num_seqs=args.max_num_seqs, num_blocks=args.num_gpu_blocks,
                          block_size=args.block_size,
                          max_num_batched_tokens=args.max_num_batched_tokens,
                          max_model_len=args.max_model_len, engine=engine,

@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from accelgen.cliopts import hidden_alias
 from accelgen.config import (
     Deployment,
     ExperimentConfig,
@@ -34,8 +35,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hardware")
     p.add_argument("--tp", type=int)
     p.add_argument("--pp", type=int)
-    p.add_argument("--kv-gb", type=kv_cache_gb_arg, metavar="GIB|auto",
+    p.add_argument("--kv-cache-gb", type=kv_cache_gb_arg, metavar="GIB|auto",
                    help="KV cache GiB per GPU, or auto (docs/costmodel.md)")
+    hidden_alias(p, "--kv-gb", "kv_cache_gb")
     p.add_argument("--profile-csv", type=Path, help="use a measured profile table as cost model")
     p.add_argument("--seed", type=int)
     p.add_argument("--out", required=True, type=Path, help="results directory")
@@ -54,7 +56,7 @@ def build_config(args: argparse.Namespace) -> ExperimentConfig:
             raise ValueError(f"unknown deployment {args.deployment!r}; known: {', '.join(DEPLOYMENTS)}")
         dep = DEPLOYMENTS[args.deployment].model_dump()
     for key, value in (("model", args.model), ("hardware", args.hardware), ("tp", args.tp),
-                       ("pp", args.pp), ("kv_cache_gb", args.kv_gb)):
+                       ("pp", args.pp), ("kv_cache_gb", args.kv_cache_gb)):
         if value is not None:
             dep[key] = value
     if args.profile_csv is not None:

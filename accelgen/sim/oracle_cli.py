@@ -39,7 +39,7 @@ def run(a: argparse.Namespace) -> int:
     from accelgen.workloads.trace import load_trace
 
     ns = argparse.Namespace(config=a.config, deployment=a.deployment, model=None, hardware=None,
-                            tp=None, pp=None, kv_gb=None, profile_csv=None, policy="oracle",
+                            tp=None, pp=None, kv_cache_gb=None, profile_csv=None, policy="oracle",
                             param=a.param, no_progress=True, seed=a.seed)
     cfg = build_config(ns)
     grid = json.loads(a.grid) if a.grid else None
