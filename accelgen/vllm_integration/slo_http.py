@@ -18,6 +18,11 @@ what another API server process sees with ``--api-server-count`` > 1.)
 
 Requests without SLOs get the plugin's configured defaults in the engine. Refusals look like
 vLLM's own errors: ``{"error": {"message", "type": "BadRequestError", "param", "code": 400}}``.
+
+A server started with ``--skip-tokenizer-init`` cannot render a chat; vLLM 0.32 answers a chat
+completion there with a bare 500 (an ``assert`` in its chat handler). The middleware answers 400
+instead, naming ``messages`` (``input`` for the Responses API), and points to token-id prompts;
+it reads the setting from the app's ``state.vllm_config``, which vLLM's server sets.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ from accelgen.vllm_integration.config import (
 
 SLO_HEADER = "x-accelgen-slo"
 XARGS = "vllm_xargs"
+# Endpoints that need the tokenizer (a chat template) -> the field that needs it.
+TOKENIZER_PATHS = {"/v1/chat/completions": "messages", "/v1/responses": "input"}
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -131,6 +138,12 @@ class SLOMiddleware:
         if scope["type"] != "http" or scope.get("method") != "POST":
             await self.app(scope, receive, send)
             return
+        field = TOKENIZER_PATHS.get(str(scope.get("path", "")).rstrip("/"))
+        if field is not None and skips_tokenizer(scope):
+            await _send_error(send, f"this server runs without a tokenizer "
+                              f"(--skip-tokenizer-init), so it cannot read '{field}': send "
+                              "token ids as the prompt of /v1/completions", field)
+            return
         headers: list[tuple[bytes, bytes]] = list(scope.get("headers") or [])
         header = _header(headers, SLO_HEADER.encode())
         ctype = _header(headers, b"content-type") or ""
@@ -175,6 +188,14 @@ class SLOMiddleware:
             await send(message)
 
         return wrapped
+
+
+def skips_tokenizer(scope: Scope) -> bool:
+    """Whether the server behind this request runs without a tokenizer (vLLM's
+    ``model_config.skip_tokenizer_init``, from the app state vLLM's server sets)."""
+    state = getattr(scope.get("app"), "state", None)
+    model_config = getattr(getattr(state, "vllm_config", None), "model_config", None)
+    return getattr(model_config, "skip_tokenizer_init", False) is True
 
 
 def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
