@@ -32,8 +32,9 @@ from accelgen.vllm_integration.sample_trace import mixed_slo_trace
 from accelgen.vllm_integration.serve import ServerProcess, vllm_bench_serve_command
 from accelgen.workloads.trace import write_trace
 
-# One server for the module; under pytest-xdist's --dist loadgroup its tests stay on one worker.
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("serve_engine")]
+# One server for the module: its tests run in this order on one pytest-xdist worker (the marker
+# vllm puts every real-engine test in one xdist group, tests/conftest.py on main).
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 # What a client may send wrong in vllm_xargs: wrong types, negative, NaN, huge, misspelt.
 MALFORMED: list[dict[str, Any]] = [
