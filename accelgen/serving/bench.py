@@ -85,6 +85,9 @@ class BenchConfig(StrictModel):
     prompt: Literal["tokens", "text"] = "tokens"
     vocab_size: PositiveInt = 1024  # token-id prompts draw ids from [3, vocab_size)
     send_slos: bool = True
+    # Added to every req_id sent (vllm_xargs.req_id): a server refuses a req_id it has served,
+    # so a second replay of a trace on one server needs other ids. Results keep the trace's ids.
+    req_id_offset: NonNegativeInt = 0
     max_concurrency: PositiveInt = 256
     request_timeout_s: PositiveFloat = 600.0
     limit: PositiveInt | None = None  # replay only the first N requests of the trace
@@ -139,7 +142,10 @@ def request_body(req: Request, max_tokens: int, cfg: BenchConfig, model: str) ->
     }
     if cfg.send_slos:
         # inf (no such deadline) goes as JSON's non-standard Infinity, which vLLM's server reads.
-        body["vllm_xargs"] = request_extra_args(req)
+        xargs = request_extra_args(req)
+        if xargs.get("req_id") is not None:
+            xargs["req_id"] += cfg.req_id_offset
+        body["vllm_xargs"] = xargs
     return body
 
 

@@ -7,7 +7,9 @@ rate probed; from there the rate doubles (while the target is met) or halves (wh
 until one probe meets the target and another misses it, then bisects that bracket until its
 upper end is within ``tolerance`` of its lower end or ``max_probes`` probes have run. Every probe
 replays the same requests with the same arrival pattern scaled to its rate
-(``arrivals.request_times``: same seed, same shape), so probes differ in rate only.
+(``arrivals.request_times``: same seed, same shape), so probes differ in rate only; probe ``k``
+sends the trace's req_ids plus ``k`` times the number of requests (``req_id_offset``), since a
+server refuses a req_id it has served.
 
 The attainment is ``slo_attainment_request`` by default (each request against its own SLOs from
 the trace; ``metrics``), or any share metric of the summary (``ttft_attainment``, ...). The search
@@ -55,10 +57,16 @@ def find_capacity(trace: pd.DataFrame, cfg: BenchConfig, cap: CapacityConfig,
     out = Path(out)
     probes: list[dict[str, Any]] = []
 
+    n = len(trace) if cfg.limit is None else min(cfg.limit, len(trace))
+
     def probe(rate: float) -> bool:
         name = rate_name(rate)
-        run = bench_to_dir(trace, cfg.model_copy(update={"request_rate": rate}), out / name,
-                           progress=progress, result_path=out / name / "result.json")
+        # Each probe sends the trace's requests again: other req_ids, which the server has not
+        # served yet (it refuses one it has).
+        offset = cfg.req_id_offset + len(probes) * n
+        run = bench_to_dir(trace, cfg.model_copy(update={"request_rate": rate,
+                                                         "req_id_offset": offset}),
+                           out / name, progress=progress, result_path=out / name / "result.json")
         s, r = run["summary"], run["result"]
         value = s[cap.metric]
         met = bool(value >= cap.target) if math.isfinite(value) else False

@@ -74,6 +74,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="what the server runs (summary.json 'policy'), e.g. accelgen or stock")
     p.add_argument("--no-slos", action="store_true",
                    help="send no vllm_xargs (for servers other than vLLM)")
+    p.add_argument("--req-id-offset", type=int, default=0,
+                   help="added to every req_id sent, to replay a trace again on one server "
+                        "(it refuses a req_id it has served; default 0)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--request-timeout", type=float, default=600.0, metavar="SECONDS")
     traffic = p.add_argument_group("traffic (as vllm bench serve)")
@@ -134,6 +137,7 @@ def bench_config(args: argparse.Namespace) -> Any:
                           metric_percentiles=percentiles, goodput=parse_goodput(args.goodput))
     return BenchConfig(url=args.url, model=args.model, prompt=args.prompt,
                        vocab_size=args.vocab_size, send_slos=not args.no_slos,
+                       req_id_offset=args.req_id_offset,
                        max_concurrency=args.max_concurrency,
                        request_timeout_s=args.request_timeout, limit=args.limit,
                        label=args.label, num_warmups=args.num_warmups,

@@ -319,7 +319,11 @@ class ServerProcess:
 
     def __enter__(self) -> ServerProcess:
         self.start()
-        self.wait_ready()
+        try:
+            self.wait_ready()
+        except BaseException:  # also Ctrl-C while it starts: no server left behind
+            self.stop()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
