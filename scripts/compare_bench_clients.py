@@ -14,7 +14,9 @@ its ``timed_trace`` dataset (one JSON line per request: ``timestamp`` = the trac
 prefix), which it replays at those timestamps with token-id prompts of those lengths; ours replays
 the trace file with token-id prompts and no SLOs (``--no-slos``: the same request fields as vLLM's
 client, apart from what makes its token counts exact, and no req_id, so repeats can replay the
-trace on one server). Both send ``ignore_eos`` and ``max_tokens`` = the output length, and two
+trace on one server). Both send ``ignore_eos``, ``max_tokens`` = the output length and
+``temperature`` 0 (greedy: vLLM's client otherwise leaves sampling to the server, whose default
+is temperature 1, a costlier sampler than ours, which sends 0), and two
 warm-up requests first, and save their per-request records (``--save-detailed``). Repeats
 alternate the order (vLLM first in even repeats). Writes each run's result JSON,
 ``compare.csv`` (one row per run) and ``compare.md`` (the medians over repeats, the table of
@@ -56,6 +58,7 @@ def run_vllm(url: str, model: str, timed: Path, n: int, out: Path) -> dict[str, 
     cmd = vllm_bench_serve_command([
            "--base-url", url, "--model", model, "--dataset-name", "timed_trace",
            "--dataset-path", str(timed), "--num-prompts", str(n), "--ignore-eos",
+           "--temperature", "0",
            "--num-warmups", "2", "--disable-tqdm", "--percentile-metrics", ",".join(METRICS),
            "--metric-percentiles", "50,99", "--save-result", "--save-detailed",
            "--result-dir", str(out),
