@@ -30,11 +30,14 @@ def test_the_command_has_what_the_plugin_needs(capsys: pytest.CaptureFixture[str
     assert words[:2] == ["-m", "vllm.entrypoints.openai.api_server"]
     assert option(words, "--scheduler-cls") == (
         "accelgen.vllm_integration.scheduler.AccelGenScheduler")
-    for flag in ("--no-async-scheduling", "--no-enable-prefix-caching", "--skip-tokenizer-init"):
+    for flag in ("--no-async-scheduling", "--no-enable-prefix-caching"):
         assert flag in words
     assert option(words, "--middleware") == "accelgen.vllm_integration.slo_http.SLOMiddleware"
     assert option(words, "--load-format") == "dummy"
-    assert Path(option(words, "--model"), "config.json").exists()  # the tiny model
+    # The tiny model, with its tokenizer: text and chat work, so nothing skips the tokenizer.
+    assert "--skip-tokenizer-init" not in words
+    for name in ("config.json", "vocab.json", "merges.txt", "tokenizer_config.json"):
+        assert Path(option(words, "--model"), name).exists()
     plugin = json.loads(option(words, "--additional-config"))["accelgen"]
     assert plugin["policy"] == {"name": "sarathi", "params": {"token_budget": 128}}
     assert plugin["slo"] == {"ttft_slo": 2.5}

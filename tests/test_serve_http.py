@@ -12,10 +12,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from aiohttp import web
 
+from accelgen.cli import main
 from accelgen.results import read_results
+from accelgen.serving.arrivals import request_times
 from accelgen.serving.bench import BenchConfig, Outcome, StreamParser, base_url, bench_to_dir
 from accelgen.vllm_integration.config import (
     AUTO_REQ_ID_BASE,
@@ -55,11 +58,13 @@ class EchoApp:
 
 
 def call(app: Any, body: Any, headers: dict[str, str] | None = None, *, chunks: int = 1,
-         method: str = "POST") -> tuple[int, dict[str, Any] | None]:
+         method: str = "POST", path: str = "/v1/completions",
+         app_object: Any = None) -> tuple[int, dict[str, Any] | None]:
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
     hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
     hdrs += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
-    scope = {"type": "http", "method": method, "path": "/v1/completions", "headers": hdrs}
+    scope = {"type": "http", "method": method, "path": path, "headers": hdrs,
+             "app": app_object}
     size = max(1, -(-len(raw) // chunks))
     parts = [raw[i:i + size] for i in range(0, len(raw), size)] or [b""]
     messages = [{"type": "http.request", "body": p, "more_body": i < len(parts) - 1}
@@ -320,7 +325,7 @@ def test_unreachable_server_leaves_every_request_unfinished(tmp_path: Path) -> N
         bench_to_dir(trace, BenchConfig(url=f"http://127.0.0.1:{port}", model="m"),
                      tmp_path / "out")
     assert not (tmp_path / "out").exists()
-    run = bench_to_dir(trace, BenchConfig(url=f"http://127.0.0.1:{port}", model="m", warmup=0),
+    run = bench_to_dir(trace, BenchConfig(url=f"http://127.0.0.1:{port}", model="m", num_warmups=0),
                        tmp_path / "out")
     df = run["requests"]
     assert (df["status"] == "unfinished").all()
@@ -340,3 +345,190 @@ def test_stream_parser_counts_tokens_without_token_ids() -> None:
     assert out.token_times == [1.0, 1.0, 2.0, 2.0] and out.padded_tokens == 1
     assert out.status == "finished"
     assert base_url("http://h:1/v1/completions/") == "http://h:1"
+
+
+# --------------------------------------------------------------------------------------------
+# the result JSON (vLLM bench serve's keys), re-timed arrivals, the capacity search
+
+VLLM_KEYS = ("duration", "completed", "failed", "total_input_tokens", "total_output_tokens",
+             "request_throughput", "request_goodput", "output_throughput",
+             "total_token_throughput", "latencies", "input_lens", "output_lens", "ttfts",
+             "itls", "start_times", "errors", "backend", "label", "model_id", "num_prompts",
+             "request_rate", "burstiness", "max_concurrency")
+
+
+def test_result_json_matches_a_hand_computation(tmp_path: Path,
+                                                fake_server: tuple[str, list]) -> None:
+    url, _ = fake_server
+    trace = mixed_slo_trace(n=12, rate=40.0, seed=5)
+    trace["output_len"] = trace["output_len_natural"] = np.arange(12) % 5 + 2  # 2..6 tokens
+    # --no-slos: no req_id reaches the fake, which fails some ids on purpose.
+    assert main(["bench-serve", "--url", url, "--trace", str(_write(trace, tmp_path)),
+                 "--out", str(tmp_path / "out"), "--no-progress", "--save-detailed", "--no-slos",
+                 "--request-rate", "50", "--burstiness", "0.5", "--seed", "3",
+                 "--metric-percentiles", "50,90,99.5", "--goodput", "ttft:1000", "tpot:6",
+                 "--percentile-metrics", "ttft,tpot,itl,e2el,client_queue_time"]) == 0
+    res = json.loads((tmp_path / "out" / "result.json").read_text())
+    for key in VLLM_KEYS:
+        assert key in res, key
+    for m in ("ttft", "tpot", "itl", "e2el", "client_queue_time"):
+        for stat in ("mean", "median", "std", "p50", "p90", "p99.5"):
+            assert f"{stat}_{m}_ms" in res, (stat, m)
+    reqs, _, summary = read_results(tmp_path / "out")
+    n = len(trace)
+    assert res["completed"] == n and res["failed"] == 0 and res["num_prompts"] == n
+    assert res["request_rate"] == 50.0 and res["burstiness"] == 0.5
+    # Re-timed arrivals: vLLM's normalisation puts the last one at n / rate.
+    assert reqs["arrival"].max() == pytest.approx(n / 50.0)
+    # Tokens, not events: the fake's first event carries two tokens.
+    tokens = reqs.set_index("req_id").loc[trace["req_id"], "num_output_tokens"].to_numpy()
+    order = np.argsort(reqs["arrival"].to_numpy(), kind="stable")
+    assert res["output_lens"] == reqs["num_output_tokens"].to_numpy()[order].tolist()
+    assert sorted(tokens.tolist()) == sorted(trace["output_len"].tolist())
+    assert [len(x) for x in res["itls"]] == [k - 2 if k >= 2 else 0 for k in res["output_lens"]]
+    # By hand, from the per-request records (vLLM's formulas).
+    ttft = np.array(res["ttfts"])
+    lat = np.array(res["latencies"])
+    outl = np.array(res["output_lens"])
+    itl = np.concatenate([np.array(x) for x in res["itls"]])
+    tpot = (lat - ttft)[outl > 1] / (outl[outl > 1] - 1)
+    np.testing.assert_allclose(ttft + [sum(x) for x in res["itls"]], lat)
+    for m, v in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2el", lat)):
+        assert res[f"mean_{m}_ms"] == pytest.approx(v.mean() * 1e3)
+        assert res[f"median_{m}_ms"] == pytest.approx(np.median(v) * 1e3)
+        assert res[f"p90_{m}_ms"] == pytest.approx(np.percentile(v, 90) * 1e3)
+        assert res[f"p99.5_{m}_ms"] == pytest.approx(np.percentile(v, 99.5) * 1e3)
+    good = int(np.sum((ttft <= 1.0) & (np.where(outl > 1, (lat - ttft) / np.maximum(outl - 1, 1),
+                                                         0.0) <= 0.006)))
+    assert 0 < good < n  # 10 ms per event, two tokens in the first: TPOT 0-8 ms
+    assert res["request_goodput"] == pytest.approx(good / res["duration"])
+    assert res["request_throughput"] == pytest.approx(n / res["duration"])
+    assert res["total_output_tokens"] == int(outl.sum())
+    # Ours beside them: the trace's per-request SLOs, overall and per class.
+    assert res["slo_attainment_request"] == pytest.approx(summary["slo_attainment_request"])
+    classes = res["slo_attainment_by_class"]
+    assert sum(c["requests"] for c in classes.values()) == n
+    assert set(classes) <= {"offline", "online tbt_slo=0.02", "online tbt_slo=0.05",
+                            "online tbt_slo=0.1"}
+
+
+def _write(trace: Any, tmp_path: Path) -> Path:
+    from accelgen.workloads.trace import write_trace
+
+    path = tmp_path / "trace.parquet"
+    write_trace(trace.reset_index(drop=True), {"test": True}, path)
+    return path
+
+
+def test_request_times_follow_vllm() -> None:
+    t = request_times(1000, 20.0, burstiness=1.0, seed=1)
+    assert (np.diff(t) >= 0).all() and t[-1] == pytest.approx(1000 / 20.0)
+    gaps = np.diff(t)
+    assert gaps.std() / gaps.mean() == pytest.approx(1.0, abs=0.1)  # exponential: CV 1
+    bursty = np.diff(request_times(1000, 20.0, burstiness=0.25, seed=1))
+    assert bursty.std() / bursty.mean() == pytest.approx(2.0, abs=0.3)  # gamma: CV 1/sqrt(k)
+    # One shape for every rate (probes at several rates replay one pattern).
+    np.testing.assert_allclose(request_times(50, 5.0, seed=2) * 5.0,
+                               request_times(50, 40.0, seed=2) * 40.0)
+    assert (request_times(5, math.inf) == 0).all()
+    np.testing.assert_allclose(request_times(4, 2.0, burstiness=math.inf), [0.5, 1, 1.5, 2])
+    with pytest.raises(ValueError, match="request rate must be > 0"):
+        request_times(3, 0.0)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--goodput", "ttft=5"], "is not KEY:MILLISECONDS"),
+    (["--goodput", "itl:5"], "unknown metric 'itl'"),
+    (["--goodput", "ttft:-1"], "must be >= 0 ms"),
+    (["--percentile-metrics", "ttft,foo"], "percentile_metrics"),
+    (["--metric-percentiles", "50,101"], "percentiles must be in [0, 100]"),
+    (["--find-capacity", "--request-rate", "3"], "leave out --request-rate"),
+])
+def test_bench_serve_refuses_bad_options(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                         args: list[str], message: str) -> None:
+    trace = _write(mixed_slo_trace(n=3, seed=1), tmp_path)
+    assert main(["bench-serve", "--url", "http://127.0.0.1:9", "--trace", str(trace),
+                 "--out", str(tmp_path / "out"), *args]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_find_capacity_brackets_the_target(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The search alone, on a server stand-in whose attainment falls with the rate (1 up to
+    7.3 req/s, then down) and which serves at most 20 req/s."""
+    from accelgen.serving import capacity
+
+    rates: list[float] = []
+    offsets: list[int] = []
+
+    def fake_bench(trace: Any, cfg: BenchConfig, out: Path, **_: Any) -> dict[str, Any]:
+        rate = cfg.request_rate
+        assert rate is not None
+        rates.append(rate)
+        offsets.append(cfg.req_id_offset)
+        att = 1.0 if rate <= 7.3 else max(0.0, 1.0 - (rate - 7.3) / 10)
+        out.mkdir(parents=True)
+        return {"summary": {"slo_attainment_request": att},
+                "result": {"request_throughput": min(rate, 20.0), "completed": 5, "failed": 0}}
+
+    monkeypatch.setattr(capacity, "bench_to_dir", fake_bench)
+    cfg = BenchConfig(url="http://x")
+    cap = capacity.CapacityConfig(target=0.9, tolerance=0.05)
+    res = capacity.find_capacity(mixed_slo_trace(n=5), cfg, cap, tmp_path / "cap")
+    low, high = res["bracket"]["meets"], res["bracket"]["misses"]
+    assert res["bracketed"] and low <= 8.3 < high <= low * 1.05  # 0.9 is met up to 8.3
+    assert rates[:3] == [math.inf, 20.0, 10.0]  # saturation, its throughput, then halving
+    assert offsets == [5 * k for k in range(len(rates))]  # new req_ids for every probe
+    assert res["num_probes"] == len(rates) <= cap.max_probes
+    assert json.loads((tmp_path / "cap" / "capacity.json").read_text())["bracket"]["meets"] == low
+    # A server that meets the target even with every request at once has no finite capacity.
+    monkeypatch.setattr(capacity, "bench_to_dir", lambda *a, **k: {
+        "summary": {"slo_attainment_request": 1.0},
+        "result": {"request_throughput": 3.0, "completed": 5, "failed": 0}})
+    res = capacity.find_capacity(mixed_slo_trace(n=5), cfg, cap, tmp_path / "cap2")
+    assert res["bracket"] == {"meets": "inf", "misses": None} and res["num_probes"] == 1
+
+
+def test_chat_without_a_tokenizer_is_a_400_naming_the_field() -> None:
+    from types import SimpleNamespace
+
+    def app_state(skip: bool) -> Any:
+        model_config = SimpleNamespace(skip_tokenizer_init=skip)
+        return SimpleNamespace(state=SimpleNamespace(
+            vllm_config=SimpleNamespace(model_config=model_config)))
+
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    for skip, path, status in ((True, "/v1/chat/completions", 400), (True, "/v1/completions", 200),
+                               (False, "/v1/chat/completions", 200)):
+        echo = EchoApp()
+        code, err = call(SLOMiddleware(echo), body, path=path, app_object=app_state(skip))
+        assert code == status, (skip, path)
+        if status == 400:
+            assert err is not None and err["error"]["param"] == "messages"
+            assert "--skip-tokenizer-init" in err["error"]["message"] and not echo.bodies
+
+
+def test_token_ids_outside_the_vocabulary_are_a_400_naming_the_prompt() -> None:
+    from types import SimpleNamespace
+
+    model_config = SimpleNamespace(skip_tokenizer_init=False, get_vocab_size=lambda: 1024)
+    app = SimpleNamespace(state=SimpleNamespace(vllm_config=SimpleNamespace(
+        model_config=model_config)))
+    for prompt, where in (([5, 1024], "prompt[1]"), ([[5], [6, 7, 99999]], "prompt[1][2]")):
+        echo = EchoApp()
+        code, err = call(SLOMiddleware(echo), {"model": "m", "prompt": prompt}, app_object=app)
+        assert code == 400 and err is not None and err["error"]["param"] == "prompt"
+        assert err["error"]["message"].startswith(f"{where}: token id") and not echo.bodies
+    for prompt in ([5, 1023], "text", [[5], [6]], [], [-1]):  # fine here (vLLM judges [-1])
+        code, _ = call(SLOMiddleware(EchoApp()), {"model": "m", "prompt": prompt}, app_object=app)
+        assert code == 200, prompt
+
+
+def test_req_id_offset_changes_only_the_ids_sent() -> None:
+    from accelgen.serving.bench import request_body
+    from accelgen.workloads.trace import to_requests
+
+    reqs, _ = to_requests(mixed_slo_trace(n=3, seed=1))
+    body = request_body(reqs[2], 4, BenchConfig(url="u", req_id_offset=1000), "m")
+    assert body["vllm_xargs"]["req_id"] == 1002 and reqs[2].req_id == 2

@@ -13,12 +13,18 @@ streaming completion (``POST /v1/completions``, ``stream: true``) with
 - ``return_token_ids`` and ``stream_options.continuous_usage_stats`` (vLLM's), which make the
   token count of every chunk exact.
 
-Before the run, ``warmup`` short requests (no SLOs, not recorded) go one at a time. Every
-token gets the time its chunk arrived (tokens that share a chunk share its time), on the
-trace's clock (0 = the start of the run), so TTFT includes the time the request waited for the
-client's connection limit or in the server's queues, as a user would see it. At most
-``max_concurrency`` requests are open at once; a request that arrives while that many are open
-waits for one to finish (``client_waited_requests`` in the summary counts them).
+Arrival times are the trace's, or new ones at ``request_rate`` (``arrivals.request_times``,
+vLLM bench serve's recipe). Before the run, ``num_warmups`` short requests (no SLOs, not
+recorded) go one at a time. The client counts tokens, not events: a server whose stream falls
+behind its engine packs several tokens into one event, and each event's ``token_ids``
+(``return_token_ids``) or its running ``usage`` (``continuous_usage_stats``) says how many.
+Every token gets the time its event arrived (tokens that share an event share its time), on the
+trace's clock (0 = the start of the run), so TTFT in the results files includes the time the
+request waited for the client's connection limit or in the server's queues, as a user would see
+it. At most ``max_concurrency`` requests are open at once; a request that arrives while that
+many are open waits for one to finish (``client_waited_requests`` in the summary counts them).
+The time of every event with choices is kept too (``Outcome.chunk_times``): vLLM's metrics
+(``report``) are per event and from the moment a request was sent.
 
 Every request ends in exactly one state:
 
@@ -50,12 +56,21 @@ from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
-from pydantic import NonNegativeInt, PositiveFloat, PositiveInt
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt
 
 from accelgen import metrics
 from accelgen.config import StrictModel
 from accelgen.request import Request, Status
 from accelgen.results import ITERATION_COLUMNS, requests_frame, write_results
+from accelgen.serving.arrivals import request_times
+from accelgen.serving.report import (
+    ReportConfig,
+    RequestRecord,
+    class_attainment,
+    json_safe,
+    request_record,
+    vllm_result,
+)
 from accelgen.vllm_integration.config import request_extra_args
 from accelgen.workloads.prompts import prompt_text, prompt_token_ids
 from accelgen.workloads.trace import to_requests
@@ -70,6 +85,9 @@ class BenchConfig(StrictModel):
     prompt: Literal["tokens", "text"] = "tokens"
     vocab_size: PositiveInt = 1024  # token-id prompts draw ids from [3, vocab_size)
     send_slos: bool = True
+    # Added to every req_id sent (vllm_xargs.req_id): a server refuses a req_id it has served,
+    # so a second replay of a trace on one server needs other ids. Results keep the trace's ids.
+    req_id_offset: NonNegativeInt = 0
     max_concurrency: PositiveInt = 256
     request_timeout_s: PositiveFloat = 600.0
     limit: PositiveInt | None = None  # replay only the first N requests of the trace
@@ -77,7 +95,14 @@ class BenchConfig(StrictModel):
     # Short requests sent one after another before the run and not recorded, so that a fresh
     # server's one-off start-up costs (first forward passes) do not land on the trace's first
     # requests (as `accelgen replay` does).
-    warmup: NonNegativeInt = 2
+    num_warmups: NonNegativeInt = 2
+    # None: the trace's own arrival times. A rate: new arrival times at that many requests per
+    # second (inf: all at time 0), with gamma inter-arrival times of shape `burstiness` drawn
+    # with `seed` (vLLM bench serve's --request-rate / --burstiness / --seed; arrivals.py).
+    request_rate: PositiveFloat | None = None
+    burstiness: PositiveFloat = 1.0
+    seed: int = 0
+    report: ReportConfig = Field(default_factory=ReportConfig)
 
 
 def base_url(url: str) -> str:
@@ -95,6 +120,7 @@ class Outcome:
 
     sent: float = math.nan
     token_times: list[float] = field(default_factory=list)
+    chunk_times: list[float] = field(default_factory=list)  # events with choices (vLLM's chunks)
     finish_time: float = math.nan
     status: str = "unfinished"  # finished, cut, rejected, unfinished
     reason: str = ""
@@ -116,7 +142,10 @@ def request_body(req: Request, max_tokens: int, cfg: BenchConfig, model: str) ->
     }
     if cfg.send_slos:
         # inf (no such deadline) goes as JSON's non-standard Infinity, which vLLM's server reads.
-        body["vllm_xargs"] = request_extra_args(req)
+        xargs = request_extra_args(req)
+        if xargs.get("req_id") is not None:
+            xargs["req_id"] += cfg.req_id_offset
+        body["vllm_xargs"] = xargs
     return body
 
 
@@ -176,6 +205,7 @@ class StreamParser:
         choices = chunk.get("choices") or []
         n = 0
         if choices:
+            self.out.chunk_times.append(now)
             choice = choices[0]
             ids = choice.get("token_ids")
             if isinstance(ids, list):
@@ -245,8 +275,8 @@ async def _one(session: Any, url: str, headers: dict[str, str], body: dict[str, 
 
 async def warm_up(session: Any, url: str, headers: dict[str, str], cfg: BenchConfig,
                   model: str) -> None:
-    """``cfg.warmup`` short requests, one at a time, without SLOs or req_id."""
-    for i in range(cfg.warmup):
+    """``cfg.num_warmups`` short requests, one at a time, without SLOs or req_id."""
+    for i in range(cfg.num_warmups):
         warm = Request(req_id=WARMUP_SEED + i, arrival=0.0, prompt_len=64)
         body = request_body(warm, 4, cfg.model_copy(update={"send_slos": False}), model)
         out = Outcome()
@@ -285,6 +315,9 @@ async def run_requests(reqs: list[Request], max_tokens: np.ndarray, cfg: BenchCo
         url = f"{base}/v1/completions"
         await warm_up(session, url, headers, cfg, model)
         slots = asyncio.Semaphore(cfg.max_concurrency)
+        # Built before the clock starts, so that sending a request costs only the send.
+        bodies = [request_body(r, int(n), cfg, model) for r, n in zip(reqs, max_tokens,
+                                                                       strict=True)]
         t0 = time.perf_counter()
 
         async def send(i: int) -> None:
@@ -292,7 +325,7 @@ async def run_requests(reqs: list[Request], max_tokens: np.ndarray, cfg: BenchCo
             delay = req.arrival - (time.perf_counter() - t0)
             if delay > 0:
                 await asyncio.sleep(delay)
-            body = request_body(req, int(max_tokens[i]), cfg, model)
+            body = bodies[i]
             outcomes[i].waited = slots.locked()
             async with slots:
                 await _one(session, url, headers, body, int(max_tokens[i]), outcomes[i], t0)
@@ -363,24 +396,78 @@ def _shared(times: list[float]) -> int:
     return int(np.count_nonzero(np.diff(times) == 0)) if len(times) > 1 else 0
 
 
-def bench_to_dir(trace: pd.DataFrame, cfg: BenchConfig, out: Path | str, *,
-                 progress: bool = False, trace_path: str | None = None) -> dict[str, Any]:
-    """Replay ``trace`` against ``cfg.url`` and write the results directory ``out``."""
+def timed_trace(trace: pd.DataFrame, cfg: BenchConfig) -> pd.DataFrame:
+    """The requests to send, in arrival order: the trace's first ``cfg.limit``, at their own
+    arrival times or at new ones for ``cfg.request_rate``."""
     df = trace.sort_values(["arrival", "req_id"], kind="stable")
     if cfg.limit is not None:
         df = df.head(cfg.limit)
+    if cfg.request_rate is not None:
+        df = df.assign(arrival=request_times(len(df), cfg.request_rate, cfg.burstiness,
+                                             cfg.seed))
+    return df
+
+
+def records(df: pd.DataFrame, outcomes: list[Outcome]) -> list[RequestRecord]:
+    """vLLM's per-request records (``report``) of a run."""
+    return [request_record(status=o.status, reason=o.reason, arrival=float(a), sent=o.sent,
+                           chunk_times=o.chunk_times, output_tokens=len(o.token_times),
+                           prompt_len=int(o.prompt_tokens if o.prompt_tokens is not None
+                                          else p))
+            for o, a, p in zip(outcomes, df["arrival"], df["prompt_len"], strict=True)]
+
+
+def result_json(df: pd.DataFrame, outcomes: list[Outcome], summary: dict[str, Any],
+                cfg: BenchConfig, *, detailed: bool = False) -> dict[str, Any]:
+    """The ``--save-result`` document: vLLM bench serve's setup and result keys, then ours."""
+    rate = cfg.request_rate
+    head: dict[str, Any] = {
+        "backend": "openai", "label": cfg.label, "model_id": summary["model"],
+        "tokenizer_id": None, "num_prompts": len(df),
+        # "trace": the trace's own arrival times (vLLM's timed traces say so by self-timing).
+        "request_rate": "trace" if rate is None else ("inf" if math.isinf(rate) else rate),
+        "burstiness": cfg.burstiness, "max_concurrency": cfg.max_concurrency,
+    }
+    ours = {k: summary[k] for k in (
+        "num_requests", "num_finished", "num_cut", "num_rejected", "num_unfinished",
+        "slo_attainment_request", "ttft_attainment", "tbt_attainment", "jct_attainment",
+        "slo_attainment_by_class", "http_status_counts", "tokens_sharing_a_chunk")}
+    body = vllm_result(records(df, outcomes), summary["bench_wall_time_s"], cfg.report,
+                       detailed=detailed)
+    return json_safe({**head, **body, **ours})
+
+
+def bench_to_dir(trace: pd.DataFrame, cfg: BenchConfig, out: Path | str, *,
+                 progress: bool = False, trace_path: str | None = None,
+                 result_path: Path | str | None = None,
+                 save_detailed: bool = False) -> dict[str, Any]:
+    """Replay ``trace`` against ``cfg.url`` and write the results directory ``out`` (and the
+    result JSON to ``result_path``, if given)."""
+    df = timed_trace(trace, cfg)
     reqs, _ = to_requests(df)
     max_tokens = df["output_len"].to_numpy(np.int64)
     outcomes, model, wall = asyncio.run(run_requests(reqs, max_tokens, cfg, progress=progress))
     req_df = results_frames(reqs, max_tokens, outcomes)
     summary = summarize(req_df, outcomes, cfg, model, wall)
+    summary["slo_attainment_by_class"] = class_attainment(req_df)
     config = {"bench_serve": cfg.model_dump(mode="json"), "model": model}
     if trace_path is not None:
         config["trace"] = trace_path
     its = pd.DataFrame({c: pd.Series(dtype="float64") for c in ITERATION_COLUMNS})
+    result = result_json(req_df, outcomes, summary, cfg, detailed=save_detailed)
     write_results(out, req_df, its, summary, config,
                   timing_summary={"bench_wall_time_s": wall})
-    return {"requests": req_df, "summary": summary, "config": config}
+    if result_path is not None:
+        write_json(Path(result_path), result)
+    return {"requests": req_df, "summary": summary, "config": config, "result": result}
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Strict JSON, written to a temporary file and renamed (no half-written file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(json_safe(data), indent=2, allow_nan=False) + "\n")
+    os.replace(tmp, path)
 
 
 def _progress(total: int) -> Any:  # pragma: no cover - cosmetic

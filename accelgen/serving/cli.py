@@ -1,15 +1,60 @@
 """``accelgen bench-serve``: replay a trace against an OpenAI-compatible server.
 
-Sends every request of the trace at its arrival time as a streaming completion with
-``max_tokens`` = its output length, ``ignore_eos`` and its SLOs in ``vllm_xargs``, time-stamps
-every streamed token, and writes ``requests.parquet``, ``summary.json`` (the metrics of
-``accelgen simulate``) and ``config.json`` to ``--out``. See ``accelgen.serving.bench``.
+Sends every request of the trace at its arrival time (or at ``--request-rate``) as a streaming
+completion with ``max_tokens`` = its output length, ``ignore_eos`` and its SLOs in
+``vllm_xargs``, time-stamps every streamed token, and writes ``requests.parquet``,
+``summary.json`` (the metrics of ``accelgen simulate``) and ``config.json`` to ``--out``;
+``--save-result`` adds the result JSON of ``vllm bench serve`` (its keys and definitions, with
+per-request SLO attainment beside them). ``--find-capacity`` searches the highest request rate
+that meets ``--target`` attainment. Options shared with ``vllm bench serve`` are spelt as there.
+See ``accelgen.serving``.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
+from typing import Any
+
+DEFAULT_RESULT_FILENAME = "result.json"
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 (or inf), got {text}")
+    return value
+
+
+def _csv(text: str) -> list[str]:
+    return [w.strip() for w in text.split(",") if w.strip()]
+
+
+def parse_goodput(pairs: list[str] | None) -> dict[str, float]:
+    """``["ttft:500", "tpot:50"]`` -> ``{"ttft": 500.0, "tpot": 50.0}`` (milliseconds)."""
+    from accelgen.serving.report import GOODPUT_METRICS
+
+    out: dict[str, float] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition(":")
+        if not sep:
+            raise ValueError(f"--goodput: {pair!r} is not KEY:MILLISECONDS")
+        if key not in GOODPUT_METRICS:
+            raise ValueError(f"--goodput: unknown metric {key!r} (known: "
+                             f"{', '.join(GOODPUT_METRICS)})")
+        try:
+            ms = float(value)
+        except ValueError:
+            raise ValueError(f"--goodput: {key}:{value!r} is not a number of "
+                             "milliseconds") from None
+        if not ms >= 0:
+            raise ValueError(f"--goodput: {key} must be >= 0 ms, got {value}")
+        out[key] = ms
+    return out
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -24,19 +69,80 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "per word, for servers that need text)")
     p.add_argument("--vocab-size", type=int, default=1024,
                    help="token-id prompts use ids in [3, VOCAB_SIZE) (default 1024: the tiny model)")
-    p.add_argument("--max-concurrency", type=int, default=256,
-                   help="most requests open at once (default 256)")
-    p.add_argument("--request-timeout", type=float, default=600.0, metavar="SECONDS")
     p.add_argument("--limit", type=int, help="replay only the first N requests")
     p.add_argument("--label", default="server",
                    help="what the server runs (summary.json 'policy'), e.g. accelgen or stock")
-    p.add_argument("--warmup", type=int, default=2,
-                   help="short requests sent (one at a time, not recorded) before the run "
-                        "(default 2)")
     p.add_argument("--no-slos", action="store_true",
                    help="send no vllm_xargs (for servers other than vLLM)")
+    p.add_argument("--req-id-offset", type=int, default=0,
+                   help="added to every req_id sent, to replay a trace again on one server "
+                        "(it refuses a req_id it has served; default 0)")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--request-timeout", type=float, default=600.0, metavar="SECONDS")
+    traffic = p.add_argument_group("traffic (as vllm bench serve)")
+    traffic.add_argument("--request-rate", type=_rate, metavar="RATE",
+                         help="requests per second, with new arrival times (inf: all at once); "
+                              "default: the trace's own arrival times")
+    traffic.add_argument("--burstiness", type=_rate, default=1.0,
+                         help="gamma shape of the inter-arrival times at --request-rate (1: "
+                              "Poisson; below 1 burstier)")
+    traffic.add_argument("--seed", type=int, default=0,
+                         help="seed of the arrival times at --request-rate (default 0)")
+    traffic.add_argument("--max-concurrency", type=int, default=256,
+                         help="most requests open at once; the others wait (default 256)")
+    traffic.add_argument("--num-warmups", type=int, default=2,
+                         help="short requests sent one at a time, not recorded, before the run "
+                              "(default 2)")
+    result = p.add_argument_group("result JSON (vllm bench serve's keys)")
+    result.add_argument("--save-result", action="store_true",
+                        help=f"write the result JSON (default {DEFAULT_RESULT_FILENAME} in --out)")
+    result.add_argument("--save-detailed", action="store_true",
+                        help="with per-request input_lens, output_lens, start_times, ttfts, "
+                             "itls, errors")
+    result.add_argument("--result-dir", type=Path, help="folder of the result JSON (--out)")
+    result.add_argument("--result-filename", help="its name (default result.json)")
+    result.add_argument("--percentile-metrics", type=_csv, default=["ttft", "tpot", "itl", "e2el"],
+                        help="comma-separated: ttft,tpot,itl,e2el,client_queue_time,"
+                             "e2el_including_client_queue (default ttft,tpot,itl,e2el)")
+    result.add_argument("--metric-percentiles", type=_csv, default=["99"],
+                        help="comma-separated percentiles, e.g. 50,90,99 (default 99)")
+    result.add_argument("--goodput", nargs="+", metavar="KEY:MS",
+                        help="global thresholds in ms (ttft, tpot, e2el) for request_goodput, "
+                             "vLLM's definition, beside the trace's per-request SLOs")
+    cap = p.add_argument_group("capacity search")
+    cap.add_argument("--find-capacity", action="store_true",
+                     help="bisect the request rate for the highest one meeting --target")
+    cap.add_argument("--target", type=float, default=0.9,
+                     help="SLO attainment to meet (default 0.9)")
+    cap.add_argument("--target-metric", default="slo_attainment_request",
+                     choices=["slo_attainment_request", "ttft_attainment", "tbt_attainment",
+                              "jct_attainment", "slo_attainment_distserve"],
+                     help="the attainment that must reach --target (default: per-request SLOs)")
+    cap.add_argument("--capacity-tolerance", type=float, default=0.1,
+                     help="stop when the bracket's ends are within this fraction (default 0.1)")
+    cap.add_argument("--max-probes", type=int, default=12,
+                     help="most runs of the trace, the saturation run included (default 12)")
     p.set_defaults(func=run)
+
+
+def bench_config(args: argparse.Namespace) -> Any:
+    from accelgen.serving.bench import BenchConfig
+    from accelgen.serving.report import ReportConfig
+
+    try:
+        percentiles = [float(x) for x in args.metric_percentiles]
+    except ValueError:
+        raise ValueError(f"--metric-percentiles: not numbers: {args.metric_percentiles}") from None
+    report = ReportConfig(percentile_metrics=args.percentile_metrics,
+                          metric_percentiles=percentiles, goodput=parse_goodput(args.goodput))
+    return BenchConfig(url=args.url, model=args.model, prompt=args.prompt,
+                       vocab_size=args.vocab_size, send_slos=not args.no_slos,
+                       req_id_offset=args.req_id_offset,
+                       max_concurrency=args.max_concurrency,
+                       request_timeout_s=args.request_timeout, limit=args.limit,
+                       label=args.label, num_warmups=args.num_warmups,
+                       request_rate=args.request_rate, burstiness=args.burstiness,
+                       seed=args.seed, report=report)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,24 +150,75 @@ def run(args: argparse.Namespace) -> int:
         import aiohttp  # noqa: F401
     except ImportError:
         raise ValueError("bench-serve needs aiohttp: pip install 'accelgen[serve]'") from None
-    from accelgen.results import outcome_counts
-    from accelgen.serving.bench import BenchConfig, bench_to_dir
     from accelgen.workloads.trace import load_trace
 
-    cfg = BenchConfig(url=args.url, model=args.model, prompt=args.prompt,
-                      vocab_size=args.vocab_size, send_slos=not args.no_slos,
-                      max_concurrency=args.max_concurrency,
-                      request_timeout_s=args.request_timeout, limit=args.limit, label=args.label,
-                      warmup=args.warmup)
+    cfg = bench_config(args)
     trace = load_trace(args.trace)
+    if args.find_capacity:
+        return _find_capacity(args, cfg, trace)
+    from accelgen.results import outcome_counts
+    from accelgen.serving.bench import bench_to_dir
+
+    result_path = None
+    if args.save_result or args.save_detailed:
+        result_path = ((args.result_dir or args.out)
+                       / (args.result_filename or DEFAULT_RESULT_FILENAME))
     out = bench_to_dir(trace, cfg, args.out, progress=not args.no_progress,
-                       trace_path=str(args.trace))
-    s = out["summary"]
-    print(f"{s['model']} at {s['url']}")
-    print(f"  throughput {s['throughput_output_tps']:.1f} out tok/s, {s['throughput_rps']:.2f} "
-          f"req/s; SLO attainment request {s['slo_attainment_request']:.3f}, iteration "
-          f"{s['slo_attainment_iteration']:.3f}; TTFT p50 {s['ttft_p50'] * 1e3:.0f} ms, p99 "
-          f"{s['ttft_p99'] * 1e3:.0f} ms; TBT p50 {s['tbt_p50'] * 1e3:.1f} ms, p99 "
-          f"{s['tbt_p99'] * 1e3:.1f} ms")
-    print(f"  results: {args.out} ({outcome_counts(s)})")
+                       trace_path=str(args.trace), result_path=result_path,
+                       save_detailed=args.save_detailed)
+    s, r = out["summary"], out["result"]
+    print(f"{s['model']} at {s['url']}: {r['completed']} completed, {r['failed']} failed in "
+          f"{r['duration']:.1f} s; {r['request_throughput']:.2f} req/s, "
+          f"{r['output_throughput']:.1f} out tok/s"
+          + (f", goodput {r['request_goodput']:.2f} req/s" if r["request_goodput"] is not None
+             else ""))
+    print("  " + "; ".join(_medians(r)))
+    print(f"  SLO attainment request {_f(s['slo_attainment_request'])} ("
+          + ", ".join(f"{k} {_f(v['slo_attainment'])} of {v['requests']}"
+                      for k, v in s["slo_attainment_by_class"].items()) + ")")
+    wrote = "requests.parquet, summary.json" + (f", {result_path}" if result_path else "")
+    print(f"bench-serve: wrote {args.out} ({wrote}): {outcome_counts(s)}")
     return 0
+
+
+def _f(x: float | None) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else f"{x:.3f}"
+
+
+def _medians(r: dict[str, Any]) -> list[str]:
+    out = []
+    for m in ("ttft", "tpot", "itl", "e2el"):
+        if r.get(f"median_{m}_ms") is not None:
+            p = [k for k in r if k.startswith("p") and k.endswith(f"_{m}_ms")]
+            tail = ", ".join(f"{k.split('_')[0]} {r[k]:.1f}" for k in p if r[k] is not None)
+            out.append(f"{m.upper()} median {r[f'median_{m}_ms']:.1f} ms"
+                       + (f" ({tail})" if tail else ""))
+    return out
+
+
+def _find_capacity(args: argparse.Namespace, cfg: Any, trace: Any) -> int:
+    from accelgen.serving.capacity import CapacityConfig, find_capacity
+
+    if args.request_rate is not None:
+        raise ValueError("--find-capacity chooses the request rates itself; leave out "
+                         "--request-rate")
+    cap = CapacityConfig(target=args.target, metric=args.target_metric,
+                         tolerance=args.capacity_tolerance, max_probes=args.max_probes)
+
+    def show(row: dict[str, Any]) -> None:
+        print(f"  rate {row['request_rate']}: {cap.metric} {_f(row[cap.metric])} "
+              f"({'meets' if row['meets_target'] else 'misses'} {cap.target}), "
+              f"{row['request_throughput']:.2f} req/s served, {row['completed']} completed, "
+              f"{row['failed']} failed", flush=True)
+
+    res = find_capacity(trace, cfg, cap, args.out, progress=not args.no_progress, on_probe=show)
+    b = res["bracket"]
+    print(f"bench-serve --find-capacity: wrote {args.out} (capacity.json, "
+          f"{res['num_probes']} probes): {cap.metric} >= {cap.target} up to "
+          f"{_show_rate(b['meets'])} req/s, missed at {_show_rate(b['misses'])} req/s"
+          + ("" if res["bracketed"] else " (not bracketed: see capacity.json)"))
+    return 0
+
+
+def _show_rate(rate: Any) -> str:
+    return "none" if rate is None else (rate if isinstance(rate, str) else f"{rate:.2f}")

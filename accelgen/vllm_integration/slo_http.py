@@ -18,6 +18,14 @@ what another API server process sees with ``--api-server-count`` > 1.)
 
 Requests without SLOs get the plugin's configured defaults in the engine. Refusals look like
 vLLM's own errors: ``{"error": {"message", "type": "BadRequestError", "param", "code": 400}}``.
+
+A token-id prompt with an id outside the model's vocabulary is refused here too, naming
+``prompt`` (vLLM refuses it with ``param: null``).
+
+A server started with ``--skip-tokenizer-init`` cannot render a chat; vLLM 0.32 answers a chat
+completion there with a bare 500 (an ``assert`` in its chat handler). The middleware answers 400
+instead, naming ``messages`` (``input`` for the Responses API), and points to token-id prompts;
+it reads the setting from the app's ``state.vllm_config``, which vLLM's server sets.
 """
 
 from __future__ import annotations
@@ -36,6 +44,8 @@ from accelgen.vllm_integration.config import (
 
 SLO_HEADER = "x-accelgen-slo"
 XARGS = "vllm_xargs"
+# Endpoints that need the tokenizer (a chat template) -> the field that needs it.
+TOKENIZER_PATHS = {"/v1/chat/completions": "messages", "/v1/responses": "input"}
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -126,10 +136,17 @@ class SLOMiddleware:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
         self.served_req_ids: set[int] = set()
+        self.vocab_size: int | None = None  # the model's, read from the app on first use
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("method") != "POST":
             await self.app(scope, receive, send)
+            return
+        field = TOKENIZER_PATHS.get(str(scope.get("path", "")).rstrip("/"))
+        if field is not None and skips_tokenizer(scope):
+            await _send_error(send, f"this server runs without a tokenizer "
+                              f"(--skip-tokenizer-init), so it cannot read '{field}': send "
+                              "token ids as the prompt of /v1/completions", field)
             return
         headers: list[tuple[bytes, bytes]] = list(scope.get("headers") or [])
         header = _header(headers, SLO_HEADER.encode())
@@ -141,13 +158,14 @@ class SLOMiddleware:
         if disconnected:
             return
         req_id: Any = None
-        if header is not None or XARGS.encode() in body:
+        if header is not None or XARGS.encode() in body or b'"prompt"' in body:
             try:
                 data = json.loads(body)
             except ValueError:
                 data = None  # vLLM reports malformed JSON itself
             if isinstance(data, dict):
                 try:
+                    check_token_ids(data.get("prompt"), self._vocab_size(scope))
                     data, changed = check_request(data, header)
                     xargs = data.get(XARGS)
                     req_id = xargs.get("req_id") if isinstance(xargs, dict) else None
@@ -165,6 +183,15 @@ class SLOMiddleware:
                     scope = {**scope, "headers": headers}
         await self.app(scope, _replay(body, receive), self._recording(send, req_id))
 
+    def _vocab_size(self, scope: Scope) -> int | None:
+        if self.vocab_size is None:
+            model_config = _model_config(scope)
+            try:
+                self.vocab_size = int(model_config.get_vocab_size())
+            except (AttributeError, TypeError, ValueError):
+                return None
+        return self.vocab_size
+
     def _recording(self, send: Send, req_id: Any) -> Send:
         if req_id is None:
             return send
@@ -175,6 +202,34 @@ class SLOMiddleware:
             await send(message)
 
         return wrapped
+
+
+def _model_config(scope: Scope) -> Any:
+    """vLLM's ``ModelConfig`` of the server behind this request (the app state vLLM's server
+    sets), or None."""
+    state = getattr(scope.get("app"), "state", None)
+    return getattr(getattr(state, "vllm_config", None), "model_config", None)
+
+
+def skips_tokenizer(scope: Scope) -> bool:
+    """Whether the server runs without a tokenizer (``skip_tokenizer_init``)."""
+    return getattr(_model_config(scope), "skip_tokenizer_init", False) is True
+
+
+def check_token_ids(prompt: Any, vocab_size: int | None) -> None:
+    """A token-id prompt (ids, or a batch of id lists) must stay inside the model's vocabulary;
+    vLLM refuses such a prompt too, but without naming the field. Other shapes are vLLM's."""
+    if vocab_size is None or not isinstance(prompt, list) or not prompt:
+        return
+    rows = prompt if isinstance(prompt[0], list) else [prompt]
+    for j, row in enumerate(rows):
+        if not isinstance(row, list):
+            return
+        for i, token in enumerate(row):
+            if isinstance(token, int) and not isinstance(token, bool) and token >= vocab_size:
+                where = f"prompt[{j}][{i}]" if rows is prompt else f"prompt[{i}]"
+                raise BadSLORequest(f"{where}: token id {token} is outside the model's "
+                                    f"vocabulary [0, {vocab_size})", "prompt")
 
 
 def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
