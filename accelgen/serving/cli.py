@@ -20,7 +20,7 @@ from typing import Any
 DEFAULT_RESULT_FILENAME = "result.json"
 
 
-def _rate(text: str) -> float:
+def _positive(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
@@ -30,8 +30,37 @@ def _rate(text: str) -> float:
     return value
 
 
-def _csv(text: str) -> list[str]:
+def _request_rate(text: str) -> float:
+    return _positive(text)
+
+
+def _burstiness(text: str) -> float:
+    value = _positive(text)
+    if value == float("inf"):
+        raise argparse.ArgumentTypeError("must be finite (the gamma shape of the gaps)")
+    return value
+
+
+def _comma_separated(text: str) -> list[str]:
     return [w.strip() for w in text.split(",") if w.strip()]
+
+
+def _percentile_metrics(text: str) -> list[str]:
+    from accelgen.serving.report import PERCENTILE_METRICS
+
+    names = _comma_separated(text)
+    unknown = [n for n in names if n not in PERCENTILE_METRICS]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown metrics {unknown}; known: {','.join(PERCENTILE_METRICS)}")
+    return names
+
+
+def _metric_percentiles(text: str) -> list[float]:
+    try:
+        return [float(w) for w in _comma_separated(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not numbers: {text!r}") from None
 
 
 def parse_goodput(pairs: list[str] | None) -> dict[str, float]:
@@ -80,10 +109,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--request-timeout", type=float, default=600.0, metavar="SECONDS")
     traffic = p.add_argument_group("traffic (as vllm bench serve)")
-    traffic.add_argument("--request-rate", type=_rate, metavar="RATE",
+    traffic.add_argument("--request-rate", type=_request_rate, metavar="RATE",
                          help="requests per second, with new arrival times (inf: all at once); "
                               "default: the trace's own arrival times")
-    traffic.add_argument("--burstiness", type=_rate, default=1.0,
+    traffic.add_argument("--burstiness", type=_burstiness, default=1.0,
                          help="gamma shape of the inter-arrival times at --request-rate (1: "
                               "Poisson; below 1 burstier)")
     traffic.add_argument("--seed", type=int, default=0,
@@ -101,10 +130,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                              "itls, errors")
     result.add_argument("--result-dir", type=Path, help="folder of the result JSON (--out)")
     result.add_argument("--result-filename", help="its name (default result.json)")
-    result.add_argument("--percentile-metrics", type=_csv, default=["ttft", "tpot", "itl", "e2el"],
+    result.add_argument("--percentile-metrics", type=_percentile_metrics,
+                        default=["ttft", "tpot", "itl", "e2el"],
                         help="comma-separated: ttft,tpot,itl,e2el,client_queue_time,"
                              "e2el_including_client_queue (default ttft,tpot,itl,e2el)")
-    result.add_argument("--metric-percentiles", type=_csv, default=["99"],
+    result.add_argument("--metric-percentiles", type=_metric_percentiles, default=[99.0],
                         help="comma-separated percentiles, e.g. 50,90,99 (default 99)")
     result.add_argument("--goodput", nargs="+", metavar="KEY:MS",
                         help="global thresholds in ms (ttft, tpot, e2el) for request_goodput, "
@@ -129,12 +159,8 @@ def bench_config(args: argparse.Namespace) -> Any:
     from accelgen.serving.bench import BenchConfig
     from accelgen.serving.report import ReportConfig
 
-    try:
-        percentiles = [float(x) for x in args.metric_percentiles]
-    except ValueError:
-        raise ValueError(f"--metric-percentiles: not numbers: {args.metric_percentiles}") from None
     report = ReportConfig(percentile_metrics=args.percentile_metrics,
-                          metric_percentiles=percentiles, goodput=parse_goodput(args.goodput))
+                          metric_percentiles=args.metric_percentiles, goodput=parse_goodput(args.goodput))
     return BenchConfig(url=args.url, model=args.model, prompt=args.prompt,
                        vocab_size=args.vocab_size, send_slos=not args.no_slos,
                        req_id_offset=args.req_id_offset,
