@@ -7,6 +7,7 @@
     check       CONFIG.yaml                   validate a config and print the grid's size
     estimate    CONFIG.yaml [--benchmarks DIR] jobs of a config and a runtime estimate
     claims-md   CLAIMS.csv [--update DOC]     the paper's claims beside ours, Markdown (SPEC 11)
+    budgets     CONFIG.yaml                   the token budget of every tuned system (SPEC 12)
 """
 
 from __future__ import annotations
@@ -101,6 +102,33 @@ def cmd_claims_md(args: argparse.Namespace) -> int:
 CLAIMS_BEGIN, CLAIMS_END = "<!-- claims:begin -->", "<!-- claims:end -->"
 
 
+def cmd_budgets(args: argparse.Namespace) -> int:
+    from accelgen.pipeline.config import load_file
+    from accelgen.pipeline.grid import Grid
+
+    grid = Grid(load_file(args.config))
+    fig = grid.figures.get("fig13")
+    rows = fig.options.get("tuned_budgets", []) if fig is not None else []
+    lines = ["| deployment | systems | tightest TBT SLO (ms) | decodes at the knee | their mean "
+             "context (tokens) | tuned budget (tokens) | predicted iteration (ms) | next "
+             "candidate: budget, iteration (ms) |", "|---|---|---|---|---|---|---|---|"]
+    # Systems of one deployment with the same budget and numbers share a row.
+    merged: dict[tuple[object, ...], list[str]] = {}
+    for b in rows:
+        nxt = ("-" if b["next_budget"] is None else
+               f"{b['next_budget']}, {1000 * b['next_predicted_s']:.1f}")
+        flag = "" if b["meets"] else " (not met: the smallest candidate)"
+        cells = (b["deployment"], f"{1000 * b['tbt_slo']:.1f}", b["decode_seqs"],
+                 f"{b['decode_context']:.0f}", b["token_budget"],
+                 f"{1000 * b['predicted_s']:.1f}{flag}", nxt)
+        merged.setdefault(cells, []).append(b["system"])
+    for (dep, *rest), systems in merged.items():
+        lines.append(f"| {dep} | {', '.join(systems)} | " + " | ".join(map(str, rest)) + " |")
+    sys.stdout.write("\n".join(lines) + "\n")
+    print(f"{args.config}: {len(rows)} tuned budgets (experiments.capacity)", file=sys.stderr)
+    return 0
+
+
 def cmd_estimate(args: argparse.Namespace) -> int:
     from accelgen.pipeline.estimate import estimate, estimate_measured
 
@@ -139,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--update", type=Path, metavar="DOC",
                    help=f"replace the table between {CLAIMS_BEGIN} and {CLAIMS_END} in DOC")
     s.set_defaults(func=cmd_claims_md)
+    s = sub.add_parser("budgets", help="the tuned systems' token budgets (Markdown)")
+    s.add_argument("config", type=Path)
+    s.set_defaults(func=cmd_budgets)
     s = sub.add_parser("estimate")
     s.add_argument("config", type=Path)
     s.add_argument("--benchmarks", type=Path,
