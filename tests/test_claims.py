@@ -168,3 +168,21 @@ def test_tuned_baselines_are_compared_apart_with_the_strongest() -> None:
     assert row["verdict_capacity"] == C.REPRODUCED  # >= 1.05, within [1.54 / 2, 2 x 10]
     assert table.loc["tuned_capacity_strict", "pairs_capacity"] == "opt-13b-auto/edf=1.5"
     assert table.loc["eval_capacity_strict", "pairs_capacity"] == "opt-13b-auto/vllm=6"
+
+
+def test_capacity_markdown_names_the_strongest_and_the_ratios() -> None:
+    from accelgen.pipeline.capacity_md import capacity_markdown
+
+    caps = {"accelgen": (0.3, "interpolated"), "vllm": (0.05, "interpolated"),
+            "edf": (0.2, "interpolated"), "sarathi-b256": (0.25, "interpolated")}
+    cap = capacity_csv(caps)
+    cap["setting"] = ["ladder" if s == "sarathi-b256" else "paper" for s in cap["system"]]
+    cap["deployment_label"] = "OPT-13B (KV auto)"
+    strict = cap[cap["metric"] == "capacity_rps"].assign(metric="capacity_strict_rps",
+                                                         mean=0.0, where="below_sweep")
+    text = capacity_markdown(pd.concat([cap, strict]))
+    assert "sarathi-b256" not in text  # the envelope's ladder is summarised, not listed
+    assert "capacity at 90 %: AccelGen 0.3 req/s over the paper-setting baselines' best " \
+        "(vllm, 0.05): 6.00x" in text
+    assert "over the strongest baseline as users run it (edf, 0.2): 1.50x" in text
+    assert "capacity at 99 %: AccelGen 0 req/s" in text and "| < 0.1 |" in text

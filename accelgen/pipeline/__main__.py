@@ -8,6 +8,7 @@
     estimate    CONFIG.yaml [--benchmarks DIR] jobs of a config and a runtime estimate
     claims-md   CLAIMS.csv [--update DOC]     the paper's claims beside ours, Markdown (SPEC 11)
     budgets     CONFIG.yaml                   the token budget of every tuned system (SPEC 12)
+    capacity-md FIG13.csv                     figure 13's capacities as a Markdown table
 """
 
 from __future__ import annotations
@@ -102,6 +103,15 @@ def cmd_claims_md(args: argparse.Namespace) -> int:
 CLAIMS_BEGIN, CLAIMS_END = "<!-- claims:begin -->", "<!-- claims:end -->"
 
 
+def cmd_capacity_md(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from accelgen.pipeline.capacity_md import capacity_markdown
+
+    sys.stdout.write(capacity_markdown(pd.read_csv(args.csv)))
+    return 0
+
+
 def cmd_budgets(args: argparse.Namespace) -> int:
     from accelgen.pipeline.config import load_file
     from accelgen.pipeline.grid import Grid
@@ -167,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--update", type=Path, metavar="DOC",
                    help=f"replace the table between {CLAIMS_BEGIN} and {CLAIMS_END} in DOC")
     s.set_defaults(func=cmd_claims_md)
+    s = sub.add_parser("capacity-md", help="figure 13's capacities as Markdown (regime capacity)")
+    s.add_argument("csv", type=Path)
+    s.set_defaults(func=cmd_capacity_md)
     s = sub.add_parser("budgets", help="the tuned systems' token budgets (Markdown)")
     s.add_argument("config", type=Path)
     s.set_defaults(func=cmd_budgets)
