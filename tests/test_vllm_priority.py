@@ -115,3 +115,20 @@ def test_loaded_run_keeps_invariants_and_finishes_every_request() -> None:
     check_invariants(res, policy)
     assert all(r.status.name == "FINISHED" for r in res.requests)
     assert sum(r.num_preemptions for r in res.requests) > 0  # the scenario does preempt
+
+
+def test_replay_config_takes_the_priority_mode_for_stock_only() -> None:
+    import argparse
+
+    import pytest
+
+    from accelgen.vllm_integration.cli import add_parser, build_config
+    from accelgen.vllm_integration.replay import ReplayConfig
+
+    p = argparse.ArgumentParser()
+    add_parser(p.add_subparsers())
+    args = p.parse_args(["replay", "--trace", "t.parquet", "--out", "o", "--system", "stock",
+                         "--scheduling-policy", "priority"])
+    assert build_config(args).scheduling_policy == "priority"
+    with pytest.raises(ValueError, match="scheduling_policy: priority is vLLM's own queue mode"):
+        ReplayConfig(system="accelgen", scheduling_policy="priority")
