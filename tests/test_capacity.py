@@ -161,7 +161,13 @@ def test_paper_config_has_both_regimes_with_three_seeds() -> None:
         set(cap.deployments)
     policies = {cfg.systems[s].policy for s in cap.systems}
     assert {"vllm", "orca", "fastgen", "sarathi", "fastserve", "accelgen", "oracle",
-            "accelgen/order", "accelgen/chunk", "accelgen/batch"} <= policies
+            "accelgen/order", "accelgen/chunk", "accelgen/batch", "edf",
+            "vllm-priority"} <= policies
+    # every budgeted baseline also tuned (SPEC 12), and the best-static-budget envelope
+    tuned = {cfg.systems[s].policy for s in cap.systems if cfg.systems[s].budget == "tuned"}
+    assert tuned == {"vllm", "sarathi", "fastgen", "edf", "vllm-priority"}
+    assert cap.envelope is not None and cap.envelope.budgets == [64, 128, 256, 512, 1024, 2048]
+    assert cap.strict_target == 0.99
     assert cfg.experiments.evaluation is not None  # regime paper beside it
 
 
