@@ -295,3 +295,20 @@ def test_slo_classes_in_the_summary() -> None:
     many = pd.concat([many] * 3, ignore_index=True).assign(
         req_id=range(12), tbt_slo=[0.1 + 0.01 * i for i in range(12)])
     assert metrics.summarize(many, its, s_pf=1)["slo_classes"] == {}
+
+
+def test_aggregate_reads_a_spec_past_the_argument_limit_from_stdin(tmp_path: Path) -> None:
+    """The aggregate rule pipes its spec (figure 13 of the paper config is ~1.3 MB; Linux
+    refuses one argument over 128 KiB)."""
+    import json
+    import subprocess
+    import sys
+
+    spec = json.dumps({"figure": "claims", "inputs": {}, "accelgen": "accelgen",
+                       "padding": "x" * 200_000})
+    out = tmp_path / "claims.csv"
+    subprocess.run([sys.executable, "-m", "accelgen.pipeline", "aggregate", "--spec", "@-",
+                    "--out", str(out)], input=spec, text=True, check=True, capture_output=True)
+    assert len(pd.read_csv(out)) > 0
+    rule = (ROOT / "rules" / "figures.smk").read_text()
+    assert "printf '%s' {{params.spec:q}} |" in rule and "--spec @-" in rule

@@ -2,7 +2,7 @@
 
     write-yaml  --spec JSON --out FILE        a YAML file from a JSON mapping (workload, deployment)
     scenario    --spec JSON --out FILE.csv    a hand-built scenario trace (figures 2 and 6)
-    aggregate   --spec JSON --out FILE.csv    a figure's CSV from its results directories
+    aggregate   --spec JSON|@FILE|@- --out FILE.csv  a figure's CSV from its results directories
     schema      [--out config/schema.json]    the JSON schema of the pipeline config
     check       CONFIG.yaml                   validate a config and print the grid's size
     estimate    CONFIG.yaml [--benchmarks DIR] jobs of a config and a runtime estimate
@@ -48,8 +48,12 @@ def cmd_scenario(args: argparse.Namespace) -> int:
 def cmd_aggregate(args: argparse.Namespace) -> int:
     from accelgen.pipeline.aggregate import aggregate, write_csv
 
-    spec = json.loads(args.spec) if not args.spec.startswith("@") else \
-        json.loads(Path(args.spec[1:]).read_text())
+    if args.spec == "@-":  # from stdin (the pipeline's way: a spec can pass the argument limit)
+        spec = json.loads(sys.stdin.read())
+    elif args.spec.startswith("@"):
+        spec = json.loads(Path(args.spec[1:]).read_text())
+    else:
+        spec = json.loads(args.spec)
     df = aggregate(spec)
     write_csv(df, args.out)
     print(f"{spec['figure']}: {len(df)} rows from {len(spec.get('runs', []))} runs -> {args.out}")
@@ -163,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--out", required=True, type=Path)
     s.set_defaults(func=cmd_scenario)
     s = sub.add_parser("aggregate")
-    s.add_argument("--spec", required=True, help="JSON, or @FILE")
+    s.add_argument("--spec", required=True, help="JSON, @FILE, or @- (stdin)")
     s.add_argument("--out", required=True, type=Path)
     s.set_defaults(func=cmd_aggregate)
     s = sub.add_parser("schema")
