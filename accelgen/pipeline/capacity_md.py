@@ -25,15 +25,14 @@ CAPS = (("capacity_rps", "90 %"), ("capacity_strict_rps", "99 %"),
 
 
 def _cap_text(row: pd.Series, lowest: float) -> str:
-    where = str(row.get("where", ""))
     mean = float(row["mean"])
-    if mean == 0 and "below_sweep" in where and "interpolated" not in where:
-        return f"< {lowest:.3g}"
-    text = f"{mean:.3g}"
     lo, hi = float(row.get("min", math.nan)), float(row.get("max", math.nan))
+    if mean < lowest:  # below the lowest swept rate on every seed, or on average
+        return f"< {lowest:.3g}" + (f" (seeds up to {hi:.2g})" if hi >= lowest else "")
+    text = f"{mean:.3g}"
     if math.isfinite(lo) and math.isfinite(hi) and f"{lo:.2g}" != f"{hi:.2g}":
         text += f" [{lo:.2g}-{hi:.2g}]"
-    if "below_sweep" in where and mean > 0:
+    if lo < lowest:
         text += " (a seed below the sweep)"
     return text
 
@@ -73,7 +72,7 @@ def capacity_markdown(df: pd.DataFrame, accelgen: str = "accelgen") -> str:
             goodput = f"{float(g.max()):.3f}" if len(g) else "-"
             lines.append(f"| {first.get('system_label', s)} | {first.get('setting', 'paper')} | "
                          f"{budget} | " + " | ".join(cells) + f" | {atts} | {goodput} |")
-        lines += ["", *_ratios(d, accelgen), ""]
+        lines += ["", *_ratios(d, accelgen, lowest), ""]
     return "\n".join(lines) + "\n"
 
 
@@ -82,12 +81,13 @@ def _budget_text(curve: pd.DataFrame, policy: str) -> str:
         if policy in BUDGETED:
             return "S_pf"
         return "its own rule" if policy.startswith("accelgen") else "-"
-    vals = [str(v).removesuffix(".0") for v in curve.sort_values("rate")["token_budget"]]
-    uniq = list(dict.fromkeys(vals))
-    return uniq[0] if len(uniq) == 1 else "/".join(vals) + " (per rate)"
+    vals = {int(float(b)) for v in curve["token_budget"].dropna()
+            for b in str(v).split(";")}
+    return (str(vals.pop()) if len(vals) == 1 else
+            ", ".join(map(str, sorted(vals))) + " (the best per rate and seed)")
 
 
-def _ratios(d: pd.DataFrame, accelgen: str) -> list[str]:
+def _ratios(d: pd.DataFrame, accelgen: str, lowest: float) -> list[str]:
     out = []
     paper = d[d["policy"].isin(list(BASELINE_POLICIES))
               & (d["setting"].astype(str).isin(["paper", "nan"]) if "setting" in d else True)]
@@ -104,7 +104,9 @@ def _ratios(d: pd.DataFrame, accelgen: str) -> list[str]:
                 continue
             best = r.loc[r["mean"].astype(float).idxmax()]
             b = float(best["mean"])
-            if b > 0 and acc > 0:
+            if b < lowest:
+                b = 0.0  # below the sweep (on average): no value
+            if b > 0 and acc >= lowest:
                 text = f"({best['system']}, {b:.3g}): {acc / b:.2f}x"
             elif acc > 0:
                 text = "(every one below the sweep): no ratio"

@@ -301,14 +301,19 @@ def swept_values(metric: str) -> Callable[..., Measure]:
 
 
 def _capacity_frame(df: pd.DataFrame | None, metric: str = "capacity_rps") -> pd.DataFrame:
-    """Figure 13's capacities over seeds; one below the lowest swept rate (on every seed)
-    becomes 0, under the capacity floor (no value)."""
+    """Figure 13's capacities over seeds; one below the lowest swept rate (on every seed, or
+    on average: a mean of seeds below the sweep and one above it) becomes 0, under the
+    capacity floor (no value)."""
     rows = _rows(df, metric)
     if not len(rows):
         return rows
     if "seed" in rows:
         rows = rows[rows["seed"].isna()]
-    below = rows["where"].astype(str) == "below_sweep"
+    below = np.array(rows["where"].astype(str) == "below_sweep", dtype=bool)
+    if df is not None and "rate" in df:
+        lowest = df.groupby("deployment")["rate"].min()
+        floor = rows["deployment"].map(lowest).astype(float).to_numpy()
+        below |= rows["mean"].astype(float).to_numpy() < np.nan_to_num(floor, nan=0.0)
     return rows.assign(mean=np.where(below, 0.0, rows["mean"].astype(float)))
 
 
