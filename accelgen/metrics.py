@@ -216,6 +216,7 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, *, s_pf: int,
                                        else math.nan)
     gp = goodput_series(pr, goodput_window) if n else np.zeros(1)
     out["goodput_rps"] = float(gp.mean())
+    out["slo_classes"] = class_attainment(pr)
     out.update(_stats(pr["ttft"], "ttft"))
     out.update(_stats(tbt_samples(fin), "tbt", scratch=True))
     out.update(_stats(pr["jct"], "jct"))
@@ -227,6 +228,51 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, *, s_pf: int,
             del values  # (before the next one is computed)
         if "info_token_budget" in its:
             out.update(_stats(its["info_token_budget"], "token_budget"))
+    return out
+
+
+# SLO classes (SPEC 12): online requests by their TBT SLO (whole milliseconds), offline apart. A
+# workload with more distinct TBT SLOs than this (a continuous range, regime `paper`) has no
+# classes to report.
+MAX_SLO_CLASSES = 8
+OFFLINE_CLASS = "offline"
+
+
+def slo_class_of(online: bool, tbt_slo: float) -> str:
+    """The SLO class of a request: ``tbt_<ms>ms`` for an online one, ``offline`` otherwise."""
+    if not online:
+        return OFFLINE_CLASS
+    return f"tbt_{round(tbt_slo * 1000)}ms" if math.isfinite(tbt_slo) else "tbt_none"
+
+
+def class_attainment(pr: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """Attainment per SLO class (``per_request`` applied): for each class, its request count,
+    TBT SLO (s; NaN offline), request-level, TTFT-only, TBT-only and JCT attainment; online
+    classes by ascending TBT SLO, then ``offline``. Empty when the online requests have more
+    than ``MAX_SLO_CLASSES`` distinct TBT SLOs (in whole milliseconds)."""
+    if not len(pr):
+        return {}
+    online = pr["online"].to_numpy(dtype=bool)
+    tbt = pr["tbt_slo"].to_numpy(dtype=np.float64)
+    ms = np.where(np.isfinite(tbt), np.round(tbt * 1000.0), np.inf)
+    if len(np.unique(ms[online])) > MAX_SLO_CLASSES:
+        return {}
+    labels = np.array([slo_class_of(bool(o), float(t)) for o, t in zip(online, tbt, strict=True)])
+    order = sorted(set(labels.tolist()),
+                   key=lambda c: (c == OFFLINE_CLASS, float(ms[labels == c][0])
+                                  if c != OFFLINE_CLASS else 0.0))
+    out: dict[str, dict[str, float]] = {}
+    for c in order:
+        sel = pr[labels == c]
+        on = c != OFFLINE_CLASS
+        out[c] = {
+            "num_requests": len(sel),
+            "tbt_slo": float(sel["tbt_slo"].min()) if on else math.nan,
+            "slo_attainment_request": float(sel["slo_met"].mean()),
+            "ttft_attainment": float(sel["ttft_met"].mean()) if on else math.nan,
+            "tbt_attainment": float(sel["tbt_met"].mean()) if on else math.nan,
+            "jct_attainment": float(sel["jct_met"].mean()),
+        }
     return out
 
 

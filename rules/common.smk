@@ -86,7 +86,7 @@ def deployment_inputs(wildcards):
 
 
 def system_args(wildcards):
-    return _quote(GRID.system_args(wildcards.system))
+    return _quote(GRID.system_args(wildcards.system, wildcards.variant, wildcards.deployment))
 
 
 def sim_mem_mb(wildcards):
@@ -100,7 +100,7 @@ def sim_runtime(wildcards):
 
 
 def replay_args(wildcards):
-    return _quote(GRID.replay_args(wildcards.system))
+    return _quote(GRID.replay_args(wildcards.system, wildcards.variant, wildcards.deployment))
 
 
 def replay_engine(wildcards):

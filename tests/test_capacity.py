@@ -144,10 +144,12 @@ def test_quick_sweep_is_placed_by_the_estimate_and_labels_its_regime() -> None:
     assert bound["estimate_rps"] == est
     rates = sorted({r["x"] for r in fig.runs})
     assert rates == sorted(float(f"{f * est:.3g}") for f in cap.load_factors)
-    assert {r["system"] for r in fig.runs} == set(cap.systems)
+    assert {r["system"] for r in fig.runs if r["setting"] != "ladder"} == set(cap.systems)
     assert {r["variant"] for r in fig.runs} == {f"capacity-rate{r:g}" for r in rates}
     assert all(REGIMES[key] for key in grid.figures)  # every figure states its regime
-    assert REGIMES["fig13"] == REGIMES["fig14"] == REGIMES["fig15"] == "capacity"
+    assert REGIMES["fig13"] == REGIMES["fig14"] == REGIMES["fig15"] == REGIMES["fig16"] == \
+        "capacity"
+    assert grid.figures["fig16"].runs == fig.runs
     assert REGIMES["fig09"] == "paper"
 
 
@@ -159,7 +161,13 @@ def test_paper_config_has_both_regimes_with_three_seeds() -> None:
         set(cap.deployments)
     policies = {cfg.systems[s].policy for s in cap.systems}
     assert {"vllm", "orca", "fastgen", "sarathi", "fastserve", "accelgen", "oracle",
-            "accelgen/order", "accelgen/chunk", "accelgen/batch"} <= policies
+            "accelgen/order", "accelgen/chunk", "accelgen/batch", "edf",
+            "vllm-priority"} <= policies
+    # every budgeted baseline also tuned (SPEC 12), and the best-static-budget envelope
+    tuned = {cfg.systems[s].policy for s in cap.systems if cfg.systems[s].budget == "tuned"}
+    assert tuned == {"vllm", "sarathi", "fastgen", "edf", "vllm-priority"}
+    assert cap.envelope is not None and cap.envelope.budgets == [64, 128, 256, 512, 1024, 2048]
+    assert cap.strict_target == 0.99
     assert cfg.experiments.evaluation is not None  # regime paper beside it
 
 
@@ -175,3 +183,132 @@ def test_capacity_experiment_names_unknown_systems() -> None:
     data["experiments"]["capacity"]["load_factors"] = [1, 1]
     with pytest.raises(pc.PipelineConfigError, match="load_factors"):
         pc.load(data)
+
+
+# -- baselines as their users run them (SPEC 12) -------------------------------------------------
+
+def test_tuned_systems_get_the_rules_budget_on_every_run() -> None:
+    from accelgen.pipeline.capacity import workload_tuned_budget
+
+    grid = Grid(pc.load_file(ROOT / "config" / "quick.yaml"))
+    cfg = grid.cfg
+    dep = cfg.deployment("opt-13b-auto")
+    want = workload_tuned_budget(cfg.workload_dict("capacity"), dep, 0, 8191, 128).token_budget
+    tuned = [r for r in grid.figures["fig13"].runs if r["system"] == "sarathi-tuned"]
+    assert len(tuned) == len(cfg.experiments.capacity.load_factors)  # type: ignore[union-attr]
+    for r in tuned:
+        assert r["setting"] == "tuned" and r["token_budget"] == want
+        args = grid.system_args("sarathi-tuned", r["variant"], r["deployment"])
+        assert args[args.index("--param") + 1] == f"token_budget={want}"
+    # shown beside the figure: one row per tuned system and deployment
+    rows = grid.figures["fig13"].options["tuned_budgets"]
+    assert {(b["system"], b["token_budget"]) for b in rows} == {
+        (s, want) for s in ("sarathi-tuned", "edf-tuned", "vllm-priority-tuned")}
+    # paper-setting systems keep their params; a tuned one needs its run
+    assert "--param" not in grid.system_args("sarathi")
+    with pytest.raises(ValueError, match="tuned per run"):
+        grid.system_args("sarathi-tuned")
+
+
+def test_envelope_runs_the_ladder_on_every_rate() -> None:
+    grid = Grid(pc.load_file(ROOT / "config" / "quick.yaml"))
+    env = grid.cfg.experiments.capacity.envelope  # type: ignore[union-attr]
+    assert env is not None and env.budgets == [64, 128, 256, 512, 1024, 2048]
+    ladder = [r for r in grid.figures["fig13"].runs if r["setting"] == "ladder"]
+    assert {r["token_budget"] for r in ladder} == set(env.budgets)
+    assert {r["envelope"] for r in ladder} == {"sarathi-envelope"}
+    for r in ladder:
+        args = grid.system_args(r["system"], r["variant"], r["deployment"])
+        assert f"token_budget={r['token_budget']}" in args
+
+
+def test_with_envelopes_picks_the_best_budget_per_rate_and_seed(tmp_path: Path) -> None:
+    import json
+
+    from accelgen.pipeline.aggregate import with_envelopes
+
+    runs = []
+    for x, atts in ((0.1, {64: 0.9, 128: 0.95, 256: 0.95}), (0.2, {64: 0.5, 128: 0.4, 256: 0.7})):
+        for b, att in atts.items():
+            d = tmp_path / f"{x}-{b}"
+            d.mkdir()
+            (d / "summary.json").write_text(json.dumps({"slo_attainment_request": att}))
+            runs.append({"dir": str(d), "deployment": "d", "system": f"s-b{b}", "x": x,
+                         "seed": 0, "token_budget": b, "setting": "ladder",
+                         "envelope": "s-envelope", "envelope_label": "S best"})
+    out = [r for r in with_envelopes(runs) if r["system"] == "s-envelope"]
+    assert [(r["x"], r["token_budget"], r["setting"]) for r in out] == [
+        (0.1, 128, "envelope"), (0.2, 256, "envelope")]  # ties: the smaller budget
+
+
+def test_budget_settings_are_checked() -> None:
+    import copy
+
+    import yaml
+
+    base = yaml.safe_load((ROOT / "config" / "quick.yaml").read_text())
+    data = copy.deepcopy(base)
+    data["systems"]["orca-tuned"] = {"policy": "orca", "budget": "tuned"}
+    with pytest.raises(pc.PipelineConfigError, match=r"systems\.orca-tuned: policy 'orca' has "
+                       "no token_budget"):
+        pc.load(data)
+    data = copy.deepcopy(base)
+    data["systems"]["sarathi-tuned"]["params"] = {"token_budget": 256}
+    with pytest.raises(pc.PipelineConfigError, match=r"systems\.sarathi-tuned: params set "
+                       "token_budget"):
+        pc.load(data)
+    data = copy.deepcopy(base)
+    data["experiments"]["capacity"]["envelope"]["system"] = "orca"
+    with pytest.raises(pc.PipelineConfigError, match=r"envelope\.system: policy 'orca'"):
+        pc.load(data)
+    data = copy.deepcopy(base)
+    data["experiments"]["capacity"]["envelope"]["deployments"] = ["opt-13b"]
+    with pytest.raises(pc.PipelineConfigError, match=r"envelope\.deployments\[0\]"):
+        pc.load(data)
+    data = copy.deepcopy(base)
+    data["systems"]["vllm-priority"]["vllm_scheduler"] = "stock"
+    grid = Grid(pc.load(data))
+    assert grid.replay_args("vllm-priority") == ["--system", "stock", "--scheduling-policy",
+                                                 "priority"]
+
+
+def test_slo_classes_in_the_summary() -> None:
+    reqs = pd.DataFrame({
+        "req_id": [0, 1, 2, 3], "arrival": [0.0] * 4, "source": ["t"] * 4,
+        "online": [True, True, True, False], "prompt_len": [10] * 4, "output_len": [3] * 4,
+        "ttft_slo": [1.0] * 4, "tbt_slo": [0.046875, 0.046875, 0.375, 0.375],
+        "jct_slo": [10.0] * 4, "status": ["finished"] * 4, "reject_reason": [""] * 4,
+        "num_output_tokens": [3] * 4, "first_scheduled_time": [0.0] * 4,
+        "first_token_time": [0.5] * 4, "finish_time": [0.7, 0.58, 0.7, 0.7],
+        "num_preemptions": [0] * 4,
+        "token_times": [[0.5, 0.6, 0.7], [0.5, 0.54, 0.58], [0.5, 0.6, 0.7], [0.5, 0.6, 0.7]]})
+    its = pd.DataFrame({"start": [0.0], "latency": [0.1], "forward_size": [1],
+                        "kv_used_blocks": [1], "kv_total_blocks": [2]})
+    classes = metrics.summarize(reqs, its, s_pf=1)["slo_classes"]
+    assert list(classes) == ["tbt_47ms", "tbt_375ms", "offline"]
+    assert classes["tbt_47ms"]["num_requests"] == 2
+    assert classes["tbt_47ms"]["slo_attainment_request"] == 0.5  # 0.1 s gaps miss 47 ms
+    assert classes["tbt_375ms"]["slo_attainment_request"] == 1.0
+    assert classes["offline"]["slo_attainment_request"] == 1.0  # JCT 0.7 <= 10
+    # a continuous TBT range (regime paper) has no classes to report
+    many = reqs.assign(tbt_slo=[0.1, 0.2, 0.3, 0.4], online=True)
+    many = pd.concat([many] * 3, ignore_index=True).assign(
+        req_id=range(12), tbt_slo=[0.1 + 0.01 * i for i in range(12)])
+    assert metrics.summarize(many, its, s_pf=1)["slo_classes"] == {}
+
+
+def test_aggregate_reads_a_spec_past_the_argument_limit_from_stdin(tmp_path: Path) -> None:
+    """The aggregate rule pipes its spec (figure 13 of the paper config is ~1.3 MB; Linux
+    refuses one argument over 128 KiB)."""
+    import json
+    import subprocess
+    import sys
+
+    spec = json.dumps({"figure": "claims", "inputs": {}, "accelgen": "accelgen",
+                       "padding": "x" * 200_000})
+    out = tmp_path / "claims.csv"
+    subprocess.run([sys.executable, "-m", "accelgen.pipeline", "aggregate", "--spec", "@-",
+                    "--out", str(out)], input=spec, text=True, check=True, capture_output=True)
+    assert len(pd.read_csv(out)) > 0
+    rule = (ROOT / "rules" / "figures.smk").read_text()
+    assert "printf '%s' {{params.spec:q}} |" in rule and "--spec @-" in rule

@@ -50,7 +50,7 @@ def tiny_grid_config() -> dict:
                                      "label": "OPT-13B (16K)"}},
         systems={k: v for k, v in data["systems"].items()
                  if k in {"vllm", "sarathi", "accelgen", "accelgen-no-order", "sarathi-slack",
-                          "sarathi-nochunk", "sarathi-chunk512"}},
+                          "sarathi-nochunk", "sarathi-chunk512", "sarathi-tuned"}},
     )
     data["experiments"] = {
         "measurement": {"workload": "tiny-m", "deployments": ["opt-13b"],
@@ -75,7 +75,9 @@ def tiny_grid_config() -> dict:
                                                              "sarathi-chunk512"],
                      "num_others": 7},
         "capacity": {"workload": "tiny-cap", "deployments": ["opt-13b"],
-                     "systems": ["vllm", "accelgen"], "load_factors": [0.5, 2, 8],
+                     "systems": ["vllm", "accelgen", "sarathi-tuned"],
+                     "load_factors": [0.5, 2, 8],
+                     "envelope": {"system": "sarathi", "budgets": [128, 512]},
                      "slo_scale": {"systems": ["vllm", "accelgen"], "ttft_scales": [1, 4]}},
     }
     return data
@@ -109,7 +111,7 @@ def tiny_figures(tmp_path_factory) -> tuple[Path, Grid]:
             ok(pipeline_main(["write-yaml", "--spec", grid.deployment_spec_json(dep),
                               "--out", grid.deployment_yaml(dep)]))
         for run in grid.runs():
-            cmd = grid.system_args(run.system)
+            cmd = grid.system_args(run.system, run.variant, run.deployment)
             assert cmd[:3] == ["-m", "accelgen.cli", "simulate"]  # no Oracle search here
             ok(accelgen_main([*cmd[2:], "--trace",
                               grid.trace_path(run.variant, run.deployment, run.seed),

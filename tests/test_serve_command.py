@@ -86,3 +86,13 @@ def test_other_commands_still_refuse_unknown_options(capsys: pytest.CaptureFixtu
     with pytest.raises(SystemExit):
         main(["pivot", "--deployment", "opt-13b", "--no-such-option"])
     assert "unrecognized arguments: --no-such-option" in capsys.readouterr().err
+
+
+def test_stock_priority_mode_passes_through(capsys: pytest.CaptureFixture[str],
+                                            tmp_path: Path) -> None:
+    # vLLM's priority mode; InstrumentedScheduler then sets each request's priority from its
+    # SLO class (tests/test_vllm_engine.py runs it on the engine).
+    words = dry_run(capsys, tmp_path, "--system", "stock", "--scheduling-policy", "priority")
+    assert option(words, "--scheduling-policy") == "priority"
+    assert option(words, "--scheduler-cls") == (
+        "accelgen.vllm_integration.scheduler.InstrumentedScheduler")

@@ -132,3 +132,61 @@ def test_cli_replay_stock_vllm(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert "12 requests: 11 finished, 1 cut at max_model_len, 0 rejected" in \
         capsys.readouterr().out
     assert summary["policy"] == "vllm-stock" and summary["num_iterations"] == len(its) > 0
+
+
+def test_stock_priority_mode_orders_by_slo_class(tmp_path: Path) -> None:
+    """vLLM's own priority mode (``scheduling_policy=priority``) with the SLO-class priority the
+    simulator's ``vllm-priority`` uses: a tight-pace arrival overtakes a queued loose-pace one,
+    and when KV runs out the running request with the lowest priority is preempted although
+    it was admitted first (FCFS would preempt the newest). Same scenarios as
+    tests/test_vllm_priority.py, on the real engine."""
+    from vllm import SamplingParams
+
+    from accelgen.vllm_integration.replay import (
+        ReplayConfig,
+        build_engine,
+        engine_scheduler,
+        shutdown_engine,
+    )
+
+    cfg = ReplayConfig(system="stock", scheduling_policy="priority",
+                       engine={"num_gpu_blocks": 4 + 1, "max_model_len": 128,
+                               "max_num_batched_tokens": 256, "max_num_seqs": 2,
+                               "tiny_dir": tmp_path / "model"})
+    engine = build_engine(cfg, tmp_path)
+    loose, tight = 0.375, 0.047
+
+    def add(i: int, tbt: float, prompt: int, out: int) -> None:
+        extra = {"req_id": i, "ttft_slo": 60.0, "tbt_slo": tbt, "jct_slo": 600.0}
+        engine.add_request(str(i), {"prompt_token_ids": [5 + (i + k) % 50 for k in range(prompt)]},
+                           SamplingParams(max_tokens=out, ignore_eos=True, temperature=0.0,
+                                          extra_args=extra, detokenize=False))
+
+    def drain() -> None:
+        while engine.has_unfinished_requests():
+            engine.step()
+
+    try:
+        sched = engine_scheduler(engine)
+        # Preemption: loose 0 is admitted first, tight 1 second; each holds 2 of the 4 blocks
+        # (40 prompt tokens) and needs a third at its 65th token. 0 gets there first, and the
+        # lowest-priority running request is 0 itself: it is preempted, 1 never is.
+        add(0, loose, 40, 40)
+        engine.step()
+        add(1, tight, 40, 40)
+        drain()
+        # Overtaking: 2 and 3 (loose) run, 4 (loose) and then 5 (tight) wait for a slot
+        # (max_num_seqs 2): 5 starts first.
+        add(2, loose, 8, 12)
+        add(3, loose, 8, 16)
+        engine.step()
+        add(4, loose, 8, 4)
+        add(5, tight, 8, 4)
+        drain()
+        by_id = {r.req_id: r for r in sched.all_requests()}
+    finally:
+        shutdown_engine(engine)
+    assert all(r.status.name == "FINISHED" for r in by_id.values())
+    assert by_id[0].num_preemptions >= 1 and by_id[1].num_preemptions == 0
+    assert by_id[5].first_scheduled_time < by_id[4].first_scheduled_time
+    assert sched.policy.value == "priority"

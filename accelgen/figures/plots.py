@@ -13,7 +13,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from accelgen.figures.style import color, system_order
+from accelgen.figures.style import color, linestyle, system_order
+from accelgen.figures.style import marker as style_marker
 from accelgen.pipeline.grid import FIGURES
 from accelgen.pipeline.notebooks import chosen_config, pipeline_outputs, snakemake_command
 
@@ -151,8 +152,10 @@ def legend(fig: Any, handles: dict[str, Any], ncol: int | None = None,
 def lines(ax: Any, df: pd.DataFrame, metric: str, *, x: str, hue: str = "system",
           hue_label: str | None = "system_label", scale: float = 1.0,
           ylabel: str | None = None, xlabel: str | None = None, title: str | None = None,
-          errorbars: bool = True, marker: str = "o") -> dict[str, Any]:
-    """``metric`` (mean, p5/p95 whiskers) against numeric column ``x``, one line per ``hue``."""
+          errorbars: bool = True, marker: str | None = None,
+          linewidth: float = 1.5) -> dict[str, Any]:
+    """``metric`` (mean, p5/p95 whiskers) against numeric column ``x``, one line per ``hue``:
+    each system in its colour, marker and line style (``marker`` overrides the marker)."""
     sub = df[df["metric"] == metric] if metric is not None and "metric" in df else df
     hs = system_order(list(sub[hue]))
     _, hlabels = _unique(sub, hue, hue_label)
@@ -167,8 +170,9 @@ def lines(ax: Any, df: pd.DataFrame, metric: str, *, x: str, hue: str = "system"
             hi = np.clip(r["p95"].to_numpy(float) * scale - m, 0, None)
             yerr = np.nan_to_num(np.array([lo, hi]))
         cont = ax.errorbar(r[x].to_numpy(float), m, yerr=yerr, color=color(h, pol),
-                           marker=marker, markersize=4, linewidth=1.5, capsize=2,
-                           label=hlabels.get(h, h))
+                           marker=marker or style_marker(h, pol), markersize=5,
+                           linestyle=linestyle(h, pol), linewidth=linewidth, capsize=2,
+                           label=hlabels.get(h, h), markerfacecolor="none")
         handles[h] = (cont, hlabels.get(h, h))
     if ylabel:
         ax.set_ylabel(ylabel)

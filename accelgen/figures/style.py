@@ -23,6 +23,32 @@ PALETTE: dict[str, str] = {
     "accelgen-no-era": "#f7b6d2",  # light pink
     "accelgen-era-request": "#a50f15",  # deep red
     "oracle": "#222222",  # near black (clairvoyant)
+    # Baselines as their users run them (SPEC 12): darker shades of their base's colour.
+    "vllm-tuned": "#08306b",  # navy
+    "vllm-priority": "#6a51a3",  # violet
+    "vllm-priority-tuned": "#3f007d",  # deep violet
+    "sarathi-tuned": "#00441b",  # dark green
+    "sarathi-envelope": "#74c476",  # mid green (clairvoyant envelope)
+    "fastgen-tuned": "#54278f",  # dark purple
+    "edf-tuned": "#08585f",  # dark cyan
+}
+# Marker and line style per system, so that systems whose curves coincide (e.g. vLLM and
+# Sarathi-Serve, AccelGen and AccelGen/Batch) stay distinguishable where their colours would not
+# (figures 13-16). Systems not listed: a circle and a solid line.
+MARKERS: dict[str, str] = {
+    "vllm": "o", "vllm-v0": "o", "orca": "v", "fastgen": "P", "sarathi": "s",
+    "sarathi-slack": "s", "fastserve": "D", "edf": "d", "accelgen": "*", "accelgen-no-order": "^",
+    "accelgen-no-chunk": "v", "accelgen-no-batch": "x", "accelgen-budget-model": "<",
+    "accelgen-no-era": ">", "accelgen-era-request": "h", "oracle": "p",
+    "vllm-tuned": "o", "vllm-priority": "<", "vllm-priority-tuned": ">",
+    "sarathi-tuned": "s", "sarathi-envelope": "X", "fastgen-tuned": "P", "edf-tuned": "d",
+}
+LINESTYLES: dict[str, str] = {
+    "vllm": "-", "sarathi": "--", "orca": "-", "fastserve": "-", "fastgen": "-.",
+    "edf": "-", "accelgen": "-", "accelgen-no-order": "--", "accelgen-no-chunk": "-.",
+    "accelgen-no-batch": ":", "oracle": "--",
+    "vllm-tuned": ":", "vllm-priority": "-.", "vllm-priority-tuned": ":",
+    "sarathi-tuned": ":", "sarathi-envelope": "-", "fastgen-tuned": ":", "edf-tuned": ":",
 }
 # Policy (registry name) -> palette key, for systems not in PALETTE.
 POLICY_BASE: dict[str, str] = {
@@ -37,7 +63,8 @@ ORDER: tuple[str, ...] = (
     "orca", "vllm-v0", "vllm", "fastgen", "sarathi", "sarathi-slack", "sarathi-nochunk",
     "sarathi-chunk512", "fastserve", "edf", "accelgen-no-era", "accelgen",
     "accelgen-era-request", "accelgen-no-order", "accelgen-no-chunk", "accelgen-no-batch",
-    "accelgen-budget-model", "oracle",
+    "accelgen-budget-model", "vllm-tuned", "vllm-priority", "vllm-priority-tuned",
+    "sarathi-tuned", "sarathi-envelope", "fastgen-tuned", "edf-tuned", "oracle",
 )
 
 
@@ -54,6 +81,24 @@ def color(system: str, policy: str | None = None) -> str:
         if base in PALETTE:
             return PALETTE[base]
     return FALLBACK
+
+
+def _base(system: str, policy: str | None) -> str | None:
+    """The palette key a system's style falls back to: its policy's (``accelgen/batch`` ->
+    ``accelgen-no-batch``)."""
+    if policy is None:
+        return None
+    return POLICY_BASE.get(policy, policy)
+
+
+def marker(system: str, policy: str | None = None) -> str:
+    """The marker of a system (by config name, then by its policy; default a circle)."""
+    return MARKERS.get(system) or MARKERS.get(_base(system, policy) or "", "o")
+
+
+def linestyle(system: str, policy: str | None = None) -> str:
+    """The line style of a system (by config name, then by its policy; default solid)."""
+    return LINESTYLES.get(system) or LINESTYLES.get(_base(system, policy) or "", "-")
 
 
 def system_order(systems: list[str]) -> list[str]:

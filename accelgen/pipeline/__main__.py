@@ -2,11 +2,13 @@
 
     write-yaml  --spec JSON --out FILE        a YAML file from a JSON mapping (workload, deployment)
     scenario    --spec JSON --out FILE.csv    a hand-built scenario trace (figures 2 and 6)
-    aggregate   --spec JSON --out FILE.csv    a figure's CSV from its results directories
+    aggregate   --spec JSON|@FILE|@- --out FILE.csv  a figure's CSV from its results directories
     schema      [--out config/schema.json]    the JSON schema of the pipeline config
     check       CONFIG.yaml                   validate a config and print the grid's size
     estimate    CONFIG.yaml [--benchmarks DIR] jobs of a config and a runtime estimate
     claims-md   CLAIMS.csv [--update DOC]     the paper's claims beside ours, Markdown (SPEC 11)
+    budgets     CONFIG.yaml                   the token budget of every tuned system (SPEC 12)
+    capacity-md FIG13.csv                     figure 13's capacities as a Markdown table
 """
 
 from __future__ import annotations
@@ -46,8 +48,12 @@ def cmd_scenario(args: argparse.Namespace) -> int:
 def cmd_aggregate(args: argparse.Namespace) -> int:
     from accelgen.pipeline.aggregate import aggregate, write_csv
 
-    spec = json.loads(args.spec) if not args.spec.startswith("@") else \
-        json.loads(Path(args.spec[1:]).read_text())
+    if args.spec == "@-":  # from stdin (the pipeline's way: a spec can pass the argument limit)
+        spec = json.loads(sys.stdin.read())
+    elif args.spec.startswith("@"):
+        spec = json.loads(Path(args.spec[1:]).read_text())
+    else:
+        spec = json.loads(args.spec)
     df = aggregate(spec)
     write_csv(df, args.out)
     print(f"{spec['figure']}: {len(df)} rows from {len(spec.get('runs', []))} runs -> {args.out}")
@@ -101,6 +107,42 @@ def cmd_claims_md(args: argparse.Namespace) -> int:
 CLAIMS_BEGIN, CLAIMS_END = "<!-- claims:begin -->", "<!-- claims:end -->"
 
 
+def cmd_capacity_md(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from accelgen.pipeline.capacity_md import capacity_markdown
+
+    sys.stdout.write(capacity_markdown(pd.read_csv(args.csv)))
+    return 0
+
+
+def cmd_budgets(args: argparse.Namespace) -> int:
+    from accelgen.pipeline.config import load_file
+    from accelgen.pipeline.grid import Grid
+
+    grid = Grid(load_file(args.config))
+    fig = grid.figures.get("fig13")
+    rows = fig.options.get("tuned_budgets", []) if fig is not None else []
+    lines = ["| deployment | systems | tightest TBT SLO (ms) | decodes at the knee | their mean "
+             "context (tokens) | tuned budget (tokens) | predicted iteration (ms) | next "
+             "candidate: budget, iteration (ms) |", "|---|---|---|---|---|---|---|---|"]
+    # Systems of one deployment with the same budget and numbers share a row.
+    merged: dict[tuple[object, ...], list[str]] = {}
+    for b in rows:
+        nxt = ("-" if b["next_budget"] is None else
+               f"{b['next_budget']}, {1000 * b['next_predicted_s']:.1f}")
+        flag = "" if b["meets"] else " (not met: the smallest candidate)"
+        cells = (b["deployment"], f"{1000 * b['tbt_slo']:.1f}", b["decode_seqs"],
+                 f"{b['decode_context']:.0f}", b["token_budget"],
+                 f"{1000 * b['predicted_s']:.1f}{flag}", nxt)
+        merged.setdefault(cells, []).append(b["system"])
+    for (dep, *rest), systems in merged.items():
+        lines.append(f"| {dep} | {', '.join(systems)} | " + " | ".join(map(str, rest)) + " |")
+    sys.stdout.write("\n".join(lines) + "\n")
+    print(f"{args.config}: {len(rows)} tuned budgets (experiments.capacity)", file=sys.stderr)
+    return 0
+
+
 def cmd_estimate(args: argparse.Namespace) -> int:
     from accelgen.pipeline.estimate import estimate, estimate_measured
 
@@ -125,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True, type=Path)
     s.set_defaults(func=cmd_scenario)
     s = sub.add_parser("aggregate")
-    s.add_argument("--spec", required=True, help="JSON, or @FILE")
+    s.add_argument("--spec", required=True, help="JSON, @FILE, or @- (stdin)")
     s.add_argument("--out", required=True, type=Path)
     s.set_defaults(func=cmd_aggregate)
     s = sub.add_parser("schema")
@@ -139,6 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--update", type=Path, metavar="DOC",
                    help=f"replace the table between {CLAIMS_BEGIN} and {CLAIMS_END} in DOC")
     s.set_defaults(func=cmd_claims_md)
+    s = sub.add_parser("capacity-md", help="figure 13's capacities as Markdown (regime capacity)")
+    s.add_argument("csv", type=Path)
+    s.set_defaults(func=cmd_capacity_md)
+    s = sub.add_parser("budgets", help="the tuned systems' token budgets (Markdown)")
+    s.add_argument("config", type=Path)
+    s.set_defaults(func=cmd_budgets)
     s = sub.add_parser("estimate")
     s.add_argument("config", type=Path)
     s.add_argument("--benchmarks", type=Path,

@@ -442,12 +442,18 @@ def fig_pivots(spec: dict[str, Any]) -> pd.DataFrame:
 # --------------------------------------------------------------------------------------------
 ATTAINMENTS = ("slo_attainment_request", "slo_attainment_distserve", "ttft_attainment",
                "tbt_attainment")
-# capacity metric -> the attainment it thresholds
-CAPACITIES = {"capacity_rps": "slo_attainment_request",
-              "capacity_distserve_rps": "slo_attainment_distserve"}
+# capacity metric -> (the attainment it thresholds, the option naming its target)
+CAPACITIES = {"capacity_rps": ("slo_attainment_request", "target"),
+              "capacity_distserve_rps": ("slo_attainment_distserve", "target"),
+              "capacity_strict_rps": ("slo_attainment_request", "strict_target")}
+TARGET_DEFAULTS = {"target": 0.9, "strict_target": 0.99}
 BOUND_COLUMNS = ("kv_tokens", "s_pf", "t_pf", "mean_prompt", "mean_output", "mean_residence_s",
                  "mean_resident_tokens", "kv_bound_rps", "compute_bound_rps", "estimate_rps",
                  "binding")
+# A run's budget setting (SPEC 12), carried from the grid into the capacity figures' rows.
+SETTING_KEYS = ("setting",)
+TUNED_COLUMNS = ("tbt_slo", "decode_seqs", "decode_context", "predicted_s", "next_budget",
+                 "next_predicted_s", "meets")
 
 
 def _bound_rows(bounds: list[dict[str, Any]], **extra: Any) -> list[dict[str, Any]]:
@@ -458,16 +464,61 @@ def _bound_rows(bounds: list[dict[str, Any]], **extra: Any) -> list[dict[str, An
              "basis": "bound", **{k: b[k] for k in BOUND_COLUMNS}, **extra} for b in bounds]
 
 
-def capacity_rows(refs: list[dict[str, Any]], target: float,
+def _tuned_rows(budgets: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The token budget each ``budget: tuned`` system runs with per deployment (Sarathi-Serve's
+    rule, accelgen.costmodel.budget) and the numbers behind it."""
+    return [{**{k: b[k] for k in LABEL_KEYS}, "setting": "tuned", "metric": "tuned_token_budget",
+             "description": "token budget by Sarathi-Serve's rule: the largest whose predicted "
+                            "iteration beside the knee's decode batch meets the tightest TBT SLO",
+             "mean": b["token_budget"], "p5": math.nan, "p95": math.nan, "n": 1,
+             "basis": "cost model", "token_budget": str(b["token_budget"]),
+             **{k: b[k] for k in TUNED_COLUMNS}} for b in budgets]
+
+
+def with_envelopes(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``runs`` plus, for every envelope (runs with an ``envelope`` key: one system over a budget
+    ladder), one run per (deployment, rate, seed): the member with the highest request-level
+    attainment there (the smallest budget among ties), relabelled as the envelope. The winner's
+    budget is its ``token_budget``."""
+    out = list(runs)
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in runs:
+        if r.get("envelope"):
+            groups.setdefault((r["envelope"], r["deployment"], r["x"], r["seed"]), []).append(r)
+    for (name, *_), members in groups.items():
+        scored = []
+        for r in sorted(members, key=lambda m: int(m["token_budget"])):
+            summary = json.loads((Path(r["dir"]) / "summary.json").read_text())
+            att = summary.get("slo_attainment_request")
+            scored.append((-math.inf if att is None else float(att), r))
+        best = max(scored, key=lambda t: t[0])[1]  # first maximum: the smallest budget
+        out.append({**best, "system": name, "system_label": best["envelope_label"],
+                    "setting": "envelope", "envelope": "", "envelope_of": best["system"]})
+    return out
+
+
+def _budgets(refs: list[dict[str, Any]]) -> str:
+    """The token budgets of a group of runs (one per seed, in seed order) as text, '' if none."""
+    vals = [str(r["token_budget"]) for r in sorted(refs, key=lambda r: r["seed"])
+            if r.get("token_budget") is not None]
+    return ";".join(dict.fromkeys(vals)) if len(set(vals)) == 1 else ";".join(vals)
+
+
+def _targets(options: dict[str, Any]) -> dict[str, float]:
+    return {k: float(options.get(k, v)) for k, v in TARGET_DEFAULTS.items()}
+
+
+def capacity_rows(refs: list[dict[str, Any]], targets: dict[str, float],
                   attainment: dict[tuple[str, str, int, float], dict[str, float]]
                   ) -> list[dict[str, Any]]:
     """Capacity per (deployment, system) and seed, and over seeds (mean with p5/p95, min, max):
-    for each capacity metric, the highest swept rate whose attainment is >= ``target``."""
+    for each capacity metric, the highest swept rate whose attainment is >= its target."""
     out = []
     for _, group in group_refs(refs, ("deployment", "system")):
-        lab = labels(group[0])
+        lab = labels(group[0], SETTING_KEYS)
         seeds = sorted({r["seed"] for r in group})
-        for metric, att_name in CAPACITIES.items():
+        for metric, (att_name, target_key) in CAPACITIES.items():
+            target = targets[target_key]
             per_seed, wheres = [], []
             for seed in seeds:
                 pts = sorted((r["x"], attainment[(r["deployment"], r["system"], seed, r["x"])]
@@ -477,13 +528,14 @@ def capacity_rows(refs: list[dict[str, Any]], target: float,
                 per_seed.append(cap)
                 wheres.append(where)
                 out.append({**lab, "metric": metric, "seed": seed, "where": where,
+                            "target": target,
                             "description": f"highest rate with {att_name} >= {target:g}",
                             "mean": cap, "p5": math.nan, "p95": math.nan, "n": 1,
                             "basis": "sweep"})
             st = stats(per_seed, "seeds")
             finite = [c for c in per_seed if math.isfinite(c)]
             where = ",".join(sorted(set(wheres)))
-            out.append({**lab, "metric": metric, "where": where,
+            out.append({**lab, "metric": metric, "where": where, "target": target,
                         "description": f"highest rate with {att_name} >= {target:g}, over seeds",
                         **st, "min": min(finite) if finite else math.nan,
                         "max": max(finite) if finite else math.nan})
@@ -492,26 +544,56 @@ def capacity_rows(refs: list[dict[str, Any]], target: float,
 
 def fig_capacity_regime(spec: dict[str, Any]) -> pd.DataFrame:
     """Figure 13: attainment (request-level, DistServe's, TTFT-only, TBT-only), goodput and
-    throughput vs arrival rate per (deployment, system); capacity per system and seed; each
-    deployment's analytic bound."""
-    target = float(spec["options"].get("target", 0.9))
+    throughput vs arrival rate per (deployment, system); capacity per system and seed at the
+    target (90 %) and the strict target (99 %); each deployment's analytic bound; the budget of
+    every tuned system; the envelope's winning budget per rate (``token_budget``)."""
+    opts = spec["options"]
+    targets = _targets(opts)
     names = [*ATTAINMENTS, "jct_attainment", "goodput_rps", "throughput_rps",
              "throughput_output_tps"]
+    runs = with_envelopes(spec["runs"])
     rows: list[dict[str, Any]] = []
     attainment: dict[tuple[str, str, int, float], dict[str, float]] = {}
-    for _, refs in group_refs(spec["runs"], ("deployment", "system", "x")):
+    for _, refs in group_refs(runs, ("deployment", "system", "x")):
         data = [load_run(r) for r in refs]
         for rd in data:
             ref = rd.ref
             attainment[(ref["deployment"], ref["system"], ref["seed"], ref["x"])] = {
-                a: METRICS[a][1](rd) for a in CAPACITIES.values()}
-        lab = labels(refs[0])
+                a: METRICS[a][1](rd) for a, _ in CAPACITIES.values()}
+        lab = labels(refs[0], SETTING_KEYS)
+        budget = _budgets(refs)
         for row in metric_rows(data, names):
             rows.append({**lab, "rate": refs[0]["x"], "load_factor": refs[0]["load_factor"],
-                         **row})
-    rows += capacity_rows(spec["runs"], target, attainment)
-    rows += _bound_rows(spec["options"].get("bounds", []), target=target)
+                         "token_budget": budget, **row})
+    rows += capacity_rows(runs, targets, attainment)
+    rows += _bound_rows(opts.get("bounds", []), target=targets["target"])
+    rows += _tuned_rows(opts.get("tuned_budgets", []))
     return pd.DataFrame(rows)
+
+
+def fig_classes(spec: dict[str, Any]) -> pd.DataFrame:
+    """Figure 16: attainment per SLO class (``summary.json``'s ``slo_classes``: online requests
+    by TBT SLO, offline apart) vs arrival rate per (deployment, system): which classes a system
+    gives up near its knee. Mean and p5/p95 over seeds; ``num_requests`` summed over them."""
+    runs = with_envelopes(spec["runs"])
+    out = []
+    for _, refs in group_refs(runs, ("deployment", "system", "x")):
+        per_class: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for r in refs:
+            summary = json.loads((Path(r["dir"]) / "summary.json").read_text())
+            for c, vals in (summary.get("slo_classes") or {}).items():
+                per_class[c].append(vals)
+        lab = labels(refs[0], SETTING_KEYS)
+        for c, vals in per_class.items():
+            tbt = vals[0].get("tbt_slo")
+            for metric in ("slo_attainment_request", "ttft_attainment", "tbt_attainment"):
+                xs = [math.nan if v.get(metric) is None else float(v[metric]) for v in vals]
+                out.append({**lab, "rate": refs[0]["x"], "load_factor": refs[0]["load_factor"],
+                            "token_budget": _budgets(refs), "slo_class": c,
+                            "tbt_slo": math.nan if tbt is None else float(tbt),
+                            "num_requests": int(sum(int(v["num_requests"]) for v in vals)),
+                            "metric": metric, **stats(xs, "seeds")})
+    return pd.DataFrame(out)
 
 
 def fig_slo_scale(spec: dict[str, Any]) -> pd.DataFrame:
@@ -524,8 +606,9 @@ def fig_slo_scale(spec: dict[str, Any]) -> pd.DataFrame:
 def fig_latency(spec: dict[str, Any]) -> pd.DataFrame:
     """Figure 15: TTFT and TBT p50/p99 vs arrival rate (per seed from summary.json; mean and
     p5/p95 over seeds)."""
+    spec = {**spec, "runs": with_envelopes(spec["runs"])}
     df = grid_metrics(spec, ["ttft_p50", "ttft_p99", "tbt_p50", "tbt_p99"],
-                      keys=("deployment", "system", "x"), extra=("load_factor",))
+                      keys=("deployment", "system", "x"), extra=("load_factor", "setting"))
     return df.rename(columns={"x": "rate"})
 
 
@@ -569,6 +652,7 @@ AGGREGATORS: dict[str, Callable[[dict[str, Any]], pd.DataFrame]] = {
     "fig13_capacity": fig_capacity_regime,
     "fig14_slo_scale": fig_slo_scale,
     "fig15_latency": fig_latency,
+    "fig16_classes": fig_classes,
 }
 
 

@@ -169,11 +169,17 @@ class SystemSpec(Strict):
     policy: str
     params: dict[str, Any] = Field(default_factory=dict)
     label: str | None = None  # legend label; default: the entry name
+    budget: Literal["paper", "tuned"] = Field(
+        default="paper", description="paper: the policy's token budget as given (default S_pf, "
+                             "the paper's setting); tuned: the pipeline sets params.token_budget "
+                             "per deployment and workload by Sarathi-Serve's rule (the largest "
+                             "budget whose predicted iteration beside the knee's decode batch "
+                             "meets the tightest TBT SLO; docs/baselines.md)")
     vllm_scheduler: Literal["plugin", "stock"] = Field(
         default="plugin", description="backend vllm: `plugin` runs the policy inside vLLM "
                               "(AccelGenScheduler); `stock` is vLLM's own scheduler, unmodified "
-                              "(policy must be `vllm`, the simulator's model of it, used by "
-                              "backend sim)")
+                              "(policy must be `vllm`, or `vllm-priority` for its priority "
+                              "mode: the simulator's models of it, used by backend sim)")
     search: dict[str, list[Any]] | None = Field(
         None, description="oracle only: the grid of the Oracle's schedule search (accelgen "
                           "oracle); {} or unset: its default grid. The search keeps the "
@@ -283,17 +289,44 @@ class SLOScaleSweep(Strict):
     ttft_scales: list[PosFinite] = Field(min_length=1)
 
 
+class EnvelopeSpec(Strict):
+    """The best-static-budget envelope of figures 13, 15 and 16 (SPEC 12): ``system`` run at each
+    of ``budgets``; per rate and seed the budget with the best request-level attainment. An upper
+    bound on any static tuning, and clairvoyant (it picks after seeing the outcome)."""
+
+    system: str = Field(default="sarathi", description="a configured system with a token_budget "
+                                                        "parameter")
+    budgets: list[PositiveInt] = Field(
+        default_factory=lambda: [64, 128, 256, 512, 1024, 2048], min_length=2)
+    deployments: list[str] | None = Field(
+        None, description="the deployments of the capacity experiment to run it on (default: "
+                          "all of them)")
+
+    @field_validator("budgets")
+    @classmethod
+    def _distinct_budgets(cls, v: list[int]) -> list[int]:
+        if len(set(v)) != len(v):
+            raise ValueError("listed twice")
+        return sorted(v)
+
+
 class CapacityExp(RunGrid):
-    """Figures 13-15 (SPEC section 11, regime ``capacity``): every system on a rate sweep around
-    each deployment's capacity estimate (``accelgen capacity``: the smaller of the KV/Little and
-    compute bounds on the workload's seed-0 trace), capacity = the highest rate with
-    request-level attainment >= ``target`` per system and seed."""
+    """Figures 13-16 (SPEC sections 11-12, regime ``capacity``): every system on a rate sweep
+    around each deployment's capacity estimate (``accelgen capacity``: the smaller of the
+    KV/Little and compute bounds on the workload's seed-0 trace), capacity = the highest rate
+    with request-level attainment >= ``target`` (and >= ``strict_target``) per system and
+    seed."""
 
     workload: str = "capacity"
     load_factors: list[PosFinite] = Field(
         min_length=2, description="swept rates as multiples of each deployment's capacity "
                                   "estimate (the same multiples on every deployment)")
     target: Annotated[float, Field(gt=0, le=1)] = 0.9
+    strict_target: Annotated[float, Field(gt=0, le=1)] = Field(
+        0.99, description="the second capacity's attainment (QoServe's goodput: the highest "
+                          "rate at which at most 1 % of requests miss an SLO)")
+    envelope: EnvelopeSpec | None = Field(
+        None, description="the best-static-budget envelope (one system over a budget ladder)")
     slo_scale: SLOScaleSweep | None = None
 
     @field_validator("load_factors")
@@ -558,9 +591,11 @@ def _semantic_checks(cfg: PipelineConfig) -> list[str]:
             make_policy(sys_spec.policy, sys_spec.params)
         except ValueError as exc:
             problems.append(f"systems.{name}.params: {exc}")
-        if sys_spec.vllm_scheduler == "stock" and sys_spec.policy != "vllm":
+        if sys_spec.vllm_scheduler == "stock" and sys_spec.policy not in STOCK_POLICIES:
             problems.append(f"systems.{name}.vllm_scheduler: stock vLLM is simulated by the "
-                            f"policy `vllm`, not {sys_spec.policy!r}")
+                            f"policy `vllm` (or `vllm-priority`), not {sys_spec.policy!r}")
+        if sys_spec.budget == "tuned":
+            problems += _budget_problems(f"systems.{name}", sys_spec)
         if sys_spec.search is not None:
             if sys_spec.policy != "oracle":
                 problems.append(f"systems.{name}.search: only the oracle policy searches "
@@ -600,6 +635,16 @@ def _semantic_checks(cfg: PipelineConfig) -> list[str]:
             if dups:
                 problems.append(f"{key}.{field}: listed twice: {', '.join(dups)}")
     cap = exps.capacity
+    if cap is not None and cap.envelope is not None:
+        env = cap.envelope.system
+        need("experiments.capacity.envelope.system", env, cfg.systems, "system")
+        if env in cfg.systems:
+            problems += _budget_problems("experiments.capacity.envelope.system",
+                                         cfg.systems[env])
+        for i, d in enumerate(cap.envelope.deployments or []):
+            if d not in cap.deployments:
+                problems.append(f"experiments.capacity.envelope.deployments[{i}]: {d!r} is not "
+                                f"a deployment of the capacity experiment")
     if cap is not None and cap.slo_scale is not None:
         for i, s in enumerate(cap.slo_scale.systems):
             need(f"experiments.capacity.slo_scale.systems[{i}]", s, cfg.systems, "system")
@@ -626,6 +671,30 @@ def _semantic_checks(cfg: PipelineConfig) -> list[str]:
     # What only the expanded grid shows (derived workloads: rates, shares, datasets) is checked
     # when accelgen.pipeline.grid.Grid is built from this config.
     return problems
+
+
+# Policies whose stock-vLLM replay exists (SystemSpec.vllm_scheduler: stock): FCFS and priority.
+STOCK_POLICIES = ("vllm", "vllm-priority")
+# Parameters that set a policy's token budget (a tuned or enveloped system must leave them out).
+BUDGET_PARAMS = ("token_budget", "system_slo")
+
+
+def _budget_problems(key: str, spec: SystemSpec) -> list[str]:
+    """A system whose token budget the pipeline sets: its policy must take ``token_budget`` and
+    its params must not set a budget themselves."""
+    from accelgen.policies.registry import policy_class
+
+    try:
+        fields = policy_class(spec.policy).Params.model_fields
+    except ValueError:
+        return []  # reported as an unknown policy
+    if "token_budget" not in fields:
+        return [f"{key}: policy {spec.policy!r} has no token_budget parameter to tune"]
+    given = [k for k in BUDGET_PARAMS if k in spec.params]
+    if given:
+        return [f"{key}: params set {', '.join(given)}; the pipeline sets the budget of a "
+                f"tuned or enveloped system"]
+    return []
 
 
 def load(config: dict[str, Any]) -> PipelineConfig:

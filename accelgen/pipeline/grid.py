@@ -97,6 +97,8 @@ FIGURES: tuple[tuple[str, str, str, str, str], ...] = (
     ("fig14", "fig14_slo_scale", "capacity", "SLO attainment vs TTFT SLO scale", "capacity"),
     ("fig15", "fig15_latency", "capacity", "TTFT and TBT percentiles vs arrival rate",
      "capacity"),
+    ("fig16", "fig16_classes", "capacity", "SLO attainment per SLO class vs arrival rate",
+     "capacity"),
 )
 GROUPS: tuple[str, ...] = ("measurement", "scenarios", "workload", "evaluation", "ablation",
                            "sensitivity", "capacity")
@@ -106,8 +108,20 @@ REGIMES: dict[str, str] = {
     **{f"fig{i:02d}": "paper" for i in (1, 2, 3, 4, 5, 7, 9, 10, 11, 12)},
     "fig06": "-", "fig08": "-", "extra_chunking": "-", "extra_pivots": "-",
     "extra_capacity": "paper", "extra_bounds": "paper",
-    "fig13": "capacity", "fig14": "capacity", "fig15": "capacity",
+    "fig13": "capacity", "fig14": "capacity", "fig15": "capacity", "fig16": "capacity",
 }
+# A system's budget setting (the ``setting`` of its runs; the claims table compares AccelGen
+# with the paper-setting baselines and, apart, with the strongest tuned one, SPEC 12).
+# ``ladder``: one budget of the envelope's ladder; ``envelope``: the best of them per rate.
+PAPER_SETTING, TUNED_SETTING, LADDER_SETTING, ENVELOPE_SETTING = (
+    "paper", "tuned", "ladder", "envelope")
+
+
+def _default_param(policy: str, name: str) -> Any:
+    """A policy parameter's default (e.g. ``max_num_seqs``)."""
+    from accelgen.policies.registry import policy_class
+
+    return policy_class(policy).Params.model_fields[name].default
 
 
 def fmt_num(x: float) -> str:
@@ -133,6 +147,8 @@ class Grid:
         self.variant_scenario: dict[str, str] = {}
         self.systems: dict[str, SystemSpec] = dict(cfg.systems)
         self.system_labels: dict[str, str] = {k: cfg.system_label(k) for k in cfg.systems}
+        # (variant, deployment, system) -> the token budget of a `budget: tuned` system there.
+        self.tuned: dict[tuple[str, str, str], Any] = {}
         self.figures: dict[str, Figure] = {}
         try:
             self._build()
@@ -266,6 +282,53 @@ class Grid:
         self.system_labels[name] = label
         return name
 
+    def _envelope_systems(self, system: str, budgets: list[int]) -> tuple[str, list[str]]:
+        """The budget ladder of the best-static-budget envelope: one system per budget; returns
+        (the envelope's name, the members' names)."""
+        spec = self.cfg.systems[system]
+        label = self.system_labels[system]
+        members = []
+        for b in budgets:
+            name = f"{system}-b{b}"
+            self.systems[name] = SystemSpec(policy=spec.policy,
+                                            params={**spec.params, "token_budget": b},
+                                            label=f"{label} (budget {b})")
+            self.system_labels[name] = f"{label} (budget {b})"
+            members.append(name)
+        envelope = f"{system}-envelope"
+        self.system_labels[envelope] = f"{label}, best static budget (clairvoyant)"
+        return envelope, members
+
+    def tuned_budget(self, variant: str, deployment: str, system: str) -> Any:
+        """The resolved token budget (``accelgen.costmodel.budget.TunedBudget``) of a
+        ``budget: tuned`` system on a run of the grid."""
+        try:
+            return self.tuned[(variant, deployment, system)]
+        except KeyError:
+            raise KeyError(f"no tuned budget for system {system!r} on {deployment} / "
+                           f"{variant}: not a tuned system of the grid") from None
+
+    def _resolve_tuned(self, variant: str, budget_variant: str, deployment: str, system: str,
+                       seed: int) -> Any:
+        """Sarathi-Serve's budget of a tuned system (:mod:`accelgen.pipeline.capacity`), from
+        ``budget_variant``'s trace (a rate sweep uses its base workload: rates do not change
+        lengths or SLOs)."""
+        from accelgen.costmodel.factory import effective_max_model_len
+        from accelgen.pipeline.capacity import workload_tuned_budget
+
+        key = (variant, deployment, system)
+        if key not in self.tuned:
+            dep = self.cfg.deployment(deployment)
+            mml = max(1, effective_max_model_len(dep) - self.cfg.truncate_margin)
+            seqs = int(self.cfg.systems[system].params.get(
+                "max_num_seqs", _default_param(self.systems[system].policy, "max_num_seqs")))
+            data = self.variants.get(budget_variant) or self.cfg.workload_dict(budget_variant)
+            try:
+                self.tuned[key] = workload_tuned_budget(data, dep, seed, mml, seqs)
+            except ValueError as exc:
+                raise PipelineConfigError(f"systems.{system}.budget: {exc}") from None
+        return self.tuned[key]
+
     # ------------------------------------------------------------------ figures
     def _run_ref(self, run: Run, **extra: Any) -> dict[str, Any]:
         return {"dir": self.run_dir(run), "variant": run.variant, "deployment": run.deployment,
@@ -274,9 +337,19 @@ class Grid:
                 "policy": self.systems[run.system].policy, "seed": run.seed, **extra}
 
     def _grid_refs(self, variant: str, deployments: Iterable[str], systems: Iterable[str],
-                   seeds: Iterable[int], **extra: Any) -> list[dict[str, Any]]:
-        return [self._run_ref(Run(variant, d, s, seed), **extra)
-                for d in deployments for s in systems for seed in seeds]
+                   seeds: Iterable[int], *, budget_variant: str | None = None,
+                   **extra: Any) -> list[dict[str, Any]]:
+        seeds = list(seeds)
+        out = []
+        for d in deployments:
+            for s in systems:
+                more: dict[str, Any] = {"setting": self.systems[s].budget}
+                if self.systems[s].budget == TUNED_SETTING:
+                    tb = self._resolve_tuned(variant, budget_variant or variant, d, s, seeds[0])
+                    more = {"setting": TUNED_SETTING, "token_budget": tb.token_budget}
+                out += [self._run_ref(Run(variant, d, s, seed), **extra, **more)
+                        for seed in seeds]
+        return out
 
     def _build(self) -> None:
         cfg, ex = self.cfg, self.cfg.experiments
@@ -419,6 +492,10 @@ class Grid:
         refs: list[dict[str, Any]] = []
         scale_refs: list[dict[str, Any]] = []
         bounds = []
+        envelope = None
+        if cap.envelope is not None:
+            envelope = self._envelope_systems(cap.envelope.system, cap.envelope.budgets)
+        budgets = []
         for d in cap.deployments:
             bound = self.capacity_bound(cap.workload, d, seeds[0])
             est = bound.estimate_rps
@@ -428,7 +505,21 @@ class Grid:
                 rate = sweep_rate(factor, est)
                 v = self._rate_variant(cap.workload, rate)
                 refs += self._grid_refs(v, [d], cap.systems, seeds, sweep="rate", x=rate,
-                                        load_factor=factor)
+                                        load_factor=factor, budget_variant=cap.workload)
+                if envelope is not None and d in (cap.envelope.deployments or [d]):
+                    name, members = envelope
+                    refs += [{**r, "setting": LADDER_SETTING,
+                              "token_budget": self.systems[r["system"]].params["token_budget"],
+                              "envelope": name, "envelope_label": self.system_labels[name]}
+                             for r in self._grid_refs(v, [d], members, seeds, sweep="rate",
+                                                      x=rate, load_factor=factor)]
+            for s in cap.systems:
+                if self.systems[s].budget == TUNED_SETTING:
+                    v = self._rate_variant(cap.workload, sweep_rate(cap.load_factors[0], est))
+                    tb = self.tuned_budget(v, d, s)
+                    budgets.append({"deployment": d, "deployment_label": cfg.deployment_label(d),
+                                    "system": s, "system_label": self.system_labels[s],
+                                    "policy": self.systems[s].policy, **tb.as_dict()})
             ss = cap.slo_scale
             if ss is not None:
                 rate = sweep_rate(ss.load_factor, est)
@@ -438,11 +529,13 @@ class Grid:
                     scale_refs += self._grid_refs(v, [d], ss.systems, seeds, sweep="ttft_scale",
                                                   x=scale, rate=rate,
                                                   load_factor=ss.load_factor)
-        opts = {"target": cap.target, "bounds": bounds, "regime": "capacity"}
+        opts = {"target": cap.target, "strict_target": cap.strict_target, "bounds": bounds,
+                "tuned_budgets": budgets, "regime": "capacity"}
         figs["fig13"] = (refs, [], opts)
         if scale_refs:
             figs["fig14"] = (scale_refs, [], opts)
         figs["fig15"] = (refs, [], opts)
+        figs["fig16"] = (refs, [], opts)
 
     # ------------------------------------------------------------------ queries
     def check_workloads(self) -> None:
@@ -650,21 +743,43 @@ class Grid:
             args += ["--threads", str(stage.threads)]
         return args
 
-    def replay_args(self, system: str) -> list[str]:
+    def run_params(self, system: str, variant: str | None = None,
+                   deployment: str | None = None) -> dict[str, Any]:
+        """A system's policy parameters on one run: its params, and for a ``budget: tuned``
+        system the budget resolved for that variant and deployment."""
+        spec = self.systems[system]
+        params = dict(spec.params)
+        if spec.budget == TUNED_SETTING:
+            if variant is None or deployment is None:
+                raise ValueError(f"system {system!r} is tuned per run: give its variant and "
+                                 "deployment")
+            params["token_budget"] = self.tuned_budget(variant, deployment, system).token_budget
+        return params
+
+    def replay_args(self, system: str, variant: str | None = None,
+                    deployment: str | None = None) -> list[str]:
         """``accelgen replay`` options of a system (the real engine runs no search)."""
         spec = self.systems[system]
+        params = self.run_params(system, variant, deployment)
         if spec.vllm_scheduler == "stock":
-            return ["--system", "stock"]
+            args = ["--system", "stock"]
+            if spec.policy == "vllm-priority":
+                args += ["--scheduling-policy", "priority"]
+            if "token_budget" in params:
+                args += ["--max-num-batched-tokens", str(params["token_budget"])]
+            return args
         args = ["--policy", spec.policy]
-        for k, v in sorted(spec.params.items()):
+        for k, v in sorted(params.items()):
             args += ["--param", f"{k}={json.dumps(v, sort_keys=True)}"]
         return args
 
-    def system_args(self, system: str) -> list[str]:
+    def system_args(self, system: str, variant: str | None = None,
+                    deployment: str | None = None) -> list[str]:
         """The command of one simulation, without trace, config, seed and output:
         ``-m accelgen.cli simulate --no-progress --policy P --param k=v ...``, or for an Oracle
         with its own grid ``-m accelgen.cli oracle --grid G --param k=v ...`` (run after the
-        Python interpreter; ``simulate --policy oracle`` searches the default grid)."""
+        Python interpreter; ``simulate --policy oracle`` searches the default grid). A tuned
+        system's budget depends on the run's variant and deployment."""
         spec = self.systems[system]
         if spec.search is not None:
             args = ["-m", "accelgen.cli", "oracle"]
@@ -672,6 +787,6 @@ class Grid:
                 args += ["--grid", json.dumps(spec.search, sort_keys=True)]
         else:
             args = ["-m", "accelgen.cli", "simulate", "--no-progress", "--policy", spec.policy]
-        for k, v in sorted(spec.params.items()):
+        for k, v in sorted(self.run_params(system, variant, deployment).items()):
             args += ["--param", f"{k}={json.dumps(v, sort_keys=True)}"]
         return args

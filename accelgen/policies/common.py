@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections.abc import Callable
+from typing import Any
 
 from accelgen.kvcache import tokens_fitting
 from accelgen.policies.base import Decision, KVView, SchedulerView
@@ -67,7 +68,8 @@ class BatchBuilder:
 class OrderedWaiting:
     """The waiting requests sorted by ``(key(request), req_id)``, kept across decisions, for a
     policy whose key does not change while a request waits (a deadline fixed at arrival or at
-    the last token): updated on arrival, admission and preemption instead of re-sorted at every
+    the last token; a priority and an arrival time: any comparable value): updated on
+    arrival, admission and preemption instead of re-sorted at every
     decision (the queue reaches ~19 K requests in the paper's setting).
 
     The policy reports arrivals (``arrived``, from ``on_arrival``) and its own admissions and
@@ -80,12 +82,12 @@ class OrderedWaiting:
     __slots__ = ("_by_need", "_key", "_members", "admitted", "arrived", "entries", "needs",
                  "preempted")
 
-    def __init__(self, key: Callable[[Request], float], *, by_need: bool = False) -> None:
+    def __init__(self, key: Callable[[Request], Any], *, by_need: bool = False) -> None:
         self._key = key
-        self.entries: list[tuple[float, int, Request]] = []  # (key, req_id, request), ascending
+        self.entries: list[tuple[Any, int, Request]] = []  # (key, req_id, request), ascending
         self.needs: list[int] = []
         self._by_need = NeedIndex() if by_need else None
-        self._members: dict[int, tuple[tuple[float, int], int]] = {}  # req_id -> (key, need)
+        self._members: dict[int, tuple[tuple[Any, int], int]] = {}  # req_id -> (key, need)
         self.arrived: list[Request] = []
         self.admitted: list[Request] = []
         self.preempted: list[Request] = []

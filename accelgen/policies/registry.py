@@ -28,6 +28,7 @@ POLICIES: dict[str, str] = {
     "fastserve": "accelgen.policies.fastserve:FastServePolicy",
     "oracle": "accelgen.policies.oracle:OraclePolicy",
     "edf": "accelgen.policies.edf:EDFPolicy",
+    "vllm-priority": "accelgen.policies.vllm_priority:VLLMPriorityPolicy",
 }
 
 # Named variants used by the figures (ablation, system-wide SLO, ordering study).

@@ -22,6 +22,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--system", choices=["accelgen", "stock"], default=None,
                    help="accelgen: the plugin running --policy (default); stock: vLLM's own "
                         "scheduler with the same recording")
+    p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default=None,
+                   help="--system stock: vLLM's queue mode; priority orders requests by their "
+                        "SLO class (tight TBT first, offline last; the simulator's "
+                        "vllm-priority)")
     p.add_argument("--policy", help="policy name for the plugin (default: accelgen)")
     p.add_argument("--param", action="append", metavar="KEY=VALUE", help="policy parameter")
     p.add_argument("--config", type=Path,
@@ -53,6 +57,8 @@ def build_config(args: argparse.Namespace) -> Any:
            else ReplayConfig(**data))
     if args.system:
         cfg.system = args.system
+    if args.scheduling_policy:
+        cfg.scheduling_policy = args.scheduling_policy
     adapter = cfg.adapter.model_dump()
     if args.policy:
         adapter["policy"] = {"name": args.policy, "params": {}}
@@ -69,7 +75,9 @@ def build_config(args: argparse.Namespace) -> Any:
                        ("seed", args.seed)):
         if value is not None:
             engine[key] = value
-    return ReplayConfig.model_validate({"system": cfg.system, "adapter": adapter,
+    return ReplayConfig.model_validate({"system": cfg.system,
+                                        "scheduling_policy": cfg.scheduling_policy,
+                                        "adapter": adapter,
                                         "engine": engine,
                                         "warmup_requests": cfg.warmup_requests,
                                         "max_wall_s": cfg.max_wall_s})

@@ -26,7 +26,7 @@ from typing import Any, Literal, TypeVar
 
 import numpy as np
 import pandas as pd
-from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
 from accelgen import metrics
 from accelgen.config import StrictModel
@@ -69,12 +69,21 @@ class EngineSpec(StrictModel):
 
 class ReplayConfig(StrictModel):
     system: System = "accelgen"  # accelgen: AccelGenScheduler + adapter.policy; stock: vLLM's own
+    # stock only: vLLM's queue mode; priority = each request's SLO class (tight TBT first).
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     adapter: AdapterConfig = Field(default_factory=AdapterConfig)
     engine: EngineSpec = Field(default_factory=EngineSpec)
     # Requests run before the trace (and then forgotten) so that one-off start-up costs of the
     # first forward passes do not land on the first trace requests.
     warmup_requests: NonNegativeInt = 2
     max_wall_s: PositiveFloat = 3600.0  # give up (and record the rest as rejected) after this
+
+    @model_validator(mode="after")
+    def _priority_is_stock(self) -> ReplayConfig:
+        if self.scheduling_policy == "priority" and self.system != "stock":
+            raise ValueError("scheduling_policy: priority is vLLM's own queue mode (system: "
+                             "stock); the plugin's policy orders its queue itself")
+        return self
 
 
 # oneDNN's primitive cache (per process, least recently used first out; 1024 primitives by
@@ -156,6 +165,7 @@ def build_engine(cfg: ReplayConfig, work_dir: Path | None = None) -> Any:
         seed=spec.seed,
         disable_log_stats=True,
         scheduler_cls=SCHEDULER_CLS if cfg.system == "accelgen" else STOCK_SCHEDULER_CLS,
+        scheduling_policy=cfg.scheduling_policy,
         additional_config={"accelgen": cfg.adapter.model_dump(mode="json")},
     )
     args.update(spec.extra_args)

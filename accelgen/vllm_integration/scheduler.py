@@ -68,6 +68,7 @@ from accelgen.costmodel.base import BatchShape  # noqa: E402
 from accelgen.costmodel.linear import OnlineLinearCostModel  # noqa: E402
 from accelgen.kvcache import KVQueries  # noqa: E402
 from accelgen.policies.base import Decision, Pivot, Policy, SchedulerView  # noqa: E402
+from accelgen.policies.vllm_priority import slo_priority  # noqa: E402
 from accelgen.request import Request, Status, length_cap_reason, served_output_len  # noqa: E402
 from accelgen.results import IterationLog, requests_frame  # noqa: E402
 from accelgen.vllm_integration.config import (  # noqa: E402
@@ -234,6 +235,8 @@ class InstrumentedScheduler(Scheduler):
 
     def _add_request(self, request: VRequest) -> None:
         is_new = request.request_id not in self.requests
+        if is_new and self.policy == SchedulingPolicy.PRIORITY:
+            self._set_slo_priority(request)
         super().add_request(request)
         if not is_new:
             return  # a streaming-input continuation of a tracked request
@@ -260,6 +263,20 @@ class InstrumentedScheduler(Scheduler):
         self.vllm_request_ids[req_id] = vid
         self.max_tokens[req_id] = int(request.max_tokens)
         self._on_arrival(m, now)
+
+    def _set_slo_priority(self, request: VRequest) -> None:
+        """vLLM's priority mode with SLO classes: a request its client gave no priority (0) gets
+        the priority of its SLO class (``policies.vllm_priority.slo_priority``: tight TBT
+        first, offline last), as the simulator's ``vllm-priority`` orders it; one whose SLO does
+        not parse keeps 0 (it is refused right after)."""
+        if request.priority != 0:
+            return
+        extra = request.sampling_params.extra_args if request.sampling_params else None
+        try:
+            slo = parse_request_slo(extra, self.accelgen_config.slo)
+        except SLOError:
+            return
+        request.priority = slo_priority(slo.online, slo.tbt_slo)
 
     def _assign_id(self, wanted: int | None) -> int:
         if wanted is not None:
