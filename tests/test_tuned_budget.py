@@ -80,8 +80,15 @@ def test_pipeline_tuned_budget_meets_tightest_tbt_and_next_does_not(deployment: 
     at = predicted_iteration(cost, tb.token_budget, prefill_pairs_per_token(prompts,
                                                                             tb.token_budget),
                              decodes)
-    assert tb.meets and at <= tightest
     nxt = tb.token_budget + dep.block_size
+    if deployment == "opt-175b":
+        # On 8 A100s the all-reduces of one iteration (NCCL fit, docs/costmodel.md) leave no
+        # room: even one block beside the knee's decodes misses 47 ms, so the rule falls back to
+        # its smallest candidate and says so.
+        assert not tb.meets and tb.token_budget == dep.block_size and at > tightest
+        assert tb.next_budget == nxt
+        return
+    assert tb.meets and at <= tightest
     assert tb.next_budget == nxt
     assert predicted_iteration(cost, nxt, prefill_pairs_per_token(prompts, nxt),
                                decodes) > tightest
