@@ -63,6 +63,12 @@ class Report:
                        + ", ".join(f"{r.system}/{r.metric}" for r in missed.itertuples()))
         else:
             out.append("every target met")
+        noisy = self.table[self.table["met_by"] == "spread"]
+        if len(noisy):
+            out.append(f"{len(noisy)} met only within the rounds' own spread (the engine did "
+                       "not reproduce itself within the target): "
+                       + ", ".join(f"{r.system}/{r.metric} {r.rel_err:+.0%} (spread "
+                                   f"{r.spread:.0%})" for r in noisy.itertuples()))
         return "\n".join(out)
 
 
@@ -81,13 +87,16 @@ def format_table(table: pd.DataFrame) -> str:
     """One line per (system, metric): real median and simulated value, error, target, the
     rounds' spread and how many single rounds met the target."""
     lines = [f"{'system':<9} {'metric':<27} {'real':>10} {'sim':>10} {'error':>8} "
-             f"{'target':>7} {'met':>4}  {'real (rounds)':>21}  {'rounds met':>10}"]
+             f"{'target':>7} {'spread':>7} {'met':>10}  {'real (rounds)':>21}  "
+             f"{'rounds met':>10}"]
     for r in table.itertuples(index=False):
         tgt = f"{r.target:.0%}" if r.target == r.target else ""
-        met = "" if r.met is None else ("yes" if r.met else "NO")
+        sp = f"{r.spread:.0%}" if r.spread == r.spread else ""
+        met = "" if r.met is None else ("NO" if not r.met else
+                                        "yes" if r.met_by == "target" else "in spread")
         rounds_met = f"{r.rounds_met}/{r.rounds}" if tgt else ""
         lines.append(f"{r.system:<9} {r.metric:<27} {r.real:>10.4g} {r.sim:>10.4g} "
-                     f"{r.rel_err:>+8.1%} {tgt:>7} {met:>4}  "
+                     f"{r.rel_err:>+8.1%} {tgt:>7} {sp:>7} {met:>10}  "
                      f"{r.real_min:>10.4g}..{r.real_max:<10.4g}  {rounds_met:>10}")
     return "\n".join(lines)
 

@@ -72,6 +72,12 @@ def _set_threads(n: int | None) -> None:
         torch.set_num_threads(n)
 
 
+def pin(cpus: list[int] | None) -> None:
+    """Pin this process (and the threads it starts later) to ``cpus`` (None: leave it)."""
+    if cpus:
+        os.sched_setaffinity(0, set(cpus))
+
+
 def replay_run(trace: pd.DataFrame, system: str, cfg: FidelityConfig, out: Path,
                adapter: dict[str, Any] | None = None,
                trace_path: str | None = None) -> dict[str, Any]:
@@ -92,6 +98,7 @@ def _replay_job(trace: pd.DataFrame, system: str, cfg_data: dict[str, Any],
 
     cfg = FidelityConfig.model_validate(cfg_data)
     _set_threads(cfg.omp_threads)
+    pin(cfg.cpus)
     rc = ReplayConfig.model_validate({
         "system": system, "adapter": adapter or {},
         "engine": {**cfg.engine, "tiny_dir": str(Path(out).parent / "tiny-model")},
@@ -158,7 +165,8 @@ def machine_info() -> dict[str, Any]:
     except OSError:
         pass
     return {"cores": os.cpu_count(), "cpu": model, "nice": os.nice(0),
-            "omp_threads": os.environ.get("OMP_NUM_THREADS")}
+            "omp_threads": os.environ.get("OMP_NUM_THREADS"),
+            "affinity": sorted(os.sched_getaffinity(0))}
 
 
 def timed_replay(trace: pd.DataFrame, system: str, cfg: FidelityConfig, out: Path,
@@ -297,7 +305,8 @@ SOURCES = ("policies/accelgen.py", "policies/accelgen_decision.py", "policies/ac
            "policies/accelgen_workspace.py", "policies/vllm.py",
            "vllm_integration/scheduler.py", "vllm_integration/replay.py", "sim/engine.py",
            "costmodel/calibrated.py", "costmodel/calibrate.py", "costmodel/points.py",
-           "fidelity/run.py", "fidelity/config.py")
+           "fidelity/run.py", "fidelity/config.py", "engine_regime/run.py",
+           "engine_regime/systems.py", "engine_regime/traces.py", "engine_regime/engines.py")
 
 
 def source_digests() -> dict[str, str]:

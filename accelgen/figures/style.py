@@ -7,6 +7,7 @@ from __future__ import annotations
 PALETTE: dict[str, str] = {
     "vllm": "#1f77b4",  # blue
     "vllm-v0": "#aec7e8",  # light blue
+    "vllm-tuned": "#08306b",  # navy (regime engine: stock vLLM at the tuned budget)
     "orca": "#8c564b",  # brown
     "fastgen": "#9467bd",  # purple
     "sarathi": "#2ca02c",  # green
@@ -15,6 +16,8 @@ PALETTE: dict[str, str] = {
     "sarathi-nochunk": "#7f7f7f",  # grey
     "fastserve": "#ff7f0e",  # orange
     "edf": "#17becf",  # cyan
+    "sarathi-tuned": "#006d2c",  # dark green (regime engine, hosted by the plugin)
+    "edf-tuned": "#0e7c86",  # dark cyan (regime engine, hosted by the plugin)
     "accelgen": "#d62728",  # red
     "accelgen-no-order": "#ff9896",  # light red
     "accelgen-no-chunk": "#e377c2",  # pink
@@ -34,8 +37,9 @@ FALLBACK = "#bcbd22"
 
 # Preferred left-to-right order of systems in bar charts: baselines, then AccelGen, then Oracle.
 ORDER: tuple[str, ...] = (
-    "orca", "vllm-v0", "vllm", "fastgen", "sarathi", "sarathi-slack", "sarathi-nochunk",
-    "sarathi-chunk512", "fastserve", "edf", "accelgen-no-era", "accelgen",
+    "orca", "vllm-v0", "vllm", "vllm-tuned", "fastgen", "sarathi", "sarathi-tuned",
+    "sarathi-slack", "sarathi-nochunk", "sarathi-chunk512", "fastserve", "edf", "edf-tuned",
+    "accelgen-no-era", "accelgen",
     "accelgen-era-request", "accelgen-no-order", "accelgen-no-chunk", "accelgen-no-batch",
     "accelgen-budget-model", "oracle",
 )

@@ -23,6 +23,7 @@ import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from accelgen.pipeline.config import (
@@ -36,6 +37,7 @@ from accelgen.pipeline.config import (
 
 SCENARIO_PREFIX = "scenario-"
 CLAIMS = "claims"  # <figures_dir>/claims.csv: the paper's claims beside ours (SPEC 11)
+ENGINE_FIGURE = "fig17_engine_capacity"  # regime `engine`'s CSV (rules/engine.smk)
 LONG_PROMPT = 4096  # the paper's long-prompt threshold (>= 4K tokens)
 
 
@@ -518,7 +520,14 @@ class Grid:
         from accelgen.pipeline.claims import CLAIM_FIGURES
 
         ids = {fig.id for fig in self.figures.values()}
-        return {f: self.figure_file(f, "csv") for f in CLAIM_FIGURES if f in ids}
+        out = {f: self.figure_file(f, "csv") for f in CLAIM_FIGURES if f in ids}
+        # Regime `engine` (rules/engine.smk): read when the default target makes it, or once a
+        # separate `fig17` run has written it.
+        if self.cfg.engine_on and self.cfg.engine is not None:
+            path = self.figure_file(ENGINE_FIGURE, "csv")
+            if self.cfg.engine.in_default_target or Path(path).exists():
+                out[ENGINE_FIGURE] = path
+        return out
 
     def figure_inputs(self, fig_id: str) -> list[str]:
         if fig_id == CLAIMS:
