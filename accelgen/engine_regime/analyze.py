@@ -77,8 +77,9 @@ def point_rows(runs: Path) -> pd.DataFrame:
                 info = d / POINT_NAME
                 if info.exists():
                     p = json.loads(info.read_text())
+                    load = p.get("load_before") or [math.nan]
                     row.update(cpu_busy=p.get("cpu_shares", {}).get("busy", math.nan),
-                               wall_s=p["end"] - p["start"])
+                               load_1min=float(load[0]), wall_s=p["end"] - p["start"])
                 rows.append(row)
     return pd.DataFrame(rows)
 
@@ -194,7 +195,8 @@ class Report:
                  f"{p['tuned']['token_budget']} (tight class {p['tuned']['tbt_slo_s'] * 1e3:.0f}"
                  f" ms beside {p['tuned']['num_decodes']} decodes)",
                  "budgets: " + ", ".join(f"{k} {v if v is not None else '(policy)'}"
-                                         for k, v in p["budgets"].items()), "",
+                                         for k, v in p["budgets"].items()),
+                 self.machine_line(), "",
                  f"capacity (req/s, request-level attainment >= {self.target:g}), median "
                  "[min..max] over repeats:",
                  f"{'system':<14} {'engine':>24} {'simulator':>24} {'sim error':>10}"]
@@ -222,6 +224,17 @@ class Report:
                   "repeats):"]
         lines.append(self.class_table())
         return "\n".join(lines)
+
+    def machine_line(self) -> str:
+        """The machine while the engine replayed: 1-minute load averages before the points and
+        the share of CPU time busy during them (every process, not only the engine)."""
+        eng = self.points[self.points["source"] == "engine"]
+        if "cpu_busy" not in eng or not eng["cpu_busy"].notna().any():
+            return "machine: not recorded"
+        load = eng["load_1min"] if "load_1min" in eng else pd.Series(dtype=float)
+        return (f"machine during the {len(eng)} replays: 1-min load average "
+                f"{load.min():.1f}-{load.max():.1f}, CPU busy {eng['cpu_busy'].min():.0%}-"
+                f"{eng['cpu_busy'].max():.0%} (all processes)")
 
     def class_table(self) -> str:
         cols = ["slo_attainment_request"] + [c for c in self.points.columns
