@@ -18,7 +18,7 @@ from accelgen.engine_regime.run import (
     make_plan,
     point_dir,
     points,
-    simulate_all,
+    simulate_sweep,
     write_traces,
 )
 from accelgen.fidelity.config import engine_deployment
@@ -69,5 +69,5 @@ def fake_engine_runs(out: Path, cfg: EngineSweepConfig | None = None,
                     "start": 0.0, "end": 5.0, "load_before": [1.0] * 3,
                     "load_after": [1.0] * 3, "cpu_shares": {"busy": 0.6, "idle": 0.4,
                                                             "steal": 0.0}}))
-    simulate_all(cfg, plan, dep, out, traces)
+    simulate_sweep(cfg, plan, dep, out, traces)
     return out

@@ -137,8 +137,15 @@ def test_report_on_a_synthetic_sweep(fake_runs: Path) -> None:
     rep = build_report(fake_runs)
     cfg = fake_cfg()
     n_points = len(cfg.systems) * cfg.repeats * len(cfg.load_factors)
-    assert len(rep.points) == 2 * n_points
-    assert set(rep.capacity["source"]) == {"engine", "sim"}
+    assert len(rep.points) == 3 * n_points
+    assert set(rep.capacity["source"]) == {"engine", "sim", "sim-speed"}
+    # The host's speed is measured on the stock replays: their "engine" ran 5 % (seed 0) and
+    # 10 % (seed 1) slower than the calibrated model.
+    assert rep.speed["basis"] == "stock replays"
+    assert 1.03 < rep.speed["factor"] < 1.12
+    eng = rep.points[rep.points["source"] == "engine"].set_index(["system", "seed"])
+    assert eng.loc[("vllm", 0), "step_ratio"].between(1.0, 1.1).all()
+    assert eng.loc[("vllm", 1), "step_ratio"].between(1.05, 1.15).all()
     s = rep.summary.set_index(["source", "system"])
     for system in cfg.systems:
         eng, sim = s.loc[("engine", system)], s.loc[("sim", system)]
@@ -151,10 +158,17 @@ def test_report_on_a_synthetic_sweep(fake_runs: Path) -> None:
     classes = [c for c in rep.points.columns if c.startswith("att_")]
     assert classes == ["att_tbt0.25", "att_tbt0.5", "att_tbt1", "att_tbt2", "att_offline"]
     frame = rep.frame()
-    assert set(frame["kind"]) == {"point", "capacity", "capacity_summary", "ordering"}
+    assert set(frame["kind"]) == {"point", "capacity", "capacity_summary", "ordering",
+                                  "host_speed"}
     assert (frame["regime"] == "engine").all()
     assert set(frame.loc[frame["kind"] == "capacity_summary", "runs"]) == {"stock", "plugin"}
-    assert "capacity (req/s" in rep.text() and "ordering:" in rep.text()
+    text = rep.text()
+    assert "capacity (req/s" in text and "ordering (sim):" in text and "host speed" in text
+    # Charged at the measured speed, the stock systems' simulations come closer to the "engine".
+    s = rep.summary.set_index(["source", "system"])
+    for system in ("vllm", "vllm-tuned"):
+        assert abs(s.loc[("sim-speed", system), "error_vs_engine"]) <= \
+            abs(s.loc[("sim", system), "error_vs_engine"]) + 0.02, system
 
 
 def test_ordering_ignores_pairs_the_engine_cannot_separate() -> None:
@@ -282,9 +296,10 @@ def test_reduced_sweep_on_the_vllm_cpu_engine(tmp_path: Path,
     plan = read_plan(out)
     assert plan["async_scheduling"] is False and len(plan["rates"]) == 2
     rep = build_report(out)
-    assert len(rep.points) == 2 * 2 * 2
+    assert len(rep.points) == 3 * 2 * 2
     served = rep.points.groupby("source")["num_served"].sum()
-    assert served["engine"] == served["sim"] == 2 * 2 * 12
+    assert served["engine"] == served["sim"] == served["sim-speed"] == 2 * 2 * 12
+    assert rep.speed["factor"] > 0
     busy = rep.points.loc[rep.points["source"] == "engine", "cpu_busy"]
     assert busy.between(0, 1).all()
     cal = json.loads((out / "calibration" / "summary.json").read_text())

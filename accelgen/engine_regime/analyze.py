@@ -25,16 +25,21 @@ import pandas as pd
 from accelgen import metrics
 from accelgen.engine_regime.run import (
     POINT_NAME,
+    SPEED_NAME,
     point_dir,
     points,
+    rate_name,
     read_config,
     read_plan,
 )
 from accelgen.engine_regime.traces import tbt_class
 from accelgen.results import read_results
 
-SOURCES = ("engine", "sim")
-_DIRS = {"engine": "real", "sim": "sim"}
+# engine: the replays; sim: the simulator's prediction (the calibrated model); sim-speed: the
+# simulator charging the model at the host's speed measured during the replays (run.host_speed).
+SOURCES = ("engine", "sim", "sim-speed")
+PREDICTIONS = ("sim", "sim-speed")
+_DIRS = {"engine": "real", "sim": "sim", "sim-speed": "sim-speed"}
 # Per point, from the summary (metrics.summarize): SPEC 11's attainments and latencies.
 POINT_METRICS = ("slo_attainment_request", "slo_attainment_distserve", "ttft_attainment",
                  "tbt_attainment", "jct_attainment", "goodput_rps", "throughput_rps",
@@ -59,6 +64,8 @@ def point_rows(runs: Path) -> pd.DataFrame:
     for the engine, the machine's CPU busy share and the replay's duration."""
     cfg, plan = read_config(runs), read_plan(runs)
     factor = dict(zip(plan["rates"], plan["load_factors"], strict=True))
+    speed_path = runs / SPEED_NAME
+    ratios = json.loads(speed_path.read_text())["per_replay"] if speed_path.exists() else {}
     rows = []
     for source in SOURCES:
         for system in cfg.systems:
@@ -79,7 +86,9 @@ def point_rows(runs: Path) -> pd.DataFrame:
                     p = json.loads(info.read_text())
                     load = p.get("load_before") or [math.nan]
                     row.update(cpu_busy=p.get("cpu_shares", {}).get("busy", math.nan),
-                               load_1min=float(load[0]), wall_s=p["end"] - p["start"])
+                               load_1min=float(load[0]), wall_s=p["end"] - p["start"],
+                               step_ratio=ratios.get(f"{system}/seed{seed}/{rate_name(rate)}",
+                                                     math.nan))
                 rows.append(row)
     return pd.DataFrame(rows)
 
@@ -107,7 +116,7 @@ def capacity_summary(caps: pd.DataFrame) -> pd.DataFrame:
                        ).reset_index()
     eng = out[out["source"] == "engine"].set_index("system")["median"]
     out["error_vs_engine"] = [
-        (r.median / eng[r.system] - 1.0) if (r.source == "sim" and r.system in eng
+        (r.median / eng[r.system] - 1.0) if (r.source in PREDICTIONS and r.system in eng
                                              and eng[r.system] > 0) else math.nan
         for r in out.itertuples()]
     return out
@@ -123,10 +132,11 @@ class Ordering:
     disagreements: list[tuple[str, str]]
 
 
-def ordering(summary: pd.DataFrame) -> Ordering:
-    """Whether the simulator orders the systems as the engine does (module docstring)."""
+def ordering(summary: pd.DataFrame, source: str = "sim") -> Ordering:
+    """Whether the simulator (``source``) orders the systems as the engine does (module
+    docstring)."""
     eng = summary[summary["source"] == "engine"].set_index("system")
-    sim = summary[summary["source"] == "sim"].set_index("system")
+    sim = summary[summary["source"] == source].set_index("system")
     names = [s for s in eng.index if s in sim.index]
     conc = disc = 0
     separated = 0
@@ -156,8 +166,9 @@ class Report:
     points: pd.DataFrame
     capacity: pd.DataFrame
     summary: pd.DataFrame
-    order: Ordering
+    orders: dict[str, Ordering]  # per prediction source
     target: float
+    speed: dict[str, Any]  # run.host_speed (empty: not recorded)
 
     def frame(self) -> pd.DataFrame:
         """The figure's CSV (long format): ``kind`` point | capacity | capacity_summary |
@@ -169,12 +180,18 @@ class Report:
                      .assign(kind="capacity", metric="capacity_rps"))
         s = self.summary.rename(columns={"median": "value"})
         parts.append(s.assign(kind="capacity_summary", metric="capacity_rps"))
-        o = self.order
-        parts.append(pd.DataFrame([
-            {"kind": "ordering", "metric": "ordering_agree", "value": float(o.agree)},
-            {"kind": "ordering", "metric": "kendall_tau", "value": o.kendall_tau},
-            {"kind": "ordering", "metric": "separated_pairs", "value": float(o.separated_pairs)},
-        ]).assign(system="engine: " + " > ".join(o.engine) + "; sim: " + " > ".join(o.sim)))
+        for source, o in self.orders.items():
+            parts.append(pd.DataFrame([
+                {"kind": "ordering", "metric": "ordering_agree", "value": float(o.agree)},
+                {"kind": "ordering", "metric": "kendall_tau", "value": o.kendall_tau},
+                {"kind": "ordering", "metric": "separated_pairs",
+                 "value": float(o.separated_pairs)},
+            ]).assign(source=source, system="engine: " + " > ".join(o.engine)
+                      + f"; {source}: " + " > ".join(o.sim)))
+        if self.speed:
+            parts.append(pd.DataFrame([{"kind": "host_speed", "metric": "step_ratio",
+                                        "value": self.speed["factor"],
+                                        "system": self.speed["basis"]}]))
         df = pd.concat(parts, ignore_index=True).assign(regime="engine", target=self.target)
         systems = self.plan.get("systems", {})
         df["runs"] = [systems.get(s, {}).get("runs", "") for s in df["system"]]
@@ -197,9 +214,12 @@ class Report:
                  "budgets: " + ", ".join(f"{k} {v if v is not None else '(policy)'}"
                                          for k, v in p["budgets"].items()),
                  self.machine_line(), "",
+                 self.speed_line(), "",
                  f"capacity (req/s, request-level attainment >= {self.target:g}), median "
-                 "[min..max] over repeats:",
-                 f"{'system':<14} {'engine':>24} {'simulator':>24} {'sim error':>10}"]
+                 "[min..max] over repeats; the simulator as calibrated (sim) and charged at the"
+                 " host's measured speed (sim-speed):",
+                 f"{'system':<14} {'engine':>22} {'sim':>22} {'error':>8} {'sim-speed':>22} "
+                 f"{'error':>8}"]
         s = self.summary.set_index(["source", "system"])
         for system in dict.fromkeys(self.summary["system"]):
             cells = []
@@ -208,22 +228,34 @@ class Report:
                     r = s.loc[(source, system)]
                     mark = (">=" if "above_sweep" in r["where"] else
                             "<" if r["where"] == "below_sweep" else "")
-                    cells.append(f"{mark}{r['median']:.3g} [{r['min']:.3g}..{r['max']:.3g}]")
+                    cell = f"{mark}{r['median']:.3g} [{r['min']:.3g}..{r['max']:.3g}]"
+                    if source in PREDICTIONS:
+                        cell += f" {r['error_vs_engine']:>+8.1%}"
+                    cells.append(cell)
                 else:
                     cells.append("-")
-            err = s.loc[("sim", system), "error_vs_engine"] if ("sim", system) in s.index \
-                else math.nan
-            lines.append(f"{system:<14} {cells[0]:>24} {cells[1]:>24} {err:>+10.1%}")
-        o = self.order
-        lines += ["", f"ordering: engine {' > '.join(o.engine)}; simulator "
-                      f"{' > '.join(o.sim)}; Kendall tau {o.kendall_tau:+.2f}; "
-                      f"{o.separated_pairs} pair(s) separated in the engine (ranges apart), "
-                      + ("all ordered alike" if o.agree else "ordered differently: "
-                         + ", ".join(f"{a}/{b}" for a, b in o.disagreements)), "",
-                  "request-level attainment per point and class (engine / sim, median over "
-                  "repeats):"]
+            lines.append(f"{system:<14} " + " ".join(f"{c:>22}" if i == 0 else f"{c:>31}"
+                                                     for i, c in enumerate(cells)))
+        lines.append("")
+        for source, o in self.orders.items():
+            lines.append(f"ordering ({source}): engine {' > '.join(o.engine)}; {source} "
+                         f"{' > '.join(o.sim)}; Kendall tau {o.kendall_tau:+.2f}; "
+                         f"{o.separated_pairs} pair(s) separated in the engine (ranges apart), "
+                         + ("all ordered alike" if o.agree else "ordered differently: "
+                            + ", ".join(f"{a}/{b}" for a, b in o.disagreements)))
+        lines += ["", "request-level attainment per point and class (engine / sim, median over "
+                      "repeats):"]
         lines.append(self.class_table())
         return "\n".join(lines)
+
+    def speed_line(self) -> str:
+        if not self.speed:
+            return "host speed: not recorded"
+        eng = self.points[self.points["source"] == "engine"]
+        r = eng["step_ratio"] if "step_ratio" in eng else pd.Series(dtype=float)
+        return (f"host speed: the replays' steps took {self.speed['factor']:.2f} x the "
+                f"calibrated model (median over the {self.speed['basis']}; per replay "
+                f"{r.min():.2f}-{r.max():.2f})")
 
     def machine_line(self) -> str:
         """The machine while the engine replayed: 1-minute load averages before the points and
@@ -264,4 +296,8 @@ def build_report(runs: Path | str) -> Report:
         raise FileNotFoundError(f"{runs}: no replayed or simulated points (real/, sim/)")
     caps = capacities(pts, cfg.target)
     summary = capacity_summary(caps)
-    return Report(runs, plan, pts, caps, summary, ordering(summary), cfg.target)
+    sources = set(summary["source"])
+    orders = {s: ordering(summary, s) for s in PREDICTIONS if s in sources}
+    speed_path = runs / SPEED_NAME
+    speed = json.loads(speed_path.read_text()) if speed_path.exists() else {}
+    return Report(runs, plan, pts, caps, summary, orders, cfg.target, speed)

@@ -11,9 +11,11 @@ beside it.
 (config), machine.json, sources.json, calibration/ (the calibration replay and the fitted
 deployment), plan.json (pivot, SLO classes, capacity estimate, rates, budgets, scheduling mode),
 traces/, real/<system>/seed<s>/rate<r>/ (the engine's results, point.json: times and the
-machine's load), sim/<system>/seed<s>/rate<r>/. ``report`` prints capacity per system (engine
-and simulator, median and range over the repeats), the ordering agreement and per-class
-attainment, and writes the CSV. The pipeline's stage is rules/engine.smk (target ``fig17``).
+machine's load), sim/<system>/seed<s>/rate<r>/ (the simulator's prediction), speed.json and
+sim-speed/ (the simulator charged at the host's speed measured during the replays). ``report``
+prints capacity per system (engine and simulator, median and range over the repeats), the
+ordering agreement and per-class attainment, and writes the CSV. The pipeline's stage is
+rules/engine.smk (target ``fig17``).
 """
 
 from __future__ import annotations
@@ -49,6 +51,16 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from accelgen.engine_regime.analyze import build_report
 
+    if args.resimulate:
+        from accelgen.engine_regime.run import (
+            read_config,
+            read_deployment,
+            read_plan,
+            simulate_sweep,
+        )
+
+        simulate_sweep(read_config(args.runs), read_plan(args.runs), read_deployment(args.runs),
+                       args.runs, say=_say)
     rep = build_report(args.runs)
     print(rep.text())
     if args.csv is not None:
@@ -70,6 +82,9 @@ def _add_commands(p: argparse.ArgumentParser) -> None:
     r = sub.add_parser("report", help="capacities, ordering, per-class attainment; the CSV")
     r.add_argument("--runs", type=Path, required=True)
     r.add_argument("--csv", type=Path, help="the figure's CSV (fig17_engine_capacity.csv)")
+    r.add_argument("--resimulate", action="store_true",
+                   help="redo the simulations first (after a simulator change; the replays "
+                        "and the calibration stay)")
     r.set_defaults(func=cmd_report)
 
 

@@ -12,7 +12,11 @@
    systems take turns inside each point (the first system rotating from point to point), each
    on its own engine process (``engines``).
 4. **Simulations** (``sim/<system>/seed<s>/rate<r>/``): the same points on the calibrated
-   deployment with each system's policy (deterministic).
+   deployment with each system's policy (deterministic): the simulator's prediction. Then the
+   host's speed during the replays (``speed.json``: each replay's steps against the calibrated
+   model, median over the stock replays) and the same simulations charged at that speed, the
+   policies still planning with the calibrated model as the plugin did (``sim-speed/``): what
+   the prediction would have been had the calibration caught the host's speed of the sweep.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from accelgen.engine_regime.traces import (
 CONFIG_NAME = "engine_sweep.json"
 PLAN_NAME = "plan.json"
 POINT_NAME = "point.json"
+SPEED_NAME = "speed.json"
 CALIBRATION_DIR = "calibration"
 Say = Callable[[str], None]
 
@@ -212,13 +217,54 @@ def replay_all(cfg: EngineSweepConfig, plan: dict[str, Any], dep: Deployment,
                 f"{time.time() - t0:.0f} s so far)")
 
 
+def step_ratio(run_dir: Path, dep: Deployment) -> float:
+    """The median over a replay's steps of its span over the calibrated model's prediction: how
+    fast the host ran the engine against the calibration (1: as calibrated)."""
+    from accelgen.costmodel.factory import make_cost_model
+    from accelgen.fidelity.compare import step_residuals
+
+    return float(step_residuals(run_dir, make_cost_model(dep))["ratio"].median())
+
+
+def host_speed(cfg: EngineSweepConfig, plan: dict[str, Any], dep: Deployment,
+               out: Path) -> dict[str, Any]:
+    """Every replay's ``step_ratio`` and their median over the stock systems' replays (the
+    calibration's own kind of run; the plugin's own per-step time is not the host's): the
+    factor the speed-corrected simulation (``sim-speed/``) charges the calibrated model at."""
+    per = {f"{name}/seed{seed}/{rate_name(rate)}": step_ratio(
+        point_dir(out, "real", name, seed, rate), dep)
+        for name in cfg.systems for seed, rate in points(cfg, plan)
+        if (point_dir(out, "real", name, seed, rate) / "iterations.parquet").exists()}
+    stock = [v for k, v in per.items() if cfg.systems[k.split("/")[0]].runs == "stock"]
+    basis = stock or list(per.values())
+    factor = float(pd.Series(basis).median()) if basis else 1.0
+    return {"factor": factor, "basis": "stock replays" if stock else "every replay",
+            "per_replay": per}
+
+
+def scaled(dep: Deployment, factor: float) -> Deployment:
+    """``dep`` with every time term of its calibrated model multiplied by ``factor``."""
+    from accelgen.costmodel.calibrated import TERMS
+
+    terms = dep.calibration
+    if terms is None:
+        raise ValueError("a calibrated deployment is needed")
+    return dep.model_copy(update={"calibration": terms.model_copy(
+        update={t: getattr(terms, t) * factor for t in TERMS})})
+
+
 def simulate_all(cfg: EngineSweepConfig, plan: dict[str, Any], dep: Deployment, out: Path,
                  traces: dict[tuple[int, float], pd.DataFrame] | None = None,
-                 say: Say | None = None) -> None:
-    """Every point on the calibrated deployment, each system's simulated policy (step 4)."""
+                 say: Say | None = None, speed: float | None = None) -> None:
+    """Every point on the calibrated deployment, each system's simulated policy (step 4). With
+    ``speed``: the iterations charged at ``speed`` x the calibrated model while the policies
+    still plan with it (as the real plugin did), into ``sim-speed/``."""
+    from accelgen.costmodel.factory import make_cost_model
     from accelgen.sim.runner import simulate
     from accelgen.workloads.trace import load_trace
 
+    source = "sim" if speed is None else "sim-speed"
+    charge = None if speed is None else make_cost_model(scaled(dep, speed))
     max_seqs = int(cfg.engine.get("max_num_seqs", 256))
     for name, spec in cfg.systems.items():
         policy = sysmod.sim_policy(spec, plan["budgets"][name], max_seqs)
@@ -228,11 +274,27 @@ def simulate_all(cfg: EngineSweepConfig, plan: dict[str, Any], dep: Deployment, 
         for seed, rate in points(cfg, plan):
             tpath = trace_path(out, seed, rate)
             trace = traces[(seed, rate)] if traces is not None else load_trace(tpath)
-            run = simulate(trace, ecfg)
+            run = simulate(trace, ecfg, charge_cost=charge)
             run.config["trace"] = str(tpath)
-            run.write(point_dir(out, "sim", name, seed, rate))
+            if speed is not None:
+                run.config["charged_at_speed"] = speed
+            run.write(point_dir(out, source, name, seed, rate))
         if say is not None:
-            say(f"simulated {name}: {len(points(cfg, plan))} points")
+            say(f"simulated {name}: {len(points(cfg, plan))} points ({source})")
+
+
+def simulate_sweep(cfg: EngineSweepConfig, plan: dict[str, Any], dep: Deployment, out: Path,
+                   traces: dict[tuple[int, float], pd.DataFrame] | None = None,
+                   say: Say | None = None) -> None:
+    """The simulator's two predictions: at the calibrated speed (``sim/``), and at the host's
+    speed during the replays (``speed.json``, ``sim-speed/``)."""
+    simulate_all(cfg, plan, dep, out, traces, say)
+    speed = host_speed(cfg, plan, dep, out)
+    (out / SPEED_NAME).write_text(json.dumps(speed, indent=2) + "\n")
+    if say is not None:
+        say(f"host speed during the replays: steps {speed['factor']:.2f} x the calibrated "
+            f"model (median over the {speed['basis']})")
+    simulate_all(cfg, plan, dep, out, traces, say, speed=speed["factor"])
 
 
 def run_sweep(cfg: EngineSweepConfig, out: Path, say: Say | None = None) -> Path:
@@ -241,7 +303,7 @@ def run_sweep(cfg: EngineSweepConfig, out: Path, say: Say | None = None) -> Path
 
     say = say or (lambda _m: None)
     out.mkdir(parents=True, exist_ok=True)
-    for old in ("real", "sim", "traces", CALIBRATION_DIR, PLAN_NAME):
+    for old in ("real", "sim", "sim-speed", "traces", CALIBRATION_DIR, PLAN_NAME, SPEED_NAME):
         p = out / old
         if p.is_dir():
             shutil.rmtree(p)
@@ -261,5 +323,5 @@ def run_sweep(cfg: EngineSweepConfig, out: Path, say: Say | None = None) -> Path
         + f"; tuned budget {plan['tuned']['token_budget']}; budgets {plan['budgets']}")
     traces = write_traces(cfg, plan, dep, out)
     replay_all(cfg, plan, dep, traces, out, say)
-    simulate_all(cfg, plan, dep, out, traces, say)
+    simulate_sweep(cfg, plan, dep, out, traces, say)
     return out
