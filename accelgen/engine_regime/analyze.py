@@ -226,11 +226,14 @@ class Report:
             for source in SOURCES:
                 if (source, system) in s.index:
                     r = s.loc[(source, system)]
-                    mark = (">=" if "above_sweep" in r["where"] else
-                            "<" if r["where"] == "below_sweep" else "")
-                    cell = f"{mark}{r['median']:.3g} [{r['min']:.3g}..{r['max']:.3g}]"
+                    if r["where"] == "below_sweep":  # every repeat below the lowest rate
+                        cell = f"< {min(self.plan['rates']):.3g}"
+                    else:
+                        mark = ">=" if "above_sweep" in r["where"] else ""
+                        cell = f"{mark}{r['median']:.3g} [{r['min']:.3g}..{r['max']:.3g}]"
                     if source in PREDICTIONS:
-                        cell += f" {r['error_vs_engine']:>+8.1%}"
+                        err = r["error_vs_engine"]
+                        cell += f" {err:>+8.1%}" if math.isfinite(err) else f" {'-':>8}"
                     cells.append(cell)
                 else:
                     cells.append("-")
