@@ -4,16 +4,18 @@ bench-serve``, the client's numbers beside the engine's own.
 
     flock /tmp/accelgen-engine.lock .venv/bin/python scripts/serve_engine_point.py \\
         --runs results/quick/engine --load-factor 2 [--seed 0] [--systems vllm-tuned,accelgen] \\
-        [--server-cpus 1 --client-cpus 0] [--out results/serve-engine]
+        [--engine-cpus 1 --client-cpus 0 --renice -15] [--out results/serve-engine]
 
 Takes the sweep's engine (its model shape, KV blocks, scheduling mode), its calibrated
 deployment, its budgets and the trace of one (seed, rate) point (``traces/``), and for each
 system starts a fresh ``accelgen serve`` on 127.0.0.1 with that engine (``--system stock`` with
 ``--max-num-batched-tokens`` = the system's budget, or the plugin hosting the system's policy and
 planning with the calibrated deployment), replays the trace with ``accelgen bench-serve`` and
-stops the server with SIGTERM (the plugin then writes its logs). The server (its API process and
-engine core) runs on ``--server-cpus`` and the client on ``--client-cpus``
-(``os.sched_setaffinity``), so the client does not take the engine's core.
+stops the server with SIGTERM (the plugin then writes its logs). Placement: the engine core's
+thread on ``--engine-cpus`` (vLLM's ``VLLM_CPU_OMP_THREADS_BIND``), the API server process and
+the client on ``--client-cpus`` (``os.sched_setaffinity``, inherited by the server), so neither
+the HTTP path nor the client takes the engine's core; ``--renice`` runs all of it at that nice
+value in its own session, as the sweep's replays run.
 
 Per system: the client's request-level attainment, TTFT and TBT p50/p99 (``bench-serve``'s
 ``summary.json``), the same metrics on the plugin's own token times (``--log-dir``: the engine
@@ -42,7 +44,7 @@ def _cols(prefix: str, s: dict[str, Any]) -> dict[str, float]:
 
 
 def serve_one(runs: Path, system: str, seed: int, rate: float, out: Path,
-              server_cpus: set[int] | None, client_cpus: set[int] | None) -> dict[str, Any]:
+              engine_cpus: str, client_cpus: set[int] | None) -> dict[str, Any]:
     from accelgen import metrics
     from accelgen.cli import main as accelgen
     from accelgen.engine_regime import systems as sysmod
@@ -78,13 +80,13 @@ def serve_one(runs: Path, system: str, seed: int, rate: float, out: Path,
             "--max-num-seqs", str(eng["max_num_seqs"])]
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("OMP_NUM_THREADS", str(cfg.omp_threads))
+    if engine_cpus:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = engine_cpus  # the engine core's thread
+    if client_cpus:
+        os.sched_setaffinity(0, client_cpus)  # this client and the API server it starts
     tpath = trace_path(runs, seed, rate)
     load_before = os.getloadavg()[0]
-    if server_cpus:
-        os.sched_setaffinity(0, server_cpus)  # the server inherits it
     with ServerProcess(args, log_path=out / f"{system}-server.log") as server:
-        if client_cpus:
-            os.sched_setaffinity(0, client_cpus)
         rc_code = accelgen(["bench-serve", "--url", server.url, "--trace", str(tpath),
                             "--out", str(out / f"{system}-bench"), "--label", system,
                             "--no-progress"])
@@ -107,7 +109,9 @@ def serve_one(runs: Path, system: str, seed: int, rate: float, out: Path,
             / max(int(served["num_output_tokens"].sum()), 1),
             "send_lag_max_ms": client["send_lag_max_s"] * 1e3,
             "preemptions": int(served["num_preemptions"].sum()),
-            "load_before": load_before, "load_after": load_after}
+            "load_before": load_before, "load_after": load_after,
+            "engine_cpus": engine_cpus, "client_cpus": ",".join(map(str, sorted(client_cpus or
+                                                                              [])))}
 
 
 def markdown(df: pd.DataFrame) -> str:
@@ -137,8 +141,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="the sweep's rate with this load factor")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--systems", default="vllm-tuned,accelgen")
-    ap.add_argument("--server-cpus", default="1", help="comma-separated CPU ids ('' : any)")
-    ap.add_argument("--client-cpus", default="0", help="comma-separated CPU ids ('' : any)")
+    ap.add_argument("--engine-cpus", default="1",
+                    help="CPU ids of the engine core's thread(s), as VLLM_CPU_OMP_THREADS_BIND "
+                         "takes them ('' : vLLM's choice)")
+    ap.add_argument("--client-cpus", default="0",
+                    help="comma-separated CPU ids of the API server and the client ('' : any)")
+    ap.add_argument("--renice", type=int, metavar="N",
+                    help="run the servers and the client at nice N in their own session")
     ap.add_argument("--out", type=Path, default=Path("results/serve-engine"))
     args = ap.parse_args(argv)
     from accelgen.engine_regime.run import read_plan
@@ -148,12 +157,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.load_factor not in rates:
         raise SystemExit(f"--load-factor {args.load_factor:g}: the sweep has "
                          f"{', '.join(f'{f:g}' for f in rates)}")
-    cpus = {k: ({int(c) for c in v.split(",")} if v else None)
-            for k, v in (("server", args.server_cpus), ("client", args.client_cpus))}
+    client = {int(c) for c in args.client_cpus.split(",")} if args.client_cpus else None
+    if args.renice is not None:
+        from accelgen.fidelity.cli import raise_priority
+
+        raise_priority(args.renice)
     rows = []
     for system in args.systems.split(","):
         row = serve_one(args.runs, system, args.seed, rates[args.load_factor],
-                        args.out / system, cpus["server"], cpus["client"])
+                        args.out / system, args.engine_cpus, client)
         rows.append(row)
         print({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()},
               flush=True)
