@@ -288,7 +288,8 @@ def test_reduced_sweep_on_the_vllm_cpu_engine(tmp_path: Path,
     cfg = EngineSweepConfig.model_validate({
         "model": {}, "num_requests": 12, "repeats": 1, "load_factors": [1.0, 4.0],
         "calibration": {"num_requests": 40, "rate": 30.0}, "warmup_trace_requests": 4,
-        "output_range": [4, 16], "engine": {**ENGINE, "num_gpu_blocks": 64},
+        "output_range": [4, 16], "prompt_buckets": [[16, 128, 0.5], [128, 512, 0.5]],
+        "engine": {**ENGINE, "num_gpu_blocks": 64, "max_model_len": 1024},
         "systems": {"vllm": {"runs": "stock", "budget": "paper"},
                     "accelgen": {"runs": "plugin", "policy": "accelgen"}}})
     with capfd.disabled():

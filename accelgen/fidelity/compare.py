@@ -96,17 +96,18 @@ def compare(real_dir: Path | str, sim_dir: Path | str, system: str) -> pd.DataFr
 
 def compare_rounds(out_dir: Path | str, systems: list[str] | tuple[str, ...] = ("stock",
                                                                                "accelgen"),
-                   include_fit_round: bool = False) -> pd.DataFrame:
-    """``compare`` of every round's replay with the simulation (``sim-<system>``; column
-    ``round``). Without ``include_fit_round`` only the rounds predicted out of sample."""
+                   include_fit_round: bool = False, sim: str = "sim") -> pd.DataFrame:
+    """``compare`` of every round's replay with the simulation (``<sim>-<system>``: ``sim``,
+    the prediction, or ``sim-speed``, charged at the host's measured speed; column ``round``).
+    Without ``include_fit_round`` only the rounds predicted out of sample."""
     out = Path(out_dir)
     parts = []
     for k, rdir in enumerate(round_dirs(out)):
         if k == FIT_ROUND and not include_fit_round:
             continue
         for s in systems:
-            if (rdir / f"real-{s}").exists() and (out / f"sim-{s}").exists():
-                parts.append(compare(rdir / f"real-{s}", out / f"sim-{s}", s).assign(round=k))
+            if (rdir / f"real-{s}").exists() and (out / f"{sim}-{s}").exists():
+                parts.append(compare(rdir / f"real-{s}", out / f"{sim}-{s}", s).assign(round=k))
     if not parts:
         raise FileNotFoundError(f"{out}: no round-<k>/real-<system> and sim-<system> pairs")
     return pd.concat(parts, ignore_index=True)
@@ -124,7 +125,8 @@ def spread(real: np.ndarray) -> float:
 
 
 def compare_all(out_dir: Path | str,
-                systems: list[str] | tuple[str, ...] = ("stock", "accelgen")) -> pd.DataFrame:
+                systems: list[str] | tuple[str, ...] = ("stock", "accelgen"),
+                sim: str = "sim") -> pd.DataFrame:
     """Over the out-of-sample rounds: the median of the real values, the simulated value, their
     relative error, the target, the rounds' spread (``real_min``..``real_max``, and ``spread``:
     the largest relative distance of a round from the median), the **tolerance** the verdict
@@ -133,7 +135,7 @@ def compare_all(out_dir: Path | str,
     The tolerance is the target, or the rounds' spread where that is larger: the same trace on
     the same engine does not reproduce itself more closely than that, so a smaller error cannot
     be asked of a model of it (``met_by``: ``target`` or ``spread``)."""
-    per = compare_rounds(out_dir, systems)
+    per = compare_rounds(out_dir, systems, sim=sim)
     rows = []
     for (system, metric), g in per.groupby(["system", "metric"], sort=False):
         r, s = float(g["real"].median()), float(g["sim"].median())

@@ -26,6 +26,8 @@ from accelgen.fidelity.run import (
     CALIBRATION_DIR,
     MACHINE_NAME,
     ROUND_NAME,
+    SPEED_NAME,
+    SPEED_PREFIX,
     read_deployment,
 )
 
@@ -37,12 +39,17 @@ class Report:
     per_round: pd.DataFrame  # every round (the fit round too), column ``out_of_sample``
     steps: pd.DataFrame  # per replay and kind: the calibrated model's per-step residuals
     load: pd.DataFrame  # per replay: duration, load averages, CPU shares
+    # The same comparison with the simulations charged at the host's measured speed
+    # (run.host_speed; None: not recorded) and that speed.
+    table_speed: pd.DataFrame | None = None
+    speed: dict = field(default_factory=dict)
     files: list[Path] = field(default_factory=list)  # what was written
 
     @property
     def missed(self) -> pd.DataFrame:
-        """Rows whose target was missed (``met`` is True, False, or None without a target)."""
-        return self.table[self.table["met"].map(lambda m: m is False)]
+        """Rows whose target was missed (``met`` is True, False, or None without a target): the
+        verdict, on the prediction (the simulations as calibrated)."""
+        return _missed(self.table)
 
     def text(self) -> str:
         rounds = sorted(set(self.per_round.loc[self.per_round["out_of_sample"], "round"]))
@@ -57,12 +64,23 @@ class Report:
                "every replay's steps vs the calibrated model (ratio: span / predicted; span: "
                "from the moment the engine had work for the step to its end):",
                format_steps(self.steps), ""]
+        if self.table_speed is not None:
+            fast = _missed(self.table_speed)
+            out += [f"diagnosis: the host ran the out-of-sample replays' steps at "
+                    f"{self.speed['factor']:.2f} x the calibrated model (median over the "
+                    f"{self.speed['basis']}); the simulations charged at that speed (the "
+                    "policies planning with the calibrated model, as the plugin did):",
+                    format_table(self.table_speed),
+                    "at the host's measured speed: " + (
+                        f"{len(fast)} target(s) missed: " + ", ".join(
+                            f"{r.system}/{r.metric}" for r in fast.itertuples()) if len(fast)
+                        else "every target met"), ""]
         missed = self.missed
         if len(missed):
-            out.append(f"{len(missed)} target(s) missed: "
+            out.append(f"verdict: {len(missed)} target(s) missed: "
                        + ", ".join(f"{r.system}/{r.metric}" for r in missed.itertuples()))
         else:
-            out.append("every target met")
+            out.append("verdict: every target met")
         noisy = self.table[self.table["met_by"] == "spread"]
         if len(noisy):
             out.append(f"{len(noisy)} met only within the rounds' own spread (the engine did "
@@ -70,6 +88,10 @@ class Report:
                        + ", ".join(f"{r.system}/{r.metric} {r.rel_err:+.0%} (spread "
                                    f"{r.spread:.0%})" for r in noisy.itertuples()))
         return "\n".join(out)
+
+
+def _missed(table: pd.DataFrame) -> pd.DataFrame:
+    return table[table["met"].map(lambda m: m is False)]
 
 
 def _calibration_line(runs: Path) -> str:
@@ -176,13 +198,22 @@ def build_report(runs: Path | str) -> Report:
     runs = Path(runs)
     per = pd.concat([compare_rounds(runs, include_fit_round=True)], ignore_index=True)
     per["out_of_sample"] = per["round"] != FIT_ROUND
-    return Report(runs, compare_all(runs), per, replay_steps(runs), replay_load(runs))
+    speed_path = runs / SPEED_NAME
+    speed = json.loads(speed_path.read_text()) if speed_path.exists() else {}
+    table_speed = compare_all(runs, sim=SPEED_PREFIX) if speed else None
+    return Report(runs, compare_all(runs), per, replay_steps(runs), replay_load(runs),
+                  table_speed, speed)
 
 
 def report_frame(rep: Report) -> pd.DataFrame:
     """The CSV's rows: ``round`` = ``median`` (over the out-of-sample rounds) or the round."""
-    return pd.concat([rep.table.assign(round="median", out_of_sample=True), rep.per_round],
-                     ignore_index=True)
+    parts = [rep.table.assign(round="median", out_of_sample=True, comparison="prediction"),
+             rep.per_round.assign(comparison="prediction")]
+    if rep.table_speed is not None:
+        parts.insert(1, rep.table_speed.assign(round="median", out_of_sample=True,
+                                               comparison="at_host_speed",
+                                               host_speed=rep.speed["factor"]))
+    return pd.concat(parts, ignore_index=True)
 
 
 def write_report(runs: Path | str, csv: Path | str | None = None,

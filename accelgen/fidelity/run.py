@@ -44,20 +44,60 @@ ROUND_NAME = "round.json"  # each replay's times and the machine's load meanwhil
 MACHINE_NAME = "machine.json"
 
 
+SPEED_NAME = "speed.json"  # the host's speed in the out-of-sample rounds (host_speed)
+SPEED_PREFIX = "sim-speed"  # simulations charged at that speed
+
+
 def simulate_run(trace: pd.DataFrame, system: str, dep: Deployment, engine: dict[str, Any],
-                 out: Path, trace_path: str | None = None) -> dict[str, Any]:
-    """Simulate ``trace`` as ``system`` on ``dep`` (its cost model plans and charges)."""
+                 out: Path, trace_path: str | None = None,
+                 speed: float | None = None) -> dict[str, Any]:
+    """Simulate ``trace`` as ``system`` on ``dep`` (its cost model plans and charges; with
+    ``speed``, iterations are charged at ``speed`` x it while the policy still plans with it)."""
+    from accelgen.costmodel.factory import make_cost_model
     from accelgen.sim.runner import simulate
 
     # vLLM V1 recomputes preempted requests and never swaps, so the simulated host has no swap
     # space (only FastServe swaps; the stock and AccelGen models would not use it either).
     cfg = ExperimentConfig(deployment=dep, policy=sim_policy(system, engine),
                            sim=SimOptions(progress=False, swap_space_gb=0.0))
-    run = simulate(trace, cfg)
+    charge = None if speed is None else make_cost_model(scaled_terms(dep, speed))
+    run = simulate(trace, cfg, charge_cost=charge)
     if trace_path is not None:
         run.config["trace"] = trace_path
+    if speed is not None:
+        run.config["charged_at_speed"] = speed
     run.write(out)
     return run.summary
+
+
+def scaled_terms(dep: Deployment, factor: float) -> Deployment:
+    """``dep`` with every time term of its calibrated model multiplied by ``factor``."""
+    from accelgen.costmodel.calibrated import TERMS
+
+    terms = dep.calibration
+    if terms is None:
+        raise ValueError("a calibrated deployment is needed")
+    return dep.model_copy(update={"calibration": terms.model_copy(
+        update={t: getattr(terms, t) * factor for t in TERMS})})
+
+
+def host_speed(out_dir: Path, dep: Deployment) -> dict[str, Any]:
+    """How fast the host ran the engine in the rounds predicted out of sample, against the
+    calibration: each replay's median step span over the calibrated model's prediction, and the
+    median of the stock replays' (the calibration's own kind of run; the plugin's per-step time
+    is not the host's)."""
+    from accelgen.costmodel.factory import make_cost_model
+    from accelgen.fidelity.compare import step_residuals
+
+    cost = make_cost_model(dep)
+    per = {f"round-{k}/{d.name}": float(step_residuals(d, cost)["ratio"].median())
+           for k, rdir in enumerate(round_dirs(out_dir)) if k != FIT_ROUND
+           for d in sorted(rdir.glob("real-*"))}
+    stock = [v for key, v in per.items() if key.endswith("real-stock")]
+    basis = stock or list(per.values())
+    factor = float(pd.Series(basis).median()) if basis else 1.0
+    return {"factor": factor, "basis": "stock replays" if stock else "every replay",
+            "per_replay": per}
 
 
 def _set_threads(n: int | None) -> None:
@@ -227,7 +267,8 @@ def run_fidelity(cfg: FidelityConfig, out_dir: Path,
     say = progress or (lambda _m: None)
     out_dir.mkdir(parents=True, exist_ok=True)
     # A runs directory holds one run: leftovers of an earlier one would be read as this one's.
-    for old in [*out_dir.glob("round-*"), *out_dir.glob("sim-*"), out_dir / CALIBRATION_DIR]:
+    for old in [*out_dir.glob("round-*"), *out_dir.glob("sim-*"), out_dir / CALIBRATION_DIR,
+                out_dir / SPEED_NAME]:
         if old.exists():
             shutil.rmtree(old)
     (out_dir / "fidelity.json").write_text(cfg.model_dump_json(indent=2) + "\n")
@@ -272,23 +313,31 @@ def calibrate_and_simulate(out_dir: Path, cfg: FidelityConfig,
     kv_blocks = json.loads((fit_dir / "summary.json").read_text())["kv_blocks"]
     dep = calibrate_on(fit_dir, cfg, int(kv_blocks), out_dir / CALIBRATION_DIR, checks)
     simulate_all(out_dir, cfg, dep, trace, trace_path, say)
+    speed = host_speed(out_dir, dep)
+    (out_dir / SPEED_NAME).write_text(json.dumps(speed, indent=2) + "\n")
+    if say is not None:
+        say(f"host speed in the out-of-sample rounds: steps {speed['factor']:.2f} x the "
+            f"calibrated model (median over the {speed['basis']})")
+    simulate_all(out_dir, cfg, dep, trace, trace_path, say, speed=speed["factor"])
     return dep
 
 
 def simulate_all(out_dir: Path, cfg: FidelityConfig, dep: Deployment,
                  trace: pd.DataFrame | None = None, trace_path: str | None = None,
-                 say: Callable[[str], None] | None = None) -> None:
-    """``sim-<system>`` for every system, with the calibrated deployment ``dep``."""
+                 say: Callable[[str], None] | None = None, speed: float | None = None) -> None:
+    """``sim-<system>`` for every system, with the calibrated deployment ``dep``; with
+    ``speed``: ``sim-speed-<system>``, charged at that speed (``simulate_run``)."""
     if trace is None:
         from accelgen.workloads.trace import load_trace
 
         trace_path = str(out_dir / "trace.parquet")
         trace = load_trace(trace_path)
+    prefix = "sim" if speed is None else SPEED_PREFIX
     for system in cfg.systems:
-        sim = simulate_run(trace, system, dep, cfg.engine, out_dir / f"sim-{system}",
-                           trace_path)
+        sim = simulate_run(trace, system, dep, cfg.engine, out_dir / f"{prefix}-{system}",
+                           trace_path, speed)
         if say is not None:
-            say(f"sim {system}: {sim['num_finished']} finished, {sim['num_iterations']} "
+            say(f"{prefix} {system}: {sim['num_finished']} finished, {sim['num_iterations']} "
                 "iterations")
 
 
