@@ -264,8 +264,8 @@ def test_reruns_follow_changes_not_saves_or_moves(tmp_path):
 # downloaded datasets (config/gpu.yaml) tokenizes them: a job of its own; `download` stays local
 # (compute nodes often have no internet).
 CLUSTER_RULES = {
-    "sim": ({"backend": "sim"}, [], {"simulate", "fidelity_run"}),
-    "vllm": ({"backend": "vllm"}, [], {"replay", "fidelity_run"}),
+    "sim": ({"backend": "sim"}, [], {"simulate", "fidelity_run", "engine_run"}),
+    "vllm": ({"backend": "vllm"}, [], {"replay", "fidelity_run", "engine_run"}),
     "gpu": ({}, ["config/gpu.yaml"], {"profile", "trace", "replay"}),
 }
 
