@@ -300,7 +300,7 @@ def test_reduced_sweep_on_the_vllm_cpu_engine(tmp_path: Path,
     served = rep.points.groupby("source")["num_served"].sum()
     assert served["engine"] == served["sim"] == served["sim-speed"] == 2 * 12
     # No stock system in the sweep: the host's speed is measured on every replay.
-    assert rep.speed["factor"] > 0 and rep.speed["basis"] == "every replay"
+    assert rep.speed["factor"] > 0 and rep.speed["basis"] == "replays"
     busy = rep.points.loc[rep.points["source"] == "engine", "cpu_busy"]
     assert busy.between(0, 1).all()
     cal = json.loads((out / "calibration" / "summary.json").read_text())

@@ -238,7 +238,7 @@ def host_speed(cfg: EngineSweepConfig, plan: dict[str, Any], dep: Deployment,
     stock = [v for k, v in per.items() if cfg.systems[k.split("/")[0]].runs == "stock"]
     basis = stock or list(per.values())
     factor = float(pd.Series(basis).median()) if basis else 1.0
-    return {"factor": factor, "basis": "stock replays" if stock else "every replay",
+    return {"factor": factor, "basis": "stock replays" if stock else "replays",
             "per_replay": per}
 
 

@@ -96,7 +96,7 @@ def host_speed(out_dir: Path, dep: Deployment) -> dict[str, Any]:
     stock = [v for key, v in per.items() if key.endswith("real-stock")]
     basis = stock or list(per.values())
     factor = float(pd.Series(basis).median()) if basis else 1.0
-    return {"factor": factor, "basis": "stock replays" if stock else "every replay",
+    return {"factor": factor, "basis": "stock replays" if stock else "replays",
             "per_replay": per}
 
 
