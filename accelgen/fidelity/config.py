@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from pydantic import Field, PositiveFloat, PositiveInt, field_validator
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator
 
 from accelgen.config import CalibratedTerms, Deployment, PolicySpec, StrictModel
 from accelgen.costmodel.profiles import GIB, resolve_model
@@ -35,6 +35,10 @@ class FidelityConfig(StrictModel):
         "block_size": 32, "max_model_len": 2048, "max_num_batched_tokens": 2048,
         "max_num_seqs": 128, "num_gpu_blocks": 512})
     omp_threads: PositiveInt | None = 1  # OMP_NUM_THREADS of the engines
+    # CPUs every replay process is pinned to (os.sched_setaffinity; its threads inherit it);
+    # None: not pinned. The replay's client (the loop that adds requests at their arrival
+    # times) and the engine core share one thread, so they are always on the same CPU.
+    cpus: list[NonNegativeInt] | None = None
     # Rounds of (stock replay, AccelGen replay). The cost model is fitted on round 0's stock
     # replay; every other round's replays are predicted out of sample.
     rounds: int = Field(3, ge=2)

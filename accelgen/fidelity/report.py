@@ -26,6 +26,8 @@ from accelgen.fidelity.run import (
     CALIBRATION_DIR,
     MACHINE_NAME,
     ROUND_NAME,
+    SPEED_NAME,
+    SPEED_PREFIX,
     read_deployment,
 )
 
@@ -37,12 +39,17 @@ class Report:
     per_round: pd.DataFrame  # every round (the fit round too), column ``out_of_sample``
     steps: pd.DataFrame  # per replay and kind: the calibrated model's per-step residuals
     load: pd.DataFrame  # per replay: duration, load averages, CPU shares
+    # The same comparison with the simulations charged at the host's measured speed
+    # (run.host_speed; None: not recorded) and that speed.
+    table_speed: pd.DataFrame | None = None
+    speed: dict = field(default_factory=dict)
     files: list[Path] = field(default_factory=list)  # what was written
 
     @property
     def missed(self) -> pd.DataFrame:
-        """Rows whose target was missed (``met`` is True, False, or None without a target)."""
-        return self.table[self.table["met"].map(lambda m: m is False)]
+        """Rows whose target was missed (``met`` is True, False, or None without a target): the
+        verdict, on the prediction (the simulations as calibrated)."""
+        return _missed(self.table)
 
     def text(self) -> str:
         rounds = sorted(set(self.per_round.loc[self.per_round["out_of_sample"], "round"]))
@@ -57,13 +64,34 @@ class Report:
                "every replay's steps vs the calibrated model (ratio: span / predicted; span: "
                "from the moment the engine had work for the step to its end):",
                format_steps(self.steps), ""]
+        if self.table_speed is not None:
+            fast = _missed(self.table_speed)
+            out += [f"diagnosis: the host ran the out-of-sample replays' steps at "
+                    f"{self.speed['factor']:.2f} x the calibrated model (median over the "
+                    f"{self.speed['basis']}); the simulations charged at that speed (the "
+                    "policies planning with the calibrated model, as the plugin did):",
+                    format_table(self.table_speed),
+                    "at the host's measured speed: " + (
+                        f"{len(fast)} target(s) missed: " + ", ".join(
+                            f"{r.system}/{r.metric}" for r in fast.itertuples()) if len(fast)
+                        else "every target met"), ""]
         missed = self.missed
         if len(missed):
-            out.append(f"{len(missed)} target(s) missed: "
+            out.append(f"verdict: {len(missed)} target(s) missed: "
                        + ", ".join(f"{r.system}/{r.metric}" for r in missed.itertuples()))
         else:
-            out.append("every target met")
+            out.append("verdict: every target met")
+        noisy = self.table[self.table["met_by"] == "spread"]
+        if len(noisy):
+            out.append(f"{len(noisy)} met only within the rounds' own spread (the engine did "
+                       "not reproduce itself within the target): "
+                       + ", ".join(f"{r.system}/{r.metric} {r.rel_err:+.0%} (spread "
+                                   f"{r.spread:.0%})" for r in noisy.itertuples()))
         return "\n".join(out)
+
+
+def _missed(table: pd.DataFrame) -> pd.DataFrame:
+    return table[table["met"].map(lambda m: m is False)]
 
 
 def _calibration_line(runs: Path) -> str:
@@ -81,13 +109,16 @@ def format_table(table: pd.DataFrame) -> str:
     """One line per (system, metric): real median and simulated value, error, target, the
     rounds' spread and how many single rounds met the target."""
     lines = [f"{'system':<9} {'metric':<27} {'real':>10} {'sim':>10} {'error':>8} "
-             f"{'target':>7} {'met':>4}  {'real (rounds)':>21}  {'rounds met':>10}"]
+             f"{'target':>7} {'spread':>7} {'met':>10}  {'real (rounds)':>21}  "
+             f"{'rounds met':>10}"]
     for r in table.itertuples(index=False):
         tgt = f"{r.target:.0%}" if r.target == r.target else ""
-        met = "" if r.met is None else ("yes" if r.met else "NO")
+        sp = f"{r.spread:.0%}" if r.spread == r.spread else ""
+        met = "" if r.met is None else ("NO" if not r.met else
+                                        "yes" if r.met_by == "target" else "in spread")
         rounds_met = f"{r.rounds_met}/{r.rounds}" if tgt else ""
         lines.append(f"{r.system:<9} {r.metric:<27} {r.real:>10.4g} {r.sim:>10.4g} "
-                     f"{r.rel_err:>+8.1%} {tgt:>7} {met:>4}  "
+                     f"{r.rel_err:>+8.1%} {tgt:>7} {sp:>7} {met:>10}  "
                      f"{r.real_min:>10.4g}..{r.real_max:<10.4g}  {rounds_met:>10}")
     return "\n".join(lines)
 
@@ -167,13 +198,22 @@ def build_report(runs: Path | str) -> Report:
     runs = Path(runs)
     per = pd.concat([compare_rounds(runs, include_fit_round=True)], ignore_index=True)
     per["out_of_sample"] = per["round"] != FIT_ROUND
-    return Report(runs, compare_all(runs), per, replay_steps(runs), replay_load(runs))
+    speed_path = runs / SPEED_NAME
+    speed = json.loads(speed_path.read_text()) if speed_path.exists() else {}
+    table_speed = compare_all(runs, sim=SPEED_PREFIX) if speed else None
+    return Report(runs, compare_all(runs), per, replay_steps(runs), replay_load(runs),
+                  table_speed, speed)
 
 
 def report_frame(rep: Report) -> pd.DataFrame:
     """The CSV's rows: ``round`` = ``median`` (over the out-of-sample rounds) or the round."""
-    return pd.concat([rep.table.assign(round="median", out_of_sample=True), rep.per_round],
-                     ignore_index=True)
+    parts = [rep.table.assign(round="median", out_of_sample=True, comparison="prediction"),
+             rep.per_round.assign(comparison="prediction")]
+    if rep.table_speed is not None:
+        parts.insert(1, rep.table_speed.assign(round="median", out_of_sample=True,
+                                               comparison="at_host_speed",
+                                               host_speed=rep.speed["factor"]))
+    return pd.concat(parts, ignore_index=True)
 
 
 def write_report(runs: Path | str, csv: Path | str | None = None,

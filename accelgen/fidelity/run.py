@@ -44,20 +44,60 @@ ROUND_NAME = "round.json"  # each replay's times and the machine's load meanwhil
 MACHINE_NAME = "machine.json"
 
 
+SPEED_NAME = "speed.json"  # the host's speed in the out-of-sample rounds (host_speed)
+SPEED_PREFIX = "sim-speed"  # simulations charged at that speed
+
+
 def simulate_run(trace: pd.DataFrame, system: str, dep: Deployment, engine: dict[str, Any],
-                 out: Path, trace_path: str | None = None) -> dict[str, Any]:
-    """Simulate ``trace`` as ``system`` on ``dep`` (its cost model plans and charges)."""
+                 out: Path, trace_path: str | None = None,
+                 speed: float | None = None) -> dict[str, Any]:
+    """Simulate ``trace`` as ``system`` on ``dep`` (its cost model plans and charges; with
+    ``speed``, iterations are charged at ``speed`` x it while the policy still plans with it)."""
+    from accelgen.costmodel.factory import make_cost_model
     from accelgen.sim.runner import simulate
 
     # vLLM V1 recomputes preempted requests and never swaps, so the simulated host has no swap
     # space (only FastServe swaps; the stock and AccelGen models would not use it either).
     cfg = ExperimentConfig(deployment=dep, policy=sim_policy(system, engine),
                            sim=SimOptions(progress=False, swap_space_gb=0.0))
-    run = simulate(trace, cfg)
+    charge = None if speed is None else make_cost_model(scaled_terms(dep, speed))
+    run = simulate(trace, cfg, charge_cost=charge)
     if trace_path is not None:
         run.config["trace"] = trace_path
+    if speed is not None:
+        run.config["charged_at_speed"] = speed
     run.write(out)
     return run.summary
+
+
+def scaled_terms(dep: Deployment, factor: float) -> Deployment:
+    """``dep`` with every time term of its calibrated model multiplied by ``factor``."""
+    from accelgen.costmodel.calibrated import TERMS
+
+    terms = dep.calibration
+    if terms is None:
+        raise ValueError("a calibrated deployment is needed")
+    return dep.model_copy(update={"calibration": terms.model_copy(
+        update={t: getattr(terms, t) * factor for t in TERMS})})
+
+
+def host_speed(out_dir: Path, dep: Deployment) -> dict[str, Any]:
+    """How fast the host ran the engine in the rounds predicted out of sample, against the
+    calibration: each replay's median step span over the calibrated model's prediction, and the
+    median of the stock replays' (the calibration's own kind of run; the plugin's per-step time
+    is not the host's)."""
+    from accelgen.costmodel.factory import make_cost_model
+    from accelgen.fidelity.compare import step_residuals
+
+    cost = make_cost_model(dep)
+    per = {f"round-{k}/{d.name}": float(step_residuals(d, cost)["ratio"].median())
+           for k, rdir in enumerate(round_dirs(out_dir)) if k != FIT_ROUND
+           for d in sorted(rdir.glob("real-*"))}
+    stock = [v for key, v in per.items() if key.endswith("real-stock")]
+    basis = stock or list(per.values())
+    factor = float(pd.Series(basis).median()) if basis else 1.0
+    return {"factor": factor, "basis": "stock replays" if stock else "replays",
+            "per_replay": per}
 
 
 def _set_threads(n: int | None) -> None:
@@ -70,6 +110,12 @@ def _set_threads(n: int | None) -> None:
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(n)
+
+
+def pin(cpus: list[int] | None) -> None:
+    """Pin this process (and the threads it starts later) to ``cpus`` (None: leave it)."""
+    if cpus:
+        os.sched_setaffinity(0, set(cpus))
 
 
 def replay_run(trace: pd.DataFrame, system: str, cfg: FidelityConfig, out: Path,
@@ -92,6 +138,7 @@ def _replay_job(trace: pd.DataFrame, system: str, cfg_data: dict[str, Any],
 
     cfg = FidelityConfig.model_validate(cfg_data)
     _set_threads(cfg.omp_threads)
+    pin(cfg.cpus)
     rc = ReplayConfig.model_validate({
         "system": system, "adapter": adapter or {},
         "engine": {**cfg.engine, "tiny_dir": str(Path(out).parent / "tiny-model")},
@@ -158,7 +205,8 @@ def machine_info() -> dict[str, Any]:
     except OSError:
         pass
     return {"cores": os.cpu_count(), "cpu": model, "nice": os.nice(0),
-            "omp_threads": os.environ.get("OMP_NUM_THREADS")}
+            "omp_threads": os.environ.get("OMP_NUM_THREADS"),
+            "affinity": sorted(os.sched_getaffinity(0))}
 
 
 def timed_replay(trace: pd.DataFrame, system: str, cfg: FidelityConfig, out: Path,
@@ -219,7 +267,8 @@ def run_fidelity(cfg: FidelityConfig, out_dir: Path,
     say = progress or (lambda _m: None)
     out_dir.mkdir(parents=True, exist_ok=True)
     # A runs directory holds one run: leftovers of an earlier one would be read as this one's.
-    for old in [*out_dir.glob("round-*"), *out_dir.glob("sim-*"), out_dir / CALIBRATION_DIR]:
+    for old in [*out_dir.glob("round-*"), *out_dir.glob("sim-*"), out_dir / CALIBRATION_DIR,
+                out_dir / SPEED_NAME]:
         if old.exists():
             shutil.rmtree(old)
     (out_dir / "fidelity.json").write_text(cfg.model_dump_json(indent=2) + "\n")
@@ -264,23 +313,31 @@ def calibrate_and_simulate(out_dir: Path, cfg: FidelityConfig,
     kv_blocks = json.loads((fit_dir / "summary.json").read_text())["kv_blocks"]
     dep = calibrate_on(fit_dir, cfg, int(kv_blocks), out_dir / CALIBRATION_DIR, checks)
     simulate_all(out_dir, cfg, dep, trace, trace_path, say)
+    speed = host_speed(out_dir, dep)
+    (out_dir / SPEED_NAME).write_text(json.dumps(speed, indent=2) + "\n")
+    if say is not None:
+        say(f"host speed in the out-of-sample rounds: steps {speed['factor']:.2f} x the "
+            f"calibrated model (median over the {speed['basis']})")
+    simulate_all(out_dir, cfg, dep, trace, trace_path, say, speed=speed["factor"])
     return dep
 
 
 def simulate_all(out_dir: Path, cfg: FidelityConfig, dep: Deployment,
                  trace: pd.DataFrame | None = None, trace_path: str | None = None,
-                 say: Callable[[str], None] | None = None) -> None:
-    """``sim-<system>`` for every system, with the calibrated deployment ``dep``."""
+                 say: Callable[[str], None] | None = None, speed: float | None = None) -> None:
+    """``sim-<system>`` for every system, with the calibrated deployment ``dep``; with
+    ``speed``: ``sim-speed-<system>``, charged at that speed (``simulate_run``)."""
     if trace is None:
         from accelgen.workloads.trace import load_trace
 
         trace_path = str(out_dir / "trace.parquet")
         trace = load_trace(trace_path)
+    prefix = "sim" if speed is None else SPEED_PREFIX
     for system in cfg.systems:
-        sim = simulate_run(trace, system, dep, cfg.engine, out_dir / f"sim-{system}",
-                           trace_path)
+        sim = simulate_run(trace, system, dep, cfg.engine, out_dir / f"{prefix}-{system}",
+                           trace_path, speed)
         if say is not None:
-            say(f"sim {system}: {sim['num_finished']} finished, {sim['num_iterations']} "
+            say(f"{prefix} {system}: {sim['num_finished']} finished, {sim['num_iterations']} "
                 "iterations")
 
 
@@ -297,7 +354,8 @@ SOURCES = ("policies/accelgen.py", "policies/accelgen_decision.py", "policies/ac
            "policies/accelgen_workspace.py", "policies/vllm.py",
            "vllm_integration/scheduler.py", "vllm_integration/replay.py", "sim/engine.py",
            "costmodel/calibrated.py", "costmodel/calibrate.py", "costmodel/points.py",
-           "fidelity/run.py", "fidelity/config.py")
+           "fidelity/run.py", "fidelity/config.py", "engine_regime/run.py",
+           "engine_regime/systems.py", "engine_regime/traces.py", "engine_regime/engines.py")
 
 
 def source_digests() -> dict[str, str]:

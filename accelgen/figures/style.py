@@ -60,8 +60,9 @@ FALLBACK = "#bcbd22"
 
 # Preferred left-to-right order of systems in bar charts: baselines, then AccelGen, then Oracle.
 ORDER: tuple[str, ...] = (
-    "orca", "vllm-v0", "vllm", "fastgen", "sarathi", "sarathi-slack", "sarathi-nochunk",
-    "sarathi-chunk512", "fastserve", "edf", "accelgen-no-era", "accelgen",
+    "orca", "vllm-v0", "vllm", "fastgen", "sarathi",
+    "sarathi-slack", "sarathi-nochunk", "sarathi-chunk512", "fastserve", "edf",
+    "accelgen-no-era", "accelgen",
     "accelgen-era-request", "accelgen-no-order", "accelgen-no-chunk", "accelgen-no-batch",
     "accelgen-budget-model", "vllm-tuned", "vllm-priority", "vllm-priority-tuned",
     "sarathi-tuned", "sarathi-envelope", "fastgen-tuned", "edf-tuned", "oracle",

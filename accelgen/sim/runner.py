@@ -8,6 +8,7 @@ import pandas as pd
 
 from accelgen import metrics
 from accelgen.config import ExperimentConfig
+from accelgen.costmodel.base import CostModel
 from accelgen.costmodel.factory import (
     deployment_pivot,
     kv_num_blocks,
@@ -23,8 +24,10 @@ from accelgen.workloads.trace import to_requests
 
 
 def simulate(trace: pd.DataFrame, cfg: ExperimentConfig, *,
-             progress: bool = False) -> RunOutput:
-    """Simulate ``trace`` under ``cfg``."""
+             progress: bool = False, charge_cost: CostModel | None = None) -> RunOutput:
+    """Simulate ``trace`` under ``cfg``. ``charge_cost``: a cost model that charges the
+    iterations instead of the deployment's, which the policy still plans with (and which gives
+    the pivot)."""
     dep = cfg.deployment
     model = resolve_model(dep.model)
     hardware = resolve_hardware(dep.hardware)
@@ -36,7 +39,7 @@ def simulate(trace: pd.DataFrame, cfg: ExperimentConfig, *,
     kv = BlockManager(kv_num_blocks(dep), dep.block_size, num_swap_blocks=swap_blocks)
     requests, output_len = to_requests(trace)
     sim = Simulator(
-        requests, output_len, policy, cost, kv, pivot,
+        requests, output_len, policy, cost if charge_cost is None else charge_cost, kv, pivot,
         max_model_len=max_model_len,
         kv_bytes_per_token=model.kv_bytes_per_token,
         host_link_bandwidth=hardware.host_link_bandwidth * dep.num_gpus,
@@ -45,6 +48,7 @@ def simulate(trace: pd.DataFrame, cfg: ExperimentConfig, *,
         max_iterations=cfg.sim.max_iterations,
         horizon_s=cfg.sim.horizon_s,
         progress=progress and cfg.sim.progress,
+        planning_cost=cost,
     )
     res = sim.run()
     # (the requests are done: the frame takes their token times rather than a copy)

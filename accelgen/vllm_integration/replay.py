@@ -225,6 +225,13 @@ def replay(trace: pd.DataFrame, cfg: ReplayConfig, *, work_dir: Path | None = No
         shutdown_engine(engine)
 
 
+def replay_with(engine: Any, trace: pd.DataFrame, cfg: ReplayConfig, *,
+                progress: bool = False) -> RunOutput:
+    """``replay`` on an engine ``build_engine(cfg)`` built earlier, kept for several replays (the
+    engine sweep: one engine per system); the scheduler's records are reset at the start."""
+    return _replay(engine, trace, cfg, progress=progress)
+
+
 def _replay(engine: Any, trace: pd.DataFrame, cfg: ReplayConfig, *,
             progress: bool) -> RunOutput:
     sched = engine_scheduler(engine)
