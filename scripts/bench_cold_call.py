@@ -7,7 +7,7 @@ Runs the ``small`` preset of ``bench_plugin.py`` (real vLLM schedulers, fake out
 ``--step``, keeps the plugin's policy and view as they are there, and times one decision
 ``--calls`` times: warm (back to back) and cold (after a pass over ``--evict-mb`` MB of memory,
 as a forward pass leaves the caches). Timed: the policy's whole ``schedule(view)``; the compiled
-decision (``accelgen_decision.decide``) as this process runs it (the ahead-of-time build, if
+decision (``accelgen.policies.accelgen.decide``) as this process runs it (the ahead-of-time build, if
 built), through numba's JIT dispatcher and through the JIT's entry point; and for scale numba's
 dispatch of a trivial function of the same arguments and a 30-iteration Python loop. The calls
 of each table row alternate, so that they share the machine's state. Medians, microseconds.
@@ -78,8 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--evict-mb", type=float, default=32.0)
     ap.add_argument("--step", type=int, default=300)
     args = ap.parse_args(argv)
-    from accelgen.policies import accelgen_compiled
-    from accelgen.policies.accelgen_decision import decide as jit_decide
+    from accelgen.policies.accelgen import build as accelgen_build
+    from accelgen.policies.accelgen.decide import decide as jit_decide
 
     pol, view = _capture(args.step)
     prev, era = pol._prev_budget, pol._era_owner
@@ -91,8 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     schedule()
     t = pol._table
     arrays = pol._ws.arrays  # (its step record holds the last decision's inputs)
-    build, decide = accelgen_compiled.load()[:2]
-    jit_entry = accelgen_compiled._load_jit().decide
+    build, decide = accelgen_build.load()[:2]
+    jit_entry = accelgen_build._load_jit().decide
     # (-1: a linear cost model, nothing to ask)
     assert decide(arrays) == jit_entry(arrays) == jit_decide(arrays) == -1
     junk = np.ones(int(args.evict_mb * 2**20 / 8))

@@ -43,7 +43,7 @@ def main() -> None:
     pol.schedule(view)
     t4 = time.perf_counter()
     try:
-        from accelgen.policies.accelgen_compiled import load
+        from accelgen.policies.accelgen.build import load
 
         build = load()[0]
     except ImportError:  # a checkout from before the decision's builds

@@ -46,6 +46,6 @@ install -D -m 644 jupyter-config/jupyter_server_config.d/accelgen.json \
   .venv/etc/jupyter/jupyter_server_config.d/accelgen.json
 # AccelGen's decision compiled ahead of time, for the numba and numpy just installed (fresh processes then start deciding at once);
 # without a C compiler it is compiled by numba's JIT on first use instead.
-.venv/bin/python -m accelgen.policies.accelgen_compiled build \
+.venv/bin/python -m accelgen.policies.accelgen \
   || echo "setup: AccelGen's decision not built ahead of time; numba's JIT will compile it"
 echo "setup: .venv ready ($(.venv/bin/python --version))"

@@ -17,8 +17,8 @@ from accelgen.costmodel.factory import deployment_pivot, make_cost_model
 from accelgen.costmodel.pivot import budget_for_time
 from accelgen.kvcache import BlockManager, blocks_for
 from accelgen.policies.accelgen import AccelGenPolicy
-from accelgen.policies.accelgen_compiled import load
-from accelgen.policies.accelgen_table import RequestTable
+from accelgen.policies.accelgen.build import load
+from accelgen.policies.accelgen.table import RequestTable
 from accelgen.policies.base import Decision, Pivot, Policy, SchedulerView
 from accelgen.policies.registry import make_policy
 from accelgen.request import Request, Status

@@ -1,5 +1,5 @@
-"""AccelGen's one compiled decision (``accelgen_decision``): the cost-model protocol, the budget
-rules, ``explain``, the workspace, and the builds it runs as.
+"""AccelGen's one compiled decision (``accelgen.policies.accelgen``): the cost-model protocol, the
+budget rules, ``explain``, the workspace, and the builds it runs as.
 
 The decision evaluates a linear cost model itself and asks any other for the latency of the
 batches it needs (``Workspace.run``); ``test_asking_the_cost_model_decides_as_evaluating_it``
@@ -24,9 +24,9 @@ from accelgen.costmodel.linear import LinearCostModel, LinearTerms, OnlineLinear
 from accelgen.costmodel.pivot import budget_for_time
 from accelgen.kvcache import BlockManager
 from accelgen.policies.accelgen import AccelGenPolicy
-from accelgen.policies.accelgen_compiled import load
-from accelgen.policies.accelgen_table import RequestTable
-from accelgen.policies.accelgen_workspace import INFO_INDEX, INFO_KEYS
+from accelgen.policies.accelgen.build import load
+from accelgen.policies.accelgen.state import INFO_INDEX, INFO_KEYS
+from accelgen.policies.accelgen.table import RequestTable
 from accelgen.policies.base import Decision, InfoRow, Pivot, SchedulerView
 from accelgen.policies.registry import make_policy
 from accelgen.request import Request, Status
@@ -187,3 +187,25 @@ def test_no_decision_needs_no_compiled_code() -> None:
     d = AccelGenPolicy().schedule(view)
     assert d.scheduled == [] and d.info == {"token_budget": 64.0, "n_candidates": 0.0}
     assert math.isfinite(LinearCost().forward_time(64))
+
+
+def test_decide_names_the_slot_lists_as_the_workspace_lays_them_out() -> None:
+    """``decide`` unpacks the rows of its int64 list array by position into NamedTuples
+    (``x[k]``, one array crossing into compiled code): each position is the row of that name."""
+    import ast
+    import inspect
+
+    from accelgen.policies.accelgen import decide, state
+
+    tree = ast.parse(inspect.getsource(decide.decide.py_func))
+    seen = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+            continue
+        fields = getattr(getattr(state, node.func.id, None), "_fields", ())
+        for field, arg in zip(fields, node.args, strict=False):
+            if isinstance(arg, ast.Call):  # x[k].view(...)
+                arg = arg.func.value  # type: ignore[attr-defined]
+            if isinstance(arg, ast.Subscript) and getattr(arg.value, "id", "") == "x":
+                seen.append((field, state.LISTS[arg.slice.value]))  # type: ignore[attr-defined]
+    assert sorted(seen) == sorted((name, name) for name in state.LISTS)

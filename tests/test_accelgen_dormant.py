@@ -21,7 +21,7 @@ from accelgen.costmodel.analytic import AnalyticCostModel
 from accelgen.costmodel.base import BatchShape
 from accelgen.costmodel.factory import make_cost_model
 from accelgen.policies.accelgen import AccelGenPolicy
-from accelgen.policies.accelgen_decision import _roofline_time
+from accelgen.policies.accelgen.budget import compiled_roofline_time as _roofline_time
 from accelgen.policies.base import Decision, SchedulerView
 from accelgen.policies.registry import make_policy
 from accelgen.sim.engine import SimulationResult

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from accelgen.policies.accelgen_compiled import load
+from accelgen.policies.accelgen.build import load
 from tests import accelgen_golden as golden
 
 WANT: dict[str, str] = json.loads(golden.DIGESTS.read_text())
@@ -28,7 +28,7 @@ def test_the_golden_runs_decide_as_the_reference_build() -> None:
 
 def _digests_in_a_fresh_process(env: dict[str, str], names: list[str]) -> tuple[str, dict]:
     code = ("import json, sys; sys.path.insert(0, 'tests'); import accelgen_golden as g; "
-            "from accelgen.policies.accelgen_compiled import load; "
+            "from accelgen.policies.accelgen.build import load; "
             f"print(json.dumps([load()[0], g.run_digests({names!r})]))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, **env},
                          capture_output=True, text=True, timeout=900, check=True).stdout

@@ -149,3 +149,28 @@ def test_layers_point_one_way() -> None:
     bad = sorted(f"{m} imports {d}" for m, deps in import_graph().items() for d in deps
                  if package(d) in FORBIDDEN.get(package(m), ()))
     assert not bad, "\n".join(bad)
+
+
+# AccelGen's policy side runs in Python; its compiled modules import numba, which a process that
+# loads the ahead-of-time build never imports (``policies/accelgen/build.py``). So the policy side
+# imports compiled modules only inside functions (``build`` does, to compile them).
+ACCELGEN_POLICY_SIDE = ("__init__", "__main__", "policy", "oracle", "table", "workspace", "state", "build")
+
+
+def test_accelgen_policy_side_imports_no_compiled_module_at_module_level() -> None:
+    pkg = "accelgen.policies.accelgen"
+    side = {f"{pkg}.{m}" for m in ACCELGEN_POLICY_SIDE} | {pkg}
+    compiled = {m for m in import_graph() if m.startswith(pkg + ".") and m not in side}
+    assert f"{pkg}.decide" in compiled and f"{pkg}.era" in compiled
+    bad = []
+    for name in ACCELGEN_POLICY_SIDE:
+        tree = ast.parse((PACKAGE / "policies" / "accelgen" / f"{name}.py").read_text())
+        for node in tree.body:  # (module level; an ``if TYPE_CHECKING:`` block is not an import)
+            if isinstance(node, ast.Import):
+                targets = {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                targets = {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+            else:
+                continue
+            bad += [f"{name}.py imports {t}" for t in sorted(targets & (compiled | {"numba"}))]
+    assert not bad, "\n".join(bad)

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from accelgen.kvcache import BlockManager
 from accelgen.policies.accelgen import AccelGenPolicy
+from accelgen.policies.accelgen.oracle import OraclePolicy
 from accelgen.policies.base import Decision, Pivot, Policy, SchedulerView
-from accelgen.policies.oracle import OraclePolicy
 from accelgen.request import Request
 from accelgen.sim.engine import SimulationResult, Simulator
 from tests.conftest import LinearCost, assert_same_results

@@ -114,7 +114,7 @@ class RooflineTerms(NamedTuple):
 def roofline_time(t: RooflineTerms, prefill_tokens: int, prefill_seqs: int, prefill_attn: float,
                   decode_seqs: int, decode_ctx: int) -> float:
     """Latency of an iteration with these ``BatchShape`` aggregates. Plain arithmetic, so that
-    numba compiles the same function for AccelGen's decision (``accelgen_decision``), and the
+    numba compiles the same function for AccelGen's decision (``policies.accelgen.budget``), and the
     two agree to the last bit."""
     n = prefill_tokens + decode_seqs
     if n <= 0:

@@ -32,7 +32,7 @@ class LinearTerms(NamedTuple):
 def linear_time(terms: LinearTerms, n_tokens: int, decode_ctx: int, prefill_attn: float) -> float:
     """Latency of an iteration of ``n_tokens`` (forward size) with ``decode_ctx`` context tokens
     read by its decodes and ``prefill_attn`` query-key pairs in its prefill chunks. Plain
-    arithmetic, so that numba compiles the same function (``accelgen_decision``)."""
+    arithmetic, so that numba compiles the same function (``policies.accelgen.budget``)."""
     if n_tokens <= 0:
         return 0.0
     return (terms.base_s + terms.per_token_s * n_tokens + terms.per_ctx_s * decode_ctx

@@ -350,8 +350,9 @@ def recalibrate(out_dir: Path) -> Deployment:
 
 
 # The code whose behaviour the fidelity numbers describe (hashed into sources.json of a run).
-SOURCES = ("policies/accelgen.py", "policies/accelgen_decision.py", "policies/accelgen_table.py",
-           "policies/accelgen_workspace.py", "policies/vllm.py",
+SOURCES = (*(f"policies/accelgen/{m}.py" for m in ("policy", "table", "workspace", "state", "decide", "rank",
+                                                  "budget", "batch", "preempt", "kv", "era", "dormant")),
+           "policies/vllm.py",
            "vllm_integration/scheduler.py", "vllm_integration/replay.py", "sim/engine.py",
            "costmodel/calibrated.py", "costmodel/calibrate.py", "costmodel/points.py",
            "fidelity/run.py", "fidelity/config.py", "engine_regime/run.py",

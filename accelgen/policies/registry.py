@@ -26,7 +26,7 @@ POLICIES: dict[str, str] = {
     "orca": "accelgen.policies.orca:OrcaPolicy",
     "fastgen": "accelgen.policies.fastgen:FastGenPolicy",
     "fastserve": "accelgen.policies.fastserve:FastServePolicy",
-    "oracle": "accelgen.policies.oracle:OraclePolicy",
+    "oracle": "accelgen.policies.accelgen.oracle:OraclePolicy",
     "edf": "accelgen.policies.edf:EDFPolicy",
     "vllm-priority": "accelgen.policies.vllm_priority:VLLMPriorityPolicy",
 }

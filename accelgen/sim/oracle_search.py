@@ -1,7 +1,7 @@
 """The CLAIRVOYANT Oracle's schedule search (``accelgen oracle``; also ``accelgen simulate
 --policy oracle``).
 
-The Oracle policy (``accelgen.policies.oracle.OraclePolicy``) is AccelGen's decision with exact
+The Oracle policy (``accelgen.policies.accelgen.oracle.OraclePolicy``) is AccelGen's decision with exact
 knowledge of output lengths. The paper's Oracle also "schedules the chunking and batching to
 maximize the goodput" knowing every arrival; its authors searched schedules with a simulator. So
 does this module: it simulates the Oracle at every point of a grid over its parameters on the real
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from accelgen.policies.accelgen import AccelGenParams
-from accelgen.policies.oracle import OracleParams
+from accelgen.policies.accelgen.oracle import OracleParams
 from accelgen.results import RunOutput, outcome_counts
 
 if TYPE_CHECKING:

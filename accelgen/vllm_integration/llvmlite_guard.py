@@ -6,7 +6,7 @@ vLLM 0.32's CPU worker, when it starts, scans every loaded module's globals and 
 (``llvmlite.binding.ffi.lib``, loaded with numba) answers any attribute, ``__dict__`` included,
 with a C-function wrapper, so an engine started in a process that had run numba-compiled code
 failed with ``AttributeError: '_lib_fn_wrapper' object has no attribute 'get'``. Such a process:
-one that ran AccelGen's decision through numba's JIT (``accelgen.policies.accelgen_compiled``;
+one that ran AccelGen's decision through numba's JIT (``accelgen.policies.accelgen.build``;
 the ahead-of-time build loads no numba) or a simulation before starting an engine, or a second
 engine after the first one's plugin did.
 

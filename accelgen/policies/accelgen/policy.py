@@ -1,11 +1,11 @@
 """AccelGen: SLO-guaranteed dynamic chunking, slack ordering and multi-resource batching
 (SPEC section 4, paper sections 4.2-4.4, Algorithms 1-2).
 
-``AccelGenPolicy`` keeps what lives between decisions: the table of live requests
-(``accelgen_table``), the running mean chunk length L_c, the long prompt holding ERA, the last
-token budget. The decision itself is ``accelgen_decision.decide``, compiled, the same code in the
-simulator and in vLLM; every variant (ablations, budget rule, ERA, the Oracle's clairvoyant
-inputs) is a flag or an input of it. ``docs/accelgen.md`` describes it as implemented.
+``AccelGenPolicy`` keeps what lives between decisions: the table of live requests (``table``),
+the running mean chunk length L_c, the long prompt holding ERA, the last token budget. The
+decision itself is ``decide.decide``, compiled, the same code in the simulator and in vLLM; every
+variant (ablations, budget rule, ERA, the Oracle's clairvoyant inputs) is a flag or an input of
+it. ``docs/accelgen.md`` describes it as implemented.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
-from accelgen.policies.accelgen_compiled import load
-from accelgen.policies.accelgen_table import RequestTable
-from accelgen.policies.accelgen_workspace import INFO_INDEX, NO_ADMISSION_CAP, Outcome, Workspace
+from accelgen.policies.accelgen.build import load
+from accelgen.policies.accelgen.state import INFO_INDEX, NO_ADMISSION_CAP, NO_SLOT, OUTCOME
+from accelgen.policies.accelgen.table import RequestTable
+from accelgen.policies.accelgen.workspace import Workspace
 from accelgen.policies.base import Decision, InfoRow, Policy, PolicyParams, SchedulerView
 from accelgen.request import Request
 
@@ -127,16 +128,15 @@ class AccelGenPolicy(Policy):
         SLO_min, its deadline, whether it is lost, T_max and the token budget: the next decision's
         own columns after its plan. Read-only; for notebooks, tests and the adapter's logs."""
         self._last = None  # (the workspace's output is the plan's now)
-        out = self._run(view, plan_only=True)
-        if out is None:
+        if self._run(view, plan_only=True) is None:
             return {}
-        t, arrays, budget = self._table, self._ws.arrays, float(out.budget)
-        c, t_max = arrays.cand.view(np.ndarray), float(arrays.state[0].ledger.t_max)
+        t, arrays, led = self._table, self._ws.arrays, self._ws.arrays.state[0].ledger
+        c, t_max, budget = arrays.cand.view(np.ndarray), float(led.t_max), float(led.budget)
         cols = ("slack", "urgent", "slo_iter", "n_chunks", "counted", "lost")
         return {int(t.req_id[s]): {**{k: float(c[k][s]) for k in cols}, "deadline": float(t.deadline[s]),
                                    "t_max": t_max, "token_budget": budget} for s in range(t.n)}
 
-    def _run(self, view: SchedulerView, plan_only: bool = False) -> Outcome | None:
+    def _run(self, view: SchedulerView, plan_only: bool = False) -> list[int] | None:
         """One decision (None without requests), after what it reads besides the view: the table
         in sync with it, the workspace configured for its cost model, pivot and KV, L_c, and the
         JCT plans still to make."""
@@ -165,7 +165,7 @@ class AccelGenPolicy(Policy):
         # (load: this process's build of the decision, cached; then the Step fields, in order: a
         # NamedTuple per step costs microseconds in vLLM)
         out = ws.run(load().decide, view.cost, t.n, view.now, self._chunk_mean,
-                     t.slot_of.get(owner, -1) if owner is not None else -1, self._prev_budget,
+                     t.slot_of.get(owner, NO_SLOT) if owner is not None else NO_SLOT, self._prev_budget,
                      view.kv.num_free_blocks, admissions, plan_only, t.n_active, t.n_dormant,
                      t.dormant_lo, t.dirty_lo, t.dirty_hi, t.n_gone, t.reindex)
         if t.dirty_hi or t.n_gone or t.reindex:
@@ -186,19 +186,19 @@ class AccelGenPolicy(Policy):
         """Whether the decision plans KV with the true output lengths (the Oracle)."""
         return False
 
-    def _decision(self, out: Outcome, last: Decision | None) -> Decision:
+    def _decision(self, out: list[int], last: Decision | None) -> Decision:
         """The decision in the workspace; keeps its ERA owner, cut chunks and budget. ``last``
         (the previous decision, its batch run since as decode steps alone) itself when the
         decision schedules the same batch and nothing else."""
         t, ws = self._table, self._ws
-        ns, npre = out.n_sched, out.n_preempted
-        self._era_owner = int(t.req_id[out.era_owner]) if out.era_owner >= 0 else None
-        self._pending_cuts = ws.cut_chunks[: out.n_cut].tolist() if out.n_cut else []
-        self._prev_budget = out.budget
+        ns, npre, n_cut, budget, era_owner, same_batch = out  # (``Outcome``'s fields, in order)
+        self._era_owner = int(t.req_id[era_owner]) if era_owner != NO_SLOT else None
+        self._pending_cuts = ws.cuts[:n_cut].tolist() if n_cut else []
+        self._prev_budget = budget
         # (the diagnostics as one array copy, wrapped as an InfoRow: a dict would be 21 float
         # objects per step, and the log takes its fast path only for an InfoRow of known names)
         info = ws.info_values.copy()
-        if last is not None and out.same_batch:
+        if last is not None and same_batch:
             last.info = InfoRow(self._info_names, info)
             return last
         objs = t.objs
@@ -216,3 +216,6 @@ class AccelGenPolicy(Policy):
     def _info_index(self) -> dict[str, int]:
         """The names of the decision's diagnostics, by position in the workspace's record."""
         return INFO_INDEX
+
+
+assert OUTCOME.names == ("n_sched", "n_preempted", "n_cut", "budget", "era_owner", "same_batch")

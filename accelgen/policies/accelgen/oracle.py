@@ -5,7 +5,7 @@ times of the whole trace (``clairvoyant = True``: the simulator fills ``view.tru
 ``view.next_arrivals``; vLLM grants neither, so the Oracle refuses to run there). Two parts, as in
 the paper (the authors searched schedules with the Vidur simulator):
 
-1. ``OraclePolicy``: AccelGen's one decision (``accelgen_decision``) with exact inputs:
+1. ``OraclePolicy``: AccelGen's one decision (``decide``) with exact inputs:
    - exact KV planning (``kv_plan: exact``): a request is admitted only if its *final* KV
      (prompt + true output - 1 tokens) fits in the free KV not promised to the final KV of the
      running requests, so running requests always grow to completion and none is preempted;
@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Literal
 
-from accelgen.policies.accelgen import AccelGenParams, AccelGenPolicy
-from accelgen.policies.accelgen_workspace import INFO_INDEX, ORACLE_INFO_KEYS
+from accelgen.policies.accelgen.policy import AccelGenParams, AccelGenPolicy
+from accelgen.policies.accelgen.state import INFO_INDEX, ORACLE_INFO_KEYS
 from accelgen.policies.base import Decision, PolicyParams, SchedulerView
 from accelgen.request import Request
 

@@ -12,7 +12,7 @@ within one decision only; across hooks requests are found by ``req_id``.
 served): waiting online requests whose next deadline has passed. Their order among themselves
 (arrival) and every column the decision reads from them are fixed until they run again, so the
 table keeps them apart, sorted by their queue key (``DORMANT``), and the decision passes over them
-in steps that do not grow with their number (``accelgen_decision``: ``docs/accelgen.md``,
+in steps that do not grow with their number (``dormant``: ``docs/accelgen.md``,
 *Cost*). Every other live request is *active*: ``active`` lists their slots in ascending order.
 Under overload nearly the whole queue is dormant: a decision then costs about what the running
 set does.
@@ -27,46 +27,10 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from accelgen.policies.accelgen.state import DORMANT, LOST_OFFSET, REQUEST, UNCOUNTED
 from accelgen.request import Request, Status
 
 _RUNNING = Status.RUNNING
-
-REQUEST = np.dtype([
-    ("req_id", np.int64),
-    ("prompt", np.int64),  # prompt tokens
-    ("n_out", np.int64),  # output tokens emitted
-    ("computed", np.int64),  # tokens whose KV is computed
-    ("blocks", np.int64),  # KV blocks held
-    ("pred_out", np.int64),  # S_g: predicted output length (offline JCT plan)
-    ("true_out", np.int64),  # true output length (clairvoyant policies only; else 0)
-    ("arrival", np.float64),
-    ("ttft", np.float64),
-    ("tbt", np.float64),
-    ("jct", np.float64),
-    ("last_tok", np.float64),  # time of the last output token
-    ("deadline", np.float64),  # deadline of the next output token
-    ("off_first", np.float64),  # offline: planned time of the first token (NaN until planned)
-    ("off_step", np.float64),  # offline: planned time per later token (allowance T_r + T_max)
-    ("running", np.bool_),  # holds KV (vLLM's running queue)
-    ("online", np.bool_),  # TTFT/TBT SLOs (else a JCT SLO)
-    ("lost", np.bool_),  # online and a token already missed its deadline (request SLO lost)
-    ("dormant", np.bool_),  # in ``dormant`` (else in ``active``)
-], align=True)
-
-# A dormant request, in queue order (key, then slot: the decision's order on equal keys). The
-# table writes key and slot, and ``final`` = UNCOUNTED; the decision derives the rest for the
-# entries it has not seen (``accelgen_decision._index_dormant``).
-DORMANT = np.dtype([
-    ("key", np.float64),  # its queue key: arrival + LOST_OFFSET
-    ("slot", np.int64),
-    ("need", np.int64),  # blocks its admission needs
-    ("final", np.int64),  # blocks it holds at its last forward pass (the Oracle's exact plan)
-    ("long", np.bool_),  # ERA: a long prompt
-], align=True)
-
-LOST_OFFSET = 1e9  # a lost prompt's queue key is this plus its arrival (after every on-track key)
-UNCOUNTED = -1  # ``final`` of an entry the decision has not derived yet
-
 
 def _dynamic(slots: list[int], reqs: list[Request]) -> np.ndarray:
     """The fields of ``reqs`` that change as they run, a row each (slot, output tokens, computed
@@ -78,7 +42,7 @@ def _dynamic(slots: list[int], reqs: list[Request]) -> np.ndarray:
 
 
 class TableKernels(Protocol):
-    """The compiled kernels a table runs (``accelgen_compiled.Build`` has them)."""
+    """The compiled kernels a table runs (``build.Build`` has them)."""
 
     @property
     def read_rows(self) -> Callable[..., int]: ...
@@ -101,7 +65,7 @@ class RequestTable:
         def __getattr__(self, field: str) -> np.ndarray: ...
 
     def __init__(self, capacity: int = 1024, kernels: TableKernels | None = None) -> None:
-        # The compiled kernels the table's updates run (``accelgen_compiled.load()``, which
+        # The compiled kernels the table's updates run (``build.load()``, which
         # builds on this module: handed in, not imported). None: a table for its layout only.
         self.kernels = kernels
         self.n = 0
@@ -227,7 +191,7 @@ class RequestTable:
     def _kernels(self) -> TableKernels:
         if self.kernels is None:
             raise RuntimeError("RequestTable: no compiled kernels; construct it with "
-                               "kernels=accelgen_compiled.load()")
+                               "kernels=build.load()")
         return self.kernels
 
     def refresh(self, reqs: list[Request]) -> None:

@@ -1,0 +1,187 @@
+"""The dormant queue (``docs/accelgen.md``, *A long queue*): waiting online requests whose deadline
+passed, lost prompts ordered last by arrival. Nothing the decision reads from them changes until
+they run, so it derives what it needs once per entry, keeps per block of DORMANT_BLOCK positions
+the smallest admission need, and passes over whole blocks in which nothing could start; a dormant
+request gets its columns only when the decision looks at it (``wake``)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from accelgen.policies.accelgen import era, kv, rank
+from accelgen.policies.accelgen.jit import jit
+from accelgen.policies.accelgen.state import (
+    DORMANT_BLOCK,
+    HIDDEN,
+    NO_LIMIT,
+    NO_SLOT,
+    STALE,
+    UNCOUNTED,
+        Candidate,
+    Candidates,
+    Dormant,
+    Ledger,
+    Params,
+    RequestRow,
+    Step,
+)
+
+
+@jit
+def index(dq: Dormant, req: np.ndarray, par: Params, step: Step) -> None:
+    """Take in the queue's changes: for its new entries (every entry with ``reindex``) the
+    admission need, final KV and length class, and their blocks' minima stale; for the Oracle, the
+    count of their final KV without the entries gone. (A dormant request's columns do not change
+    while it waits.)"""
+    full = step.reindex
+    if full:
+        dq.finals[:] = 0
+        a, b = dq.lo, dq.hi
+    else:
+        a, b = max(step.dirty_lo, dq.lo), min(step.dirty_hi, dq.hi)
+        for k in range(step.n_gone if par.exact_kv else 0):
+            count_final(dq, dq.gone[k], -1)
+    # Only the changed blocks: a block outside them holds the same entries (or fewer, at the
+    # queue's ends: its minima are then lower bounds, which only means looking inside it).
+    for blk in range(a // DORMANT_BLOCK, (b - 1) // DORMANT_BLOCK + 1 if a < b else 0):
+        for q in range(max(blk * DORMANT_BLOCK, dq.lo), min((blk + 1) * DORMANT_BLOCK, dq.hi)):
+            e = dq.queue[q]
+            if full or e.final == UNCOUNTED:
+                r = req[e.slot]
+                e.need = need(r, par)
+                e.final = kv.final_blocks(r, par.block_size) if par.exact_kv else 0
+                e.long = era.is_long(par, r.prompt + r.n_out, False)
+                if par.exact_kv:
+                    count_final(dq, e.final, 1)
+        dq.minima[blk].final_max = STALE
+    step.reindex = False
+    step.dirty_lo = step.dirty_hi = step.n_gone = 0
+
+
+@jit
+def need(r: RequestRow, par: Params) -> int:
+    """Blocks a dormant request needs to start (all its pending tokens and the growth reserve)."""
+    return kv.admission_blocks(r, par, r.prompt + r.n_out - r.computed)
+
+
+@jit
+def _block_need(dq: Dormant, blk: int, final_max: int, allow_long: bool) -> int:
+    """The smallest admission need in block ``blk`` among its entries holding at most
+    ``final_max`` blocks at the end, and not long unless ``allow_long`` (the block's minima are
+    kept until it changes or another ``final_max``)."""
+    mb = dq.minima[blk]
+    if mb.final_max != final_max:
+        mb.final_max, mb.need, mb.need_short = final_max, HIDDEN, HIDDEN
+        for e in dq.queue[max(blk * DORMANT_BLOCK, dq.lo):min((blk + 1) * DORMANT_BLOCK, dq.hi)]:
+            if e.final <= final_max:
+                mb.need = min(mb.need, e.need)
+                if not e.long:
+                    mb.need_short = min(mb.need_short, e.need)
+    return mb.need if allow_long else mb.need_short
+
+
+@jit
+def count_final(dq: Dormant, final: int, delta: int) -> None:
+    """(Oracle) Add ``delta`` dormant requests holding ``final`` blocks at the end (a Fenwick tree
+    over final KV, clipped to the cache's size plus one)."""
+    tree = dq.finals
+    i = min(max(final, 0), tree.size - 2) + 1
+    while i < tree.size:
+        tree[i] += delta
+        i += i & -i
+
+
+@jit
+def count_over(dq: Dormant, admissible: int) -> int:
+    """(Oracle) Dormant requests whose final KV exceeds ``admissible`` blocks."""
+    n = dq.hi - dq.lo
+    if n == 0 or admissible < 0:
+        return n
+    tree, at_most = dq.finals, 0
+    i = min(admissible, tree.size - 2) + 1
+    while i > 0:
+        at_most += tree[i]
+        i -= i & -i
+    return n - at_most
+
+
+@jit
+def next_entry(dq: Dormant, q: int, need_max: int, final_max: int, allow_long: bool) -> int:
+    """The first position from ``q`` on whose request needs at most ``need_max`` blocks to start,
+    holds at most ``final_max`` at the end and is not long unless ``allow_long`` (``dq.hi`` if
+    none): necessary conditions of joining, tested on a block's minima before its entries."""
+    while q < dq.hi:
+        if q % DORMANT_BLOCK == 0 and _block_need(dq, q // DORMANT_BLOCK, final_max, allow_long) > need_max:
+            q += DORMANT_BLOCK
+            continue
+        e = dq.queue[q]
+        if e.need <= need_max and e.final <= final_max and (allow_long or not e.long):
+            return q
+        q += 1
+    return dq.hi
+
+
+@jit
+def final_max(par: Params, led: Ledger) -> int:
+    """Final KV a dormant request may hold to be eligible (the Oracle's exact plan)."""
+    return led.oracle_admissible if par.exact_kv else NO_LIMIT
+
+
+@jit
+def queue_end(dq: Dormant, led: Ledger) -> int:
+    """The end of the dormant entries in step 2's queue: none once an oversized prompt runs."""
+    return dq.hi if led.oversize == NO_SLOT else dq.lo
+
+
+@jit
+def first_eligible(dq: Dormant, par: Params, led: Ledger) -> int:
+    """Position of the first eligible dormant request (``dq.hi`` if none)."""
+    return next_entry(dq, dq.lo, NO_LIMIT, final_max(par, led), era.allows_long(led))
+
+
+@jit
+def before_entry(cs: Candidates, s: int, dq: Dormant, q: int) -> bool:
+    """Active candidate ``s`` comes before dormant entry ``q`` in queue order (key, then slot)."""
+    a, b = cs.cand[s].key, dq.queue[q].key
+    return rank.before(a, b) or (a == b and s < dq.queue[q].slot)
+
+
+@jit
+def wake(cs: Candidates, dq: Dormant, s: int, par: Params, led: Ledger) -> None:
+    """The columns of dormant ``s`` for this pass, once (at the plan's T_max)."""
+    r, c = cs.req[s], cs.cand[s]
+    if c.stamp == led.pass_id:
+        return
+    rank.columns(cs, s, par, led)
+    if kv.excluded(r, c, par, led):
+        c.eligible = False
+    rank.rank(r, c, par, led.t_max)
+    set_available(c, led)
+    dq.touched[led.n_touched] = s
+    led.n_touched += 1
+
+
+@jit
+def set_available(c: Candidate, led: Ledger) -> None:
+    """Whether a candidate may join (ERA aside: ``era.available``): eligible, and not shut out by
+    an oversized head prompt (/Chunk)."""
+    c.available = c.eligible and (led.oversize == NO_SLOT or c.is_decode)
+
+
+@jit
+def position(dq: Dormant, key: float, s: int) -> int:
+    """Position of dormant ``s`` (queue key ``key``) in the queue, by bisection."""
+    lo, hi = dq.lo, dq.hi
+    while lo < hi:
+        mid = (lo + hi) // 2
+        e = dq.queue[mid]
+        if e.key < key or (e.key == key and e.slot < s):
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo < dq.hi and dq.queue[lo].slot == s:
+        return lo
+    for q in range(dq.lo, dq.hi):  # (never: keys are exact)
+        if dq.queue[q].slot == s:
+            return q
+    return NO_SLOT

@@ -1,0 +1,177 @@
+"""Deadlines, slack, urgency and queue order (SPEC 4.1, paper section 4.2): the columns of a
+candidate, its rank at a T_max, sorting slots by a column; and the table's per-step refresh of its
+rows (``read_rows``, ``decode_rows``, ``set_deadlines``: compiled, exported with ``decide``)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from accelgen.policies.accelgen import era
+from accelgen.policies.accelgen.jit import jit
+from accelgen.policies.accelgen.state import (
+    LOST_OFFSET,
+    UNKNOWN,
+    Candidate,
+    Candidates,
+    Ledger,
+    Params,
+    RequestRow,
+)
+
+
+@jit
+def set_deadline(r: RequestRow) -> None:
+    """Deadline of the next output: the first token by arrival + TTFT SLO, a later token (also
+    after a preemption) by the previous token + TBT SLO; offline requests follow their cumulative
+    JCT plan (``RequestTable.plan_offline``), which carries over- and under-use forward."""
+    if r.online:
+        r.deadline = r.arrival + r.ttft if r.n_out == 0 else r.last_tok + r.tbt
+    else:
+        r.deadline = r.off_first + r.n_out * r.off_step
+
+
+@jit
+def set_deadlines(rows: np.ndarray, slots: np.ndarray) -> int:
+    for s in slots:
+        set_deadline(rows[s])
+    return 0
+
+
+@jit
+def read_rows(rows: np.ndarray, values: np.ndarray, lost_rule: bool, watch: np.ndarray) -> int:
+    """Write the fields read from the request objects (a row each: slot, output tokens, computed
+    tokens, blocks, running, last token time) and the deadlines. ``lost_rule``: a token emitted
+    after its deadline loses an online request's SLO for good. Returns how many of them (in
+    ``watch``) wait or are dormant."""
+    k = 0
+    for v in values:
+        s = int(v[0])
+        if _read_row(rows[s], int(v[1]), int(v[2]), int(v[3]), v[4] != 0.0, v[5], lost_rule):
+            watch[k] = s
+            k += 1
+    return k
+
+
+@jit
+def decode_rows(rows: np.ndarray, slots: np.ndarray, n: int, now: float, watch: np.ndarray) -> int:
+    """``read_rows`` after an iteration of decode steps alone: each of the rows ``slots[:n]``
+    computed and emitted one more token at ``now`` (its blocks already written)."""
+    k = 0
+    for s in slots[:n]:
+        r = rows[s]
+        if _read_row(r, r.n_out + 1, r.computed + 1, r.blocks, r.running, now, True):
+            watch[k] = s
+            k += 1
+    return k
+
+
+@jit
+def _read_row(r: RequestRow, n_out: int, computed: int, blocks: int, running: bool,
+              last_tok: float, lost_rule: bool) -> bool:
+    emitted, due = n_out > r.n_out, r.deadline
+    r.n_out, r.computed, r.blocks = n_out, computed, blocks
+    r.running, r.last_tok = running, last_tok
+    set_deadline(r)
+    if lost_rule and r.online and emitted and r.last_tok > due:
+        r.lost = True
+    return not r.running or r.dormant
+
+
+@jit
+def n_chunks(tokens: int, is_decode: bool, chunk_mean: float) -> float:
+    """N_ck: iterations the next output still needs: 1 for a decode, else its tokens in chunks of
+    the running mean chunk length L_c."""
+    return 1.0 if is_decode else np.ceil(tokens / chunk_mean)
+
+
+@jit
+def slack(to_deadline: float, chunks: float, t_max: float) -> float:
+    """s = deadline - now - T_e with T_e = N_ck x T_max: how long a request can still wait."""
+    return to_deadline - chunks * t_max
+
+
+@jit
+def columns(cs: Candidates, s: int, par: Params, led: Ledger) -> None:
+    """The columns of candidate ``s`` that hold for the whole pass."""
+    r, c = cs.req[s], cs.cand[s]
+    c.total = r.prompt + r.n_out
+    c.rem = c.total - r.computed
+    c.is_decode = r.n_out > 0 and c.rem == 1
+    c.n_chunks = n_chunks(c.rem, c.is_decode, cs.chunk_mean)
+    c.to_deadline = r.deadline - cs.now
+    c.online_decode = c.is_decode and r.online
+    c.slo_iter = r.tbt if c.online_decode else c.to_deadline / c.n_chunks
+    c.is_long = era.is_long(par, c.total, c.is_decode)
+    c.eligible = era.admits(led.era_owner_start, s, c.is_long)
+    c.lost = par.order and par.lost_last and r.online and (r.lost or c.to_deadline < 0.0)
+    c.available = c.member = c.urgent = c.counted = False
+    c.next_blocks = c.owed = c.admission_blocks = UNKNOWN
+    c.stamp = led.pass_id
+
+
+@jit
+def rank(r: RequestRow, c: Candidate, par: Params, t_max: float) -> None:
+    """Slack, counted, urgency and queue key of a candidate at ``t_max``."""
+    c.slack = slack(c.to_deadline, c.n_chunks, t_max)
+    # A late prompt cannot be rescued by a smaller batch (its remaining time grows with its
+    # remaining tokens), so only on-track requests and online decodes lower SLO_min.
+    c.counted = c.online_decode or c.slack >= 0.0
+    if par.order:
+        # A request past its deadline is not urgent (running it now saves no deadline), except
+        # a running decode: its TBT chain restarts at its next token.
+        c.urgent = (c.eligible and c.slack < t_max
+                    and (par.late_is_urgent or c.slack >= 0.0 or c.is_decode))
+        # Lost prompts after every on-track candidate, first come first served among them.
+        c.key = r.arrival + LOST_OFFSET if c.lost and not c.is_decode else c.slack
+    else:
+        c.urgent = False
+        c.key = r.arrival
+
+
+@jit
+def before(a: float, b: float) -> bool:
+    """``a`` strictly before ``b`` in numpy's sort order (NaN last)."""
+    return a < b or (b != b and a == a)
+
+
+@jit
+def _merge_sort(idx: np.ndarray, m: int, keys: np.ndarray, tmp: np.ndarray) -> None:
+    """Sort ``idx[:m]`` by ``keys[idx]``, stably (numpy's ``kind="stable"`` order), in place with
+    ``tmp`` as the merge buffer: insertion-sorted runs of 16, then bottom-up merges."""
+    for lo in range(0, m, 16):
+        for i in range(lo + 1, min(lo + 16, m)):
+            x, j = idx[i], i - 1
+            while j >= lo and before(keys[x], keys[idx[j]]):
+                idx[j + 1] = idx[j]
+                j -= 1
+            idx[j + 1] = x
+    src, dst, width, in_tmp = idx, tmp, 16, False
+    while width < m:
+        for lo in range(0, m, 2 * width):
+            mid, hi = min(lo + width, m), min(lo + 2 * width, m)
+            i, j = lo, mid
+            for o in range(lo, hi):  # the left run's element first on ties
+                if j < hi and (i == mid or before(keys[src[j]], keys[src[i]])):
+                    dst[o] = src[j]
+                    j += 1
+                else:
+                    dst[o] = src[i]
+                    i += 1
+        src, dst, width, in_tmp = dst, src, width * 2, not in_tmp
+    for i in range(m if in_tmp else 0):
+        idx[i] = tmp[i]
+
+
+@jit
+def sort_slots(cs: Candidates, idx: np.ndarray, m: int, keys: np.ndarray, descending: bool) -> None:
+    """Sort the slots ``idx[:m]`` by ``keys[slot]`` (a candidate column; ``descending``: negated,
+    NaN still last), stably, the keys gathered first: sorting contiguous numbers is about twice
+    as fast as reaching into the candidates' records."""
+    gathered, perm, tmp = cs.sort_keys.view(np.float64), cs.sort_perm, cs.sort_tmp
+    for p in range(m):
+        gathered[p], perm[p] = -keys[idx[p]] if descending else keys[idx[p]], p
+    _merge_sort(perm, m, gathered, tmp)
+    for p in range(m):
+        tmp[p] = idx[perm[p]]
+    for p in range(m):
+        idx[p] = tmp[p]

@@ -1,0 +1,140 @@
+"""How a policy runs one decision: the arrays the compiled ``decide`` works in, kept between
+decisions so that a decision allocates nothing (in vLLM each step runs right after a forward pass
+has evicted the caches: ``docs/vllm.md``, *Scheduler time*), and the loop that asks the cost model
+what ``decide`` cannot compute itself. Nothing here imports numba."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from accelgen.costmodel.base import BatchShape, CostModel
+from accelgen.policies.accelgen.state import (
+    BUDGET_TIME,
+    CANDIDATE,
+    DORMANT_BLOCK,
+    DORMANT_MINIMA,
+    LISTS,
+    STATE,
+    DecisionArrays,
+)
+
+if TYPE_CHECKING:
+    from accelgen.costmodel.linear import LinearTerms
+    from accelgen.policies.accelgen.policy import AccelGenParams
+    from accelgen.policies.accelgen.table import RequestTable
+    from accelgen.policies.base import SchedulerView
+
+
+def _records(dtype: np.dtype, n: int) -> np.recarray:
+    return np.zeros(n, dtype=dtype).view(np.recarray)
+
+
+class Workspace:
+    """One policy's decision arrays, sized for its table (grown with it). The policy reads the
+    outcome, the ask and the diagnostics through plain array views of the state record (a record's
+    attribute access from Python costs a microsecond or two), the batch through rows of the lists."""
+
+    def __init__(self, table: RequestTable) -> None:
+        state = np.zeros(1, STATE)
+        self._step, self._ask = state["step"], state["ask"]
+        self._outcome = self._part(state, "outcome", np.int64)
+        self._oracle = self._part(state, "oracle", np.int64)
+        self.info_values = self._part(state, "info", np.float64)
+        times = _records(BUDGET_TIME, 1)
+        self._full_batch = times.view(np.ndarray)["full_batch"]
+        self.arrays = DecisionArrays(table.rows, _records(CANDIDATE, 0), np.zeros((len(LISTS), 0), np.int64),
+                                     state.view(np.recarray), times, table.active, table.dormant_queue,
+                                     _records(DORMANT_MINIMA, 0), table.gone, np.zeros(1, np.int64))
+        self.follow(table)  # (sizes the per-request arrays)
+        self.configured: tuple[object, ...] = ()  # (cost model, pivot, KV) of ``configure``
+        self.cap = 0
+        self.exact_kv = False
+        self._terms: LinearTerms | None = None
+
+    @staticmethod
+    def _part(state: np.ndarray, name: str, dtype: type) -> np.ndarray:
+        """A sub-record of ``state`` whose fields all have ``dtype``, as a plain array."""
+        sub, offset = STATE.fields[name][:2]  # type: ignore[index]
+        return state.view(np.uint8)[offset:offset + sub.itemsize].view(dtype)
+
+    def configure(self, p: AccelGenParams, view: SchedulerView, exact_kv: bool) -> bool:
+        """The fixed inputs, set again only for a new cost model, pivot or KV (returns whether it
+        did): parameters, KV geometry, the token budget's clamps (``cap`` = S_pf x budget_cap,
+        the minimum), and what the cost model offers compiled code (``CostModel.linear_terms``,
+        followed at every call, or ``roofline_terms``; else forward times of the budgets
+        0..cap + 1, and the cost model is asked for the rest)."""
+        cost, pivot, kv = view.cost, view.pivot, view.kv
+        key = self.configured
+        if key and key[0] is cost and key[1] is pivot and key[2] is kv:
+            self.use_cost(cost)
+            return False
+        self.configured = (cost, pivot, kv)
+        self.cap = cap = max(1, int(pivot.s_pf * p.budget_cap))
+        par = self.arrays.state[0].params
+        par.order, par.chunk, par.batch = p.order, p.chunk, p.batch
+        par.gamma, par.spill_groups = p.gamma, p.spill_groups
+        par.budget_model, par.budget_batch = p.budget_rule == "model", p.budget_rule == "batch"
+        par.min_budget, par.cap = min(max(1, p.min_budget or kv.block_size), cap), cap
+        par.s_pf, par.t_pf = pivot.s_pf, pivot.t_pf
+        par.era, par.era_whole_request = p.era, p.era_scope == "request"
+        par.long_threshold = p.long_prompt_threshold
+        par.late_is_urgent, par.lost_last = p.late_is_urgent, p.lost_last
+        par.growth = kv.block_size if p.kv_growth_reserve is None else p.kv_growth_reserve
+        par.block_size, par.total_blocks = kv.block_size, kv.num_total_blocks
+        par.exact_kv = self.exact_kv = exact_kv
+        self._terms = None
+        self.use_cost(cost)
+        roofline = cost.roofline_terms()
+        par.cost_roofline = roofline is not None
+        if roofline is not None:
+            self.arrays.state.view(np.ndarray)["roofline"][0] = tuple(roofline)
+        times = _records(BUDGET_TIME, cap + 2)
+        self._full_batch = times.view(np.ndarray)["full_batch"]
+        self._full_batch[:] = math.nan
+        if not par.cost_linear:
+            times.forward = [cost.forward_time(b) for b in range(cap + 2)]
+        self.arrays = self.arrays._replace(times=times, finals=np.zeros(kv.num_total_blocks + 3, np.int64))
+        return True
+
+    def use_cost(self, cost: CostModel) -> None:
+        """Follow the cost model's linear terms (an online model's refit replaces them)."""
+        terms = cost.linear_terms()
+        if terms is self._terms:
+            return
+        self._terms = terms
+        par = self.arrays.state[0].params
+        par.cost_linear = terms is not None
+        if terms is not None:
+            par.base_s, par.per_token_s, par.per_ctx_s, par.per_attn_s = terms
+
+    def follow(self, table: RequestTable) -> None:
+        """Use the table's current rows (reallocated when it grows) and per-request arrays as large."""
+        n = table.capacity
+        if n > len(self.arrays.cand):
+            lists = np.zeros((len(LISTS), n), np.int64)
+            self.arrays = self.arrays._replace(cand=_records(CANDIDATE, n), lists=lists,
+                                               minima=_records(DORMANT_MINIMA, 2 * n // DORMANT_BLOCK + 1))
+            self.slots, self.tokens, self.preempted, self.cuts = (lists[LISTS.index(name)] for name in
+                                                                  ("slots", "tokens", "preempted", "cuts"))
+        self.arrays = self.arrays._replace(requests=table.rows, active=table.active,
+                                           dormant=table.dormant_queue, gone=table.gone)
+
+    def run(self, decide: Any, cost: CostModel, *step: Any) -> list[int]:
+        """Run the compiled ``decide`` on ``step`` (``Step``'s fields, in order) to completion:
+        while it returns a token budget, it needs the latency of the full batch at that budget
+        (``ask``) from the cost model, and runs again from the start with it known. Returns the
+        ``Outcome``'s fields, in order."""
+        if self.exact_kv:
+            self._oracle.fill(0)  # the Oracle's counters accumulate over its passes
+        self._step[0] = step
+        arrays = self.arrays
+        asked = []
+        while (need := decide(arrays)) >= 0:
+            self._full_batch[need] = cost.iteration_time(BatchShape(*self._ask[0].item()))
+            asked.append(need)
+        if asked:
+            self._full_batch[asked] = math.nan
+        return self._outcome.tolist()  # type: ignore[no-any-return]
