@@ -754,7 +754,9 @@ def _add_urgent(d: Any) -> None:
     for j in range(n_short):
         if led.budget_left <= 0:
             return
-        _force(d, lists[j].short, _victim_min_key(d, lists[j].short), False)
+        s = lists[j].short
+        if d.cand[s].available:  # (not preempted for an earlier one's block meanwhile)
+            _force(d, s, _victim_min_key(d, s), False)
     for j in range(led.n_urgent):
         s = lists[j].urgent
         if d.cand[s].is_decode:
