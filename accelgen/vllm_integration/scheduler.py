@@ -179,6 +179,9 @@ class InstrumentedScheduler(AsyncScheduler):
         self._timing: list[tuple[float, float, float, float]] = []
         self.idle_steps = 0
         self.mismatch_steps = 0
+        # Steps scheduled while an earlier one was still in flight (0 in sync mode): the proof
+        # that the engine core really overlapped scheduling with execution.
+        self.overlapped_steps = 0
         # Async scheduling (vLLM's default on GPU): ``schedule()`` runs while the previous step
         # still executes, and that step's outputs reach ``update_from_output()`` after it.
         self.accelgen_async = bool(self.scheduler_config.async_scheduling)
@@ -231,6 +234,7 @@ class InstrumentedScheduler(AsyncScheduler):
         self._timing.clear()
         self.idle_steps = 0
         self.mismatch_steps = 0
+        self.overlapped_steps = 0
         # A step still in flight belongs to the time before the reset: not logged.
         self._in_flight = deque((out, None) for out, _ in self._in_flight)
         if origin is not None:
@@ -387,6 +391,8 @@ class InstrumentedScheduler(AsyncScheduler):
                     m.first_scheduled_time = now
         if self.accelgen_async:
             self._advance_mirrors(out)
+        if self._in_flight:
+            self.overlapped_steps += 1
         n_sched = len(out.num_scheduled_tokens)
         if n_sched == 0:
             self.idle_steps += 1
@@ -547,15 +553,20 @@ class InstrumentedScheduler(AsyncScheduler):
 
     def iterations_frame(self, start: int = 0) -> pd.DataFrame:
         """``iterations.parquet`` rows of the iterations logged from index ``start`` on."""
-        return self.log.to_frame(start)
+        # Under the lock: building the frame moves rows within the log, which the log sink's
+        # thread may be reading at the same time.
+        with self.log_lock:
+            return self.log.to_frame(start)
 
     def timing_frame(self, start: int = 0) -> pd.DataFrame:
         """Wall times per logged iteration (s): ``decision_time`` (the whole ``schedule()``
         call), ``policy_time``, ``vllm_schedule_time`` (vLLM's own ``schedule()``),
         ``exec_time`` (model execution until ``update_from_output``), ``step_time``."""
-        t = np.asarray(self._timing[start:], dtype=np.float64).reshape(-1, 4)
+        with self.log_lock:
+            t = np.asarray(self._timing[start:], dtype=np.float64).reshape(-1, 4)
+            decision = np.asarray(self.log.decision_time[start:], dtype=np.float64)
         return pd.DataFrame({
-            "decision_time": np.asarray(self.log.decision_time[start:], dtype=np.float64),
+            "decision_time": decision,
             "policy_time": t[:, 0], "vllm_schedule_time": t[:, 1], "exec_time": t[:, 2],
             "step_time": t[:, 3]})
 
