@@ -58,7 +58,7 @@ def run(system: str, trace: pd.DataFrame, out: Path, policy_params: dict[str, An
                                if mode == "sync" and sync_executor else {})},
         max_wall_s=600.0)
     replay_to_dir(trace, cfg, out)
-    reqs, its, _ = read_results(out)
+    reqs, its, saved = read_results(out)  # (saved: summary.json, with the replay's fields)
     pr = metrics.per_request(reqs)
     online = pr["online"].to_numpy(bool)
     s = metrics.summarize(reqs, its, s_pf=256)
@@ -69,14 +69,14 @@ def run(system: str, trace: pd.DataFrame, out: Path, policy_params: dict[str, An
         "system": system,
         "mode": mode,
         "finished": int((reqs["status"] == "finished").sum()),
-        "mismatch_steps": int(s.get("adapter_mismatch_steps", 0) or 0),
+        "mismatch_steps": int(saved["adapter_mismatch_steps"]),
         "ttft_att": float((pr.loc[online, "ttft"] <= pr.loc[online, "ttft_slo"]).mean()),
         "iter_att": s["slo_attainment_iteration"],
         "req_att": s["slo_attainment_request"],
         "out_tok_s": s["throughput_output_tps"],
         "preemptions": s["num_preemptions"],
         "steps": len(timing),
-        "overlapped_steps": int(s.get("overlapped_steps", 0) or 0),
+        "overlapped_steps": int(saved["overlapped_steps"]),
         "makespan_s": s["makespan_s"],
         "step_p50_ms": float(np.median(timing["step_time"])) * 1e3,
         "running_p50": float(np.median(its["num_running"])),
