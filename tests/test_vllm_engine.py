@@ -31,7 +31,13 @@ def poisson_trace(n: int = 50, rate: float = 25.0, seed: int = 0) -> pd.DataFram
     return mixed_slo_trace(n, rate, seed)
 
 
-def test_accelgen_serves_a_poisson_trace_with_preemption(tmp_path: Path) -> None:
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
+def test_accelgen_serves_a_poisson_trace_with_preemption(tmp_path: Path,
+                                                         async_scheduling: bool) -> None:
+    """The plugin under vLLM's async scheduling (its default; on CPU the replay turns it on
+    again, with the model in a worker process) and in sync mode."""
+    from accelgen.vllm_integration.logsink import read_logs
+
     # 100 req/s: all 50 requests arrive within about half a second, far faster than the tiny
     # engine serves them on any machine, so the queue backs up and the 24 blocks fill (at 25
     # req/s an idle machine served the trace without ever filling the KV).
@@ -41,9 +47,11 @@ def test_accelgen_serves_a_poisson_trace_with_preemption(tmp_path: Path) -> None
     cfg = ReplayConfig(
         system="accelgen",
         adapter={"policy": {"name": "accelgen", "params": {"kv_growth_reserve": 0}},
-                 "s_pf": 256, "cost": {"base_s": 0.005, "per_token_s": 2e-5}},
+                 "s_pf": 256, "cost": {"base_s": 0.005, "per_token_s": 2e-5},
+                 "log_dir": str(tmp_path / "logs")},
         engine={"num_gpu_blocks": BLOCKS + 1, "max_model_len": BLOCKS * 32,
-                "max_num_batched_tokens": 1024, "tiny_dir": tmp_path / "model"},
+                "max_num_batched_tokens": 1024, "tiny_dir": tmp_path / "model",
+                "async_scheduling": async_scheduling},
         max_wall_s=240.0)
     run = replay_to_dir(trace, cfg, tmp_path / "results")
 
@@ -67,7 +75,21 @@ def test_accelgen_serves_a_poisson_trace_with_preemption(tmp_path: Path) -> None
     assert {"decision_time", "policy_time", "vllm_schedule_time", "exec_time"} <= set(timing)
     cfg_json = json.loads((tmp_path / "results" / "config.json").read_text())
     assert cfg_json["resolved"]["vllm_version"].startswith("0.32.0")
+    assert cfg_json["resolved"]["async_scheduling"] is async_scheduling
+    assert summary["async_scheduling"] is async_scheduling
+    # Async scheduling really overlapped: steps were scheduled with an earlier one in flight.
+    if async_scheduling:
+        assert summary["overlapped_steps"] > summary["num_iterations"] // 2
+    else:
+        assert summary["overlapped_steps"] == 0
     assert run.timing_summary["policy_time_mean"] > 0
+    # The plugin's own logs (what a server keeps) hold the same requests and steps, complete:
+    # the warm-up's and the trace's requests, every step logged once.
+    logs = read_logs(tmp_path / "logs")
+    served = logs["requests"].set_index("req_id").loc[reqs["req_id"]]
+    assert (served["status"] == "finished").all()
+    assert (served["num_output_tokens"].to_numpy() == reqs["num_output_tokens"].to_numpy()).all()
+    assert len(logs["iterations"]) == len(logs["timing"]) == len(its)
 
 
 def test_llm_api_child_process_and_bad_slos(tmp_path: Path,

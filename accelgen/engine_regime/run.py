@@ -74,7 +74,7 @@ def calibrate(cfg: EngineSweepConfig, out: Path, say: Say) -> Deployment:
     cdir.mkdir(parents=True, exist_ok=True)
     trace = calibration_trace(cfg)
     engine = {**cfg.engine_spec(), "max_num_batched_tokens": cfg.calibration.token_budget,
-              "extra_args": {"async_scheduling": cfg.async_scheduling}}
+              "async_scheduling": cfg.async_scheduling}
     engine.pop("tiny")
     fid = FidelityConfig(engine=engine, omp_threads=cfg.omp_threads,
                          warmup_requests=cfg.warmup_requests, num_requests=len(trace))

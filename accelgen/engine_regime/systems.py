@@ -116,8 +116,7 @@ def replay_config(cfg: EngineSweepConfig, spec: SystemSpec, budget: int | None,
     engine["tiny_dir"] = tiny_dir
     max_len = int(engine.get("max_model_len", 2048))
     engine["max_num_batched_tokens"] = budget if spec.runs == "stock" else max_len
-    engine["extra_args"] = {**engine.get("extra_args", {}),
-                            "async_scheduling": cfg.async_scheduling}
+    engine["async_scheduling"] = cfg.async_scheduling
     adapter: dict[str, Any] = {"cost": {"kind": "deployment",
                                         "deployment": dep.model_dump(mode="json")}}
     if spec.runs == "plugin":

@@ -139,9 +139,13 @@ def _replay_job(trace: pd.DataFrame, system: str, cfg_data: dict[str, Any],
     cfg = FidelityConfig.model_validate(cfg_data)
     _set_threads(cfg.omp_threads)
     pin(cfg.cpus)
+    # Sync scheduling unless the config's engine says otherwise: the simulator models sync
+    # steps, and the cost model is calibrated on this engine's step log (docs/vllm.md, "Async
+    # scheduling": what the simulator leaves out).
     rc = ReplayConfig.model_validate({
         "system": system, "adapter": adapter or {},
-        "engine": {**cfg.engine, "tiny_dir": str(Path(out).parent / "tiny-model")},
+        "engine": {"async_scheduling": False, **cfg.engine,
+                   "tiny_dir": str(Path(out).parent / "tiny-model")},
         "warmup_requests": cfg.warmup_requests})
     run = replay_to_dir(trace, rc, Path(out), trace_path=trace_path)
     return run.summary

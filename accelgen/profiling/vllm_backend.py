@@ -108,6 +108,9 @@ def engine_spec(opts: VllmOptions) -> Any:
     if opts.tp > 1:
         spec["extra_args"] = {"tensor_parallel_size": opts.tp}
     spec.update(opts.engine)
+    # One step at a time: the driver sets each step's budget and reads its outputs before the
+    # next (async scheduling would schedule a step ahead of them).
+    spec["async_scheduling"] = False
     return EngineSpec.model_validate(spec)
 
 

