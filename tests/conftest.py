@@ -24,15 +24,24 @@ settings.register_profile("explore", derandomize=False, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # Real-engine tests share one pytest-xdist worker (``--dist loadgroup``): a vLLM CPU engine takes
-# both cores, so two at once only slow each other down and blur the timings they read.
+# both cores, so two at once only slow each other down and blur the timings they read. They run
+# first, since they are the longest share of the suite. Every other module is a group of its
+# own, so a module-scoped fixture (a served model, a workflow's dry runs, executed notebooks) is
+# built once, not once per worker.
 ENGINE_GROUP = "vllm-engine"
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.get_closest_marker("vllm") is not None:
-            item.add_marker(pytest.mark.xdist_group(ENGINE_GROUP))
+    engine = [item for item in items if item.get_closest_marker("vllm") is not None]
+    others = [item for item in items if item.get_closest_marker("vllm") is None]
+    for item in engine:
+        item.add_marker(pytest.mark.xdist_group(ENGINE_GROUP))
+    for item in others:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module
+                                                    else item.nodeid.split("::")[0]))
+    items[:] = engine + others
 
 
 class LinearCost(LinearCostModel):
