@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from accelgen.config import Deployment, kv_cache_gb_arg
-from accelgen.costmodel.base import BatchShape
+from accelgen.core.iteration import BatchShape
 from accelgen.costmodel.factory import deployment_pivot, make_cost_model
 from accelgen.costmodel.profiles import resolve_deployment
 from accelgen.results import read_results

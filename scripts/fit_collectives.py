@@ -136,8 +136,8 @@ def write_sample(points: cf.CollectivePoints, hw: str, node: str, out: Path) -> 
 
 def iteration_lines() -> list[str]:
     """Iterations of the multi-GPU deployments under the package's terms (contexts 2,048)."""
+    from accelgen.core.iteration import BatchShape
     from accelgen.costmodel.analytic import AnalyticCostModel
-    from accelgen.costmodel.base import BatchShape
     from accelgen.costmodel.factory import make_cost_model
     from accelgen.costmodel.profiles import resolve_deployment
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from accelgen.cli import main as cli_main
 from accelgen.config import CalibratedTerms, Deployment, ExperimentConfig, PolicySpec, SimOptions
-from accelgen.costmodel.base import BatchShape
+from accelgen.core.iteration import BatchShape
 from accelgen.costmodel.calibrate import calibrate, fit_terms, predict, split_half
 from accelgen.costmodel.calibrate_cli import BUILTIN_POINTS, read_calibration
 from accelgen.costmodel.calibrated import TERMS, CalibratedCostModel, Features, comm_volume

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from accelgen.config import AllReduceFit, CollectiveTerms, Deployment, SendRecvFit
+from accelgen.core.iteration import BatchShape
 from accelgen.costmodel import collective_fit as cf
 from accelgen.costmodel.analytic import AnalyticCostModel, roofline_time
-from accelgen.costmodel.base import BatchShape
 from accelgen.costmodel.collectives import (
     BUILTIN,
     all_reduce_time,

@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 
 from accelgen.cli import main as cli_main
 from accelgen.config import Deployment
+from accelgen.core.iteration import BatchShape
 from accelgen.costmodel.analytic import AnalyticCostModel
-from accelgen.costmodel.base import BatchShape, CostModel
+from accelgen.costmodel.base import CostModel
 from accelgen.costmodel.factory import (
     deployment_pivot,
     make_cost_model,

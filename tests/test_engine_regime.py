@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from accelgen.costmodel.base import BatchShape
+from accelgen.core.iteration import BatchShape
 from accelgen.costmodel.calibrated import CalibratedCostModel
 from accelgen.engine_regime import systems as sysmod
 from accelgen.engine_regime.analyze import build_report, ordering

@@ -9,7 +9,7 @@ import pytest
 
 from accelgen.cli import main
 from accelgen.config import Deployment
-from accelgen.costmodel.base import BatchShape
+from accelgen.core.iteration import BatchShape
 from accelgen.costmodel.factory import deployment_pivot, make_cost_model
 from accelgen.costmodel.isolated import ChunkedPrefill, isolated_decode_time
 from accelgen.costmodel.profiles import (

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from accelgen.costmodel.base import BatchShape
+from accelgen.core.iteration import BatchShape
 from accelgen.costmodel.budget import (
     KneeDecodes,
     candidates,

@@ -142,7 +142,7 @@ def test_tiny_model_config(tmp_path) -> None:
 
 
 def test_online_cost_model_refits_to_measured_steps() -> None:
-    from accelgen.costmodel.base import BatchShape
+    from accelgen.core.iteration import BatchShape
     from accelgen.vllm_integration.config import CostSpec, build_cost_model
 
     cost = build_cost_model(CostSpec(kind="online", base_s=0.5, per_token_s=0.0, refit_every=4))

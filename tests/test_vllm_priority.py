@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from accelgen.kvcache import BlockManager
+from accelgen.core.kvcache import BlockManager
 from accelgen.policies.registry import make_policy
 from accelgen.policies.vllm_priority import OFFLINE_PRIORITY, slo_priority
 from tests.conftest import make_requests, put_running, run_sim, scheduler_view

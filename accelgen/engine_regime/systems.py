@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from accelgen.config import Deployment, PolicySpec
-from accelgen.costmodel.base import BatchShape, CostModel
+from accelgen.core.iteration import BatchShape
+from accelgen.costmodel.base import CostModel
 from accelgen.engine_regime.config import EngineSweepConfig, SystemSpec
 
 PAPER_TBT_BASE_S = 0.1875  # the paper's reading-speed TBT (SPEC 6)

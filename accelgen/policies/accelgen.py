@@ -16,11 +16,11 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
+from accelgen.core.policy import Decision, InfoRow, Policy, PolicyParams, SchedulerView
+from accelgen.core.request import Request
 from accelgen.policies.accelgen_compiled import load
 from accelgen.policies.accelgen_table import RequestTable
 from accelgen.policies.accelgen_workspace import INFO_INDEX, NO_ADMISSION_CAP, Outcome, Workspace
-from accelgen.policies.base import Decision, InfoRow, Policy, PolicyParams, SchedulerView
-from accelgen.request import Request
 
 
 class AccelGenParams(PolicyParams):

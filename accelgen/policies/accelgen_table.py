@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from accelgen.request import Request, Status
+from accelgen.core.request import Request, Status
 
 _RUNNING = Status.RUNNING
 

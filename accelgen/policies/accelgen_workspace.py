@@ -17,14 +17,15 @@ from typing import TYPE_CHECKING, Any, NamedTuple, get_type_hints
 
 import numpy as np
 
+from accelgen.core.iteration import BatchShape
 from accelgen.costmodel.analytic import RooflineTerms
-from accelgen.costmodel.base import BatchShape, CostModel
+from accelgen.costmodel.base import CostModel
 
 if TYPE_CHECKING:
+    from accelgen.core.policy import SchedulerView
     from accelgen.costmodel.linear import LinearTerms
     from accelgen.policies.accelgen import AccelGenParams
     from accelgen.policies.accelgen_table import RequestTable
-    from accelgen.policies.base import SchedulerView
 
 i8, f8, b1 = np.int64, np.float64, np.bool_
 

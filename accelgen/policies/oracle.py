@@ -19,10 +19,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Literal
 
+from accelgen.core.policy import Decision, PolicyParams, SchedulerView
+from accelgen.core.request import Request
 from accelgen.policies.accelgen import AccelGenParams, AccelGenPolicy
 from accelgen.policies.accelgen_workspace import INFO_INDEX, ORACLE_INFO_KEYS
-from accelgen.policies.base import Decision, PolicyParams, SchedulerView
-from accelgen.request import Request
 
 
 class OracleParams(AccelGenParams):

@@ -60,7 +60,7 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt
 
 from accelgen import metrics
 from accelgen.config import StrictModel
-from accelgen.request import Request, Status
+from accelgen.core.request import Request, Status
 from accelgen.results import ITERATION_COLUMNS, requests_frame, write_results
 from accelgen.serving.arrivals import request_times
 from accelgen.serving.report import (

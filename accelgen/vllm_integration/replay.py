@@ -30,8 +30,8 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_va
 
 from accelgen import metrics
 from accelgen.config import StrictModel
-from accelgen.kvcache import never_fits_reason
-from accelgen.request import Request, Status, served_output_len
+from accelgen.core.kvcache import never_fits_reason
+from accelgen.core.request import Request, Status, served_output_len
 from accelgen.results import RunOutput, requests_frame
 from accelgen.vllm_integration import SCHEDULER_CLS, STOCK_SCHEDULER_CLS
 from accelgen.vllm_integration.config import (
