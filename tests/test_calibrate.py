@@ -16,8 +16,8 @@ from accelgen.cli import main as cli_main
 from accelgen.config import CalibratedTerms, Deployment, ExperimentConfig, PolicySpec, SimOptions
 from accelgen.core.iteration import BatchShape
 from accelgen.costmodel.calibrate import calibrate, fit_terms, predict, split_half
-from accelgen.costmodel.calibrate_cli import BUILTIN_POINTS, read_calibration
 from accelgen.costmodel.calibrated import TERMS, CalibratedCostModel, Features, comm_volume
+from accelgen.costmodel.calibration_files import BUILTIN_POINTS, read_calibration
 from accelgen.costmodel.factory import make_cost_model
 from accelgen.costmodel.points import (
     PointsError,

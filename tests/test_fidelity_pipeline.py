@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from accelgen.fidelity import cli as fidelity_cli
+from accelgen.cli import fidelity as fidelity_cli
 from accelgen.fidelity.compare import TARGETS
 from accelgen.fidelity.config import FidelityConfig
 from accelgen.fidelity.report import write_report

@@ -122,7 +122,7 @@ def test_replay_config_takes_the_priority_mode_for_stock_only() -> None:
 
     import pytest
 
-    from accelgen.vllm_integration.cli import add_parser, build_config
+    from accelgen.cli.replay import add_parser, build_config
     from accelgen.vllm_integration.replay import ReplayConfig
 
     p = argparse.ArgumentParser()

@@ -233,7 +233,7 @@ def calibrate_on(run_dir: Path, cfg: FidelityConfig, kv_blocks: int, out: Path,
     every other step), check it on the step logs in ``checks``, and write the deployment file,
     the per-step errors and the summary under ``out``; returns the calibrated deployment."""
     from accelgen.costmodel.calibrate import calibrate
-    from accelgen.costmodel.calibrate_cli import report_text, write_deployment, write_errors
+    from accelgen.costmodel.calibration_files import report_text, write_deployment, write_errors
     from accelgen.costmodel.points import read_step_log
 
     points = read_step_log(run_dir)

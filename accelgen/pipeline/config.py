@@ -157,7 +157,7 @@ class DeploymentSpec(Strict):
         skip = {"base", "label", "engine", "profile", "calibration_file"}
         out = {k: v for k, v in self.model_dump(exclude_none=True).items() if k not in skip}
         if self.calibration_file is not None:
-            from accelgen.costmodel.calibrate_cli import read_calibration
+            from accelgen.costmodel.calibration_files import read_calibration
 
             out.update(cost_model="calibrated",
                        calibration=read_calibration(self.calibration_file).model_dump())
@@ -573,7 +573,7 @@ def _semantic_checks(cfg: PipelineConfig) -> list[str]:
             continue
         _check_paths(f"workload_variants.{name}", wl, problems, raw_dir)
 
-    from accelgen.costmodel.calibrate_cli import CalibrationFileError
+    from accelgen.costmodel.calibration_files import CalibrationFileError
 
     for name, spec in cfg.deployments.items():
         try:

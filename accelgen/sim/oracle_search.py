@@ -14,7 +14,7 @@ whatever the grid; the floor is last in the table, so it wins only when it is st
 than every clairvoyant point (then the Oracle adds nothing on this trace, and the results say
 so). ``oracle_search.csv`` lists every schedule tried.
 
-Command line (``accelgen.sim.oracle_cli``; writes the best run as a normal results directory
+Command line (``accelgen.cli.oracle``; writes the best run as a normal results directory
 plus the search table)::
 
     accelgen oracle --trace T.parquet --deployment opt-13b --out DIR [--grid JSON] [--param K=V]

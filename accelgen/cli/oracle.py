@@ -34,7 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(a: argparse.Namespace) -> int:
-    from accelgen.sim.cli import build_config
+    from accelgen.cli.simulate import build_config
     from accelgen.sim.oracle_search import closing_lines, search_to_dir
     from accelgen.workloads.trace import load_trace
 
@@ -51,7 +51,7 @@ def run(a: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = _configure(argparse.ArgumentParser(prog="python -m accelgen.sim.oracle_cli",
+    ap = _configure(argparse.ArgumentParser(prog="python -m accelgen.cli.oracle",
                                             description=_DESCRIPTION))
     return run(ap.parse_args(argv))
 

@@ -82,7 +82,7 @@ def _deployment(args: argparse.Namespace) -> tuple[str, Deployment]:
     if args.profile_csv is not None:
         updates.update(cost_model="profile", profile_csv=args.profile_csv)
     if args.calibration is not None:
-        from accelgen.costmodel.calibrate_cli import read_calibration
+        from accelgen.costmodel.calibration_files import read_calibration
 
         updates.update(cost_model="calibrated",
                        calibration=read_calibration(args.calibration).model_dump())

@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from accelgen.cliopts import hidden_alias
+from accelgen.cli.options import hidden_alias
 from accelgen.config import (
     Deployment,
     ExperimentConfig,

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from accelgen.cliopts import hidden_alias
+from accelgen.cli.options import hidden_alias
 from accelgen.config import Deployment
 from accelgen.costmodel.profiles import MODELS, resolve_deployment, resolve_model
 from accelgen.costmodel.table import read_profile_csv

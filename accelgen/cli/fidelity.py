@@ -13,7 +13,7 @@ each replay's times and the machine's load meanwhile), ``calibration/`` (the cal
 deployment, per-step errors, the summary) and ``sim-<system>/``. ``report`` prints the
 comparison of the out-of-sample rounds with the simulation, the per-step residuals and the load,
 and writes the CSV and the figure (PNG + PDF). The pipeline's stage (rules/fidelity.smk) runs
-both; ``python -m accelgen.fidelity.cli`` is the same command.
+both; ``python -m accelgen.cli.fidelity`` is the same command.
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m accelgen.fidelity.cli",
+    p = argparse.ArgumentParser(prog="python -m accelgen.cli.fidelity",
                                 description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_commands(p)
