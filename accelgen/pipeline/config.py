@@ -32,6 +32,7 @@ from pydantic import (
 
 from accelgen.config import CalibratedTerms, CollectiveTerms, Deployment, SimOptions
 from accelgen.engine_regime.config import EngineSweepConfig
+from accelgen.figures.catalog import DEFAULT_FIGURES_DIR
 from accelgen.workloads.config import WorkloadConfig
 from accelgen.workloads.datasets import DEFAULT_RAW_DIR, DownloadConfig
 
@@ -429,7 +430,7 @@ class PipelineConfig(Strict):
     """The whole experiment YAML (``workload:`` plus the pipeline sections)."""
 
     name: Segment = Field(description="results/<name>/, data/<name>/, logs/<name>/")
-    figures_dir: str = Field("paper_figures", description="where figures and their CSVs go")
+    figures_dir: str = Field(DEFAULT_FIGURES_DIR, description="where figures and their CSVs go")
     backend: Literal["sim", "vllm"] = "sim"
     seeds: list[NonNegativeInt] = Field(default_factory=lambda: [0], min_length=1)
     truncate_margin: NonNegativeInt = Field(
