@@ -33,10 +33,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from accelgen.config import Deployment
 from accelgen.core.kvcache import BlockManager, blocks_for
 from accelgen.core.policy import Decision, Policy, SchedulerView
 from accelgen.core.request import Request, Status
+from accelgen.core.specs import Deployment
 from accelgen.costmodel.factory import deployment_pivot, make_cost_model
 from accelgen.policies.registry import make_policy
 from accelgen.workloads import WorkloadConfig, build_trace, to_requests

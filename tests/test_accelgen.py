@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from accelgen.config import Deployment
 from accelgen.core.iteration import BatchShape, Pivot
 from accelgen.core.kvcache import BlockManager, blocks_for
 from accelgen.core.policy import Decision, Policy, SchedulerView
 from accelgen.core.request import Request, Status
+from accelgen.core.specs import Deployment
 from accelgen.costmodel.factory import deployment_pivot, make_cost_model
 from accelgen.costmodel.pivot import budget_for_time
 from accelgen.policies.accelgen import AccelGenPolicy

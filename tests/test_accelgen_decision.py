@@ -17,11 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from accelgen.config import Deployment
 from accelgen.core.iteration import BatchShape, Pivot
 from accelgen.core.kvcache import BlockManager
 from accelgen.core.policy import Decision, InfoRow, SchedulerView
 from accelgen.core.request import Request, Status
+from accelgen.core.specs import Deployment
 from accelgen.costmodel.base import CostModel
 from accelgen.costmodel.factory import make_cost_model
 from accelgen.costmodel.linear import LinearCostModel, LinearTerms, OnlineLinearCostModel

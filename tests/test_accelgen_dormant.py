@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from accelgen.config import Deployment
 from accelgen.core.iteration import BatchShape
 from accelgen.core.policy import Decision, SchedulerView
+from accelgen.core.specs import Deployment
 from accelgen.costmodel.analytic import AnalyticCostModel
 from accelgen.costmodel.factory import make_cost_model
 from accelgen.policies.accelgen import AccelGenPolicy

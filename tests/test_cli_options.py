@@ -89,7 +89,7 @@ def _plant(monkeypatch: pytest.MonkeyPatch, module: str, command: str, *spelling
            dest: str, hidden: bool = False) -> None:
     """Make ``module``'s parser for ``command`` also take ``spelling`` into ``dest`` (a KV
     budget option parses its value as the others do)."""
-    from accelgen.config import kv_cache_gb_arg
+    from accelgen.core.specs import kv_cache_gb_arg
 
     mod = importlib.import_module(module)
     original = mod.add_parser
@@ -119,7 +119,7 @@ def _plant(monkeypatch: pytest.MonkeyPatch, module: str, command: str, *spelling
      "accelgen simulate: hidden --old-name is an alias of no visible option (gone)"),
     # the KV budget under its own destination again, as `accelgen simulate` once had it
     ("accelgen.cli.replay", "replay", "--kv-gb", "kv_gb", False,
-     "values parsed by accelgen.config.kv_cache_gb_arg are stored as kv_cache_gb (accelgen "
+     "values parsed by accelgen.core.specs.kv_cache_gb_arg are stored as kv_cache_gb (accelgen "
      "calibrate, accelgen capacity, accelgen pivot, accelgen simulate), kv_gb (accelgen replay)"),
 ])
 def test_a_planted_second_spelling_is_found(monkeypatch: pytest.MonkeyPatch, module: str,

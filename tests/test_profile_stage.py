@@ -18,8 +18,8 @@ import torch
 import yaml
 
 from accelgen.cli import main as cli_main
-from accelgen.costmodel.profiles import MODELS
-from accelgen.pipeline import config as pc
+from accelgen.costmodel.datasheets import MODELS
+from accelgen.pipeline import config_file as pc
 from accelgen.pipeline.grid import Grid
 from accelgen.profiling.grid import Shape, gpu_grid
 from accelgen.profiling.torch_backend import TorchOptions, select_attention

@@ -499,7 +499,7 @@ def test_logs_written_at_shutdown_for_out_of_process_engines(tmp_path) -> None:
 def test_logs_while_serving_hold_in_flight_and_aborted_requests(tmp_path) -> None:
     """The log directory is current while the engine serves: what an engine-core crash would
     leave behind. Requests in flight and requests vLLM aborted are unfinished, with why."""
-    from accelgen.vllm_integration.config import AUTO_REQ_ID_BASE
+    from accelgen.vllm_integration.adapter_config import AUTO_REQ_ID_BASE
     from accelgen.vllm_integration.logsink import read_log
     from accelgen.vllm_integration.scheduler import ABORTED_REASON, IN_FLIGHT_REASON
 

@@ -41,7 +41,7 @@ import numpy as np
 
 from accelgen.cli import collectives as collectives_cli
 from accelgen.cli.options import hidden_alias
-from accelgen.config import CalibratedTerms, Deployment, kv_cache_gb_arg, load_yaml
+from accelgen.core.specs import CalibratedTerms, Deployment, kv_cache_gb_arg, load_yaml
 from accelgen.costmodel.calibrate import (
     HOLDOUTS,
     LOO_MAX_POINTS,
@@ -129,7 +129,7 @@ def base_config(args: argparse.Namespace) -> dict[str, Any]:
         if "deployment" not in data:
             raise ValueError(f"{args.config}: no `deployment:` section")
     if args.deployment:
-        from accelgen.costmodel.profiles import resolve_deployment
+        from accelgen.costmodel.datasheets import resolve_deployment
 
         data["deployment"] = resolve_deployment(args.deployment).model_dump(mode="json")
     dep = dict(data.get("deployment") or {})
@@ -147,13 +147,13 @@ def prior_for(dep: Deployment, kind: str) -> CalibratedTerms:
     if kind == "zero":
         return CalibratedTerms(source="0 (--prior zero)")
     from accelgen.costmodel.calibrate import prior_terms
-    from accelgen.costmodel.profiles import resolve_hardware, resolve_model
+    from accelgen.costmodel.datasheets import resolve_hardware, resolve_model
 
     return prior_terms(resolve_model(dep.model), resolve_hardware(dep.hardware))
 
 
 def run(args: argparse.Namespace) -> int:
-    from accelgen.costmodel.profiles import resolve_model
+    from accelgen.costmodel.datasheets import resolve_model
 
     data = base_config(args)
     if args.collectives:

@@ -32,8 +32,8 @@ def _say(msg: str) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from accelgen.cli.fidelity import load_config_data, raise_priority, require_vllm
-    from accelgen.engine_regime.config import EngineSweepConfig
     from accelgen.engine_regime.run import run_sweep
+    from accelgen.engine_regime.sweep_spec import EngineSweepConfig
 
     data = load_config_data(args.config, args.spec)
     cfg = EngineSweepConfig.model_validate(data)

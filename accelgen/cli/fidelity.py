@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from accelgen.fidelity.config import FidelityConfig
+from accelgen.fidelity.check_spec import FidelityConfig
 from accelgen.fidelity.run import run_fidelity
 
 
@@ -38,7 +38,7 @@ def load_config_data(path: Path | None, spec: str | None) -> dict[str, object]:
     """A YAML file's fields, updated with a JSON object of fields (the pipeline's section)."""
     data: dict[str, object] = {}
     if path is not None:
-        from accelgen.config import load_yaml
+        from accelgen.core.specs import load_yaml
 
         data = load_yaml(path)
     if spec:

@@ -5,16 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from accelgen.config import Deployment, kv_cache_gb_arg
-from accelgen.costmodel.factory import (
-    deployment_pivot,
-    effective_max_model_len,
-    make_cost_model,
-    resolve_deployment,
-    resolve_hardware,
-)
-from accelgen.costmodel.pivot import PAPER_PIVOTS
-from accelgen.costmodel.profiles import (
+from accelgen.core.specs import Deployment, kv_cache_gb_arg
+from accelgen.costmodel.datasheets import (
     ALTERNATIVE_DEPLOYMENTS,
     DEPLOYMENTS,
     GIB,
@@ -25,6 +17,14 @@ from accelgen.costmodel.profiles import (
     kv_num_blocks,
     resolve_model,
 )
+from accelgen.costmodel.factory import (
+    deployment_pivot,
+    effective_max_model_len,
+    make_cost_model,
+    resolve_deployment,
+    resolve_hardware,
+)
+from accelgen.costmodel.pivot import PAPER_PIVOTS
 
 TABLE_SIZES = (64, 128, 256, 384, 512, 768, 1024, 1280, 1536, 2048, 4096, 8192)
 

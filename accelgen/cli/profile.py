@@ -21,8 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from accelgen.cli.options import hidden_alias
-from accelgen.config import Deployment
-from accelgen.costmodel.profiles import MODELS, resolve_deployment, resolve_model
+from accelgen.core.specs import Deployment
+from accelgen.costmodel.datasheets import MODELS, resolve_deployment, resolve_model
 from accelgen.costmodel.table import read_profile_csv
 from accelgen.profiling.measure import Measurement, PivotReport, pivot_report, write_profile
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from accelgen.cli.options import hidden_alias
-from accelgen.config import (
+from accelgen.core.specs import (
     Deployment,
     ExperimentConfig,
     PolicySpec,
@@ -50,7 +50,7 @@ def build_config(args: argparse.Namespace) -> ExperimentConfig:
     cfg = ExperimentConfig(**data)
     dep = cfg.deployment.model_dump()
     if args.deployment:
-        from accelgen.costmodel.profiles import DEPLOYMENTS
+        from accelgen.costmodel.datasheets import DEPLOYMENTS
 
         if args.deployment not in DEPLOYMENTS:
             raise ValueError(f"unknown deployment {args.deployment!r}; known: {', '.join(DEPLOYMENTS)}")

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from accelgen.config import CalibratedTerms, load_yaml
+from accelgen.core.specs import CalibratedTerms, load_yaml
 from accelgen.costmodel.calibrate import Calibration, KindStat, PointError
 from accelgen.costmodel.calibrated import TERMS
 

@@ -38,7 +38,7 @@ from accelgen.results import RunOutput, outcome_counts
 if TYPE_CHECKING:
     import pandas as pd
 
-    from accelgen.config import ExperimentConfig
+    from accelgen.core.specs import ExperimentConfig
 
 # 12 simulations per trace keep the quick pipeline in minutes; budget_cap, budget_rule,
 # long_prompt_threshold, ... can be added through ``grid`` (e.g. {"budget_cap": [1.0, 1.25]}).
@@ -89,7 +89,7 @@ def floor_params(cfg: ExperimentConfig) -> dict[str, Any]:
 
 
 def _run(args: tuple[pd.DataFrame, ExperimentConfig, str, dict[str, Any]]) -> RunOutput:
-    from accelgen.config import PolicySpec
+    from accelgen.core.specs import PolicySpec
     from accelgen.sim.runner import simulate
 
     trace, cfg, policy, params = args

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from accelgen.config import load_yaml
-from accelgen.pipeline.config import load
+from accelgen.core.specs import load_yaml
+from accelgen.pipeline.config_file import load
 from accelgen.pipeline.grid import SCENARIO_PREFIX, Grid
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from accelgen.figures.catalog import FIGURES, GROUPS
-from accelgen.pipeline.config import (
+from accelgen.pipeline.config_file import (
     BASE_VARIANT,
     PipelineConfig,
     PipelineConfigError,
@@ -99,7 +99,7 @@ def fmt_num(x: float) -> str:
 
 
 class Grid:
-    """The expanded experiment grid of a validated config (``accelgen.pipeline.config.load``).
+    """The expanded experiment grid of a validated config (``accelgen.pipeline.config_file.load``).
     Building it checks what only the expansion shows (derived workloads: rates, long-prompt
     shares, datasets) and raises ``PipelineConfigError`` naming the key, as ``load`` does."""
 
@@ -511,8 +511,8 @@ class Grid:
         """Every derived workload validates (raises PipelineConfigError naming the variant)."""
         from pydantic import ValidationError
 
-        from accelgen.pipeline.config import _format_errors
-        from accelgen.workloads.config import WorkloadConfig
+        from accelgen.pipeline.config_file import _format_errors
+        from accelgen.workloads.workload_spec import WorkloadConfig
 
         problems = []
         for name, data in self.variants.items():
@@ -649,7 +649,7 @@ class Grid:
         data = self.variants.get(variant) or self.cfg.workload_dict(variant)
         if data.get("kind") != "datasets":
             return []
-        from accelgen.workloads.config import WorkloadConfig
+        from accelgen.workloads.workload_spec import WorkloadConfig
 
         wl = WorkloadConfig.model_validate(data)
         return sorted(str(src.path) for src in wl.resolved_sources().values())

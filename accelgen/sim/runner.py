@@ -7,8 +7,8 @@ from pathlib import Path
 import pandas as pd
 
 from accelgen import metrics
-from accelgen.config import ExperimentConfig
 from accelgen.core.kvcache import BlockManager
+from accelgen.core.specs import ExperimentConfig
 from accelgen.costmodel.base import CostModel
 from accelgen.costmodel.factory import (
     deployment_pivot,

@@ -4,7 +4,7 @@ scheduling with the same recording (``InstrumentedScheduler``).
 Use: ``LLM(..., scheduler_cls="accelgen.vllm_integration.scheduler.AccelGenScheduler")``, the
 same string in ``EngineArgs(scheduler_cls=...)`` or the OpenAI server's ``--scheduler-cls``
 (``accelgen serve`` sets it); the policy and SLO defaults come from
-``accelgen.vllm_integration.config``.
+``accelgen.vllm_integration.adapter_config``.
 
 How a policy decision reaches vLLM without copying vLLM's ``schedule()`` (vLLM 0.32.0,
 ``vllm/v1/core/sched/scheduler.py``):
@@ -71,7 +71,7 @@ from accelgen.core.request import Request, Status, length_cap_reason, served_out
 from accelgen.costmodel.linear import OnlineLinearCostModel  # noqa: E402
 from accelgen.policies.vllm_priority import slo_priority  # noqa: E402
 from accelgen.results import IterationLog, requests_frame  # noqa: E402
-from accelgen.vllm_integration.config import (  # noqa: E402
+from accelgen.vllm_integration.adapter_config import (  # noqa: E402
     AUTO_REQ_ID_BASE,
     AdapterConfig,
     SLOError,
