@@ -1,8 +1,11 @@
 """The package's import structure: no import circles among ``accelgen`` modules or among its
-packages, and layers that point one way:
+packages, and layers that point one way (a package imports only those to its left):
 
-    core -> costmodel -> workloads -> policies -> (sim | vllm_integration) -> results
-         -> experiments, engine_regime, fidelity, serving, profiling -> pipeline -> cli
+    core, costmodel, workloads, policies, (sim | vllm_integration), then experiments,
+    engine_regime, fidelity, serving, profiling, then pipeline, then cli
+
+where both backends write through ``results`` (which imports only ``core``) and ``figures``
+(plotting helpers) imports none of the others.
 
 ``core`` (the request, the KV block manager, the batch shape and pivot, the policy interface, the
 deployment and run specs) imports nothing of ``accelgen`` above it; only ``cli`` parses options,
