@@ -4,8 +4,8 @@ packages, and layers that point one way (a package imports only those to its lef
     core, costmodel, workloads, policies, (sim | vllm_integration), then experiments,
     engine_regime, fidelity, serving, profiling, then pipeline, then cli
 
-where both backends write through ``results`` (which imports only ``core``) and ``figures``
-(plotting helpers) imports none of the others.
+where both backends write through ``results`` (which imports only ``core``), and ``figures``
+(plotting helpers) imports no backend, experiment or pipeline.
 
 ``core`` (the request, the KV block manager, the batch shape and pivot, the policy interface, the
 deployment and run specs) imports nothing of ``accelgen`` above it; only ``cli`` parses options,
