@@ -47,7 +47,7 @@ _HERE = Path(__file__).resolve().parent
 _SOURCES = (_HERE / "accelgen_decision.py", _HERE / "accelgen_workspace.py",
             _HERE / "accelgen_table.py", _HERE / "accelgen_compiled.py",
             _HERE.parent / "costmodel" / "linear.py", _HERE.parent / "costmodel" / "analytic.py",
-            _HERE.parent / "costmodel" / "base.py")
+            _HERE.parent / "costmodel" / "base.py", _HERE.parent / "core" / "iteration.py")
 ENV = "ACCELGEN_DECISION"
 
 
