@@ -5,7 +5,7 @@
 #   snakemake --cores all --configfile config/paper.yaml    # the paper's full setup
 #   snakemake --cores all fig09                             # one figure (targets: docs/ARTIFACT.md)
 #
-# The config is validated when this file is parsed (accelgen.pipeline.config, then
+# The config is validated when this file is parsed (accelgen.pipeline.config_file, then
 # config/schema.json); a bad value stops everything before any job runs.
 
 from snakemake.utils import min_version

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from accelgen.config import HardwareProfile, ModelProfile
+from accelgen.core.specs import HardwareProfile, ModelProfile
 
 PCTS = (5, 50, 95, 99)
 

@@ -33,9 +33,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from accelgen.costmodel.base import BatchShape
-from accelgen.policies.base import InfoRow
-from accelgen.request import Request, Status
+from accelgen.core.iteration import BatchShape
+from accelgen.core.policy import InfoRow
+from accelgen.core.request import Request, Status
 
 ITERATION_COLUMNS = (
     "start", "latency", "forward_size", "prefill_tokens", "decode_tokens", "num_prefill_seqs",

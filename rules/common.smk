@@ -9,7 +9,7 @@ import sys
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from accelgen.pipeline import config as pipeline_config
+from accelgen.pipeline import config_file as pipeline_config
 from accelgen.pipeline.grid import SCENARIO_PREFIX, Grid
 from accelgen.pipeline.nbsource import code_digest
 from accelgen.pipeline.resources import job_resources

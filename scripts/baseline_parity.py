@@ -23,12 +23,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from accelgen.config import ExperimentConfig, PolicySpec, SimOptions
+from accelgen.core.specs import ExperimentConfig, PolicySpec, SimOptions
+from accelgen.costmodel.datasheets import DEPLOYMENTS, resolve_model
 from accelgen.costmodel.factory import make_cost_model
-from accelgen.costmodel.profiles import DEPLOYMENTS, resolve_model
 from accelgen.sim.runner import simulate
 from accelgen.workloads.build import build_trace
-from accelgen.workloads.config import WorkloadConfig
+from accelgen.workloads.workload_spec import WorkloadConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 

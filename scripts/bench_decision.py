@@ -33,12 +33,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from accelgen.config import Deployment
+from accelgen.core.kvcache import BlockManager, blocks_for
+from accelgen.core.policy import Decision, Policy, SchedulerView
+from accelgen.core.request import Request, Status
+from accelgen.core.specs import Deployment
 from accelgen.costmodel.factory import deployment_pivot, make_cost_model
-from accelgen.kvcache import BlockManager, blocks_for
-from accelgen.policies.base import Decision, Policy, SchedulerView
 from accelgen.policies.registry import make_policy
-from accelgen.request import Request, Status
 from accelgen.workloads import WorkloadConfig, build_trace, to_requests
 
 

@@ -18,12 +18,12 @@ import time
 T0 = time.perf_counter()
 import sys  # noqa: E402
 
-from accelgen.config import Deployment  # noqa: E402
+from accelgen.core.kvcache import BlockManager  # noqa: E402
+from accelgen.core.policy import SchedulerView  # noqa: E402
+from accelgen.core.request import Request  # noqa: E402
+from accelgen.core.specs import Deployment  # noqa: E402
 from accelgen.costmodel.factory import deployment_pivot, make_cost_model  # noqa: E402
-from accelgen.kvcache import BlockManager  # noqa: E402
-from accelgen.policies.base import SchedulerView  # noqa: E402
 from accelgen.policies.registry import make_policy  # noqa: E402
-from accelgen.request import Request  # noqa: E402
 
 
 def main() -> None:

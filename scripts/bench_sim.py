@@ -45,8 +45,8 @@ TRACES = {
 # One simulation in a child process: the runner's path of `accelgen simulate`.
 _CHILD = """
 import sys
-from accelgen.config import ExperimentConfig, PolicySpec, SimOptions
-from accelgen.costmodel.profiles import DEPLOYMENTS
+from accelgen.core.specs import ExperimentConfig, PolicySpec, SimOptions
+from accelgen.costmodel.datasheets import DEPLOYMENTS
 from accelgen.sim.runner import simulate_to_dir
 from accelgen.workloads.trace import load_trace
 trace_path, policy, out = sys.argv[1:4]

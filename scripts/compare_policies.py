@@ -49,15 +49,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from accelgen.config import Deployment, ExperimentConfig, PolicySpec, SimOptions, load_yaml, parse_params
+from accelgen.core.specs import Deployment, ExperimentConfig, PolicySpec, SimOptions, load_yaml, parse_params
+from accelgen.costmodel.datasheets import DEPLOYMENTS
 from accelgen.costmodel.factory import effective_max_model_len, make_cost_model
-from accelgen.costmodel.profiles import DEPLOYMENTS
 from accelgen.metrics import per_request
 from accelgen.sim.runner import simulate
 from accelgen.workloads.build import build_trace
-from accelgen.workloads.config import WorkloadConfig
 from accelgen.workloads.latency import resolve_prefill_latency
 from accelgen.workloads.slo import isolated_prefill
+from accelgen.workloads.workload_spec import WorkloadConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 

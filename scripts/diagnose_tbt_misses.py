@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from accelgen.config import Deployment, kv_cache_gb_arg
-from accelgen.costmodel.base import BatchShape
+from accelgen.core.iteration import BatchShape
+from accelgen.core.specs import Deployment, kv_cache_gb_arg
+from accelgen.costmodel.datasheets import resolve_deployment
 from accelgen.costmodel.factory import deployment_pivot, make_cost_model
-from accelgen.costmodel.profiles import resolve_deployment
 from accelgen.results import read_results
 
 INFO = ("info_token_budget", "info_slo_min", "info_t_max", "info_n_urgent",

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from accelgen.config import AllReduceFit, CollectiveTerms
+from accelgen.core.specs import AllReduceFit, CollectiveTerms
 from accelgen.costmodel import collective_fit as cf
 from accelgen.costmodel.collectives import BUILTIN
-from accelgen.costmodel.profiles import HARDWARE
+from accelgen.costmodel.datasheets import HARDWARE
 
 NODES = {"a100": "a100_dgx", "h100": "h100_dgx"}
 HIDDEN = (8192, 12288)  # Llama-3-70B, OPT-175B
@@ -136,10 +136,10 @@ def write_sample(points: cf.CollectivePoints, hw: str, node: str, out: Path) -> 
 
 def iteration_lines() -> list[str]:
     """Iterations of the multi-GPU deployments under the package's terms (contexts 2,048)."""
+    from accelgen.core.iteration import BatchShape
     from accelgen.costmodel.analytic import AnalyticCostModel
-    from accelgen.costmodel.base import BatchShape
+    from accelgen.costmodel.datasheets import resolve_deployment
     from accelgen.costmodel.factory import make_cost_model
-    from accelgen.costmodel.profiles import resolve_deployment
 
     def shape(prefill: int = 0, decodes: int = 0) -> BatchShape:
         s = BatchShape()

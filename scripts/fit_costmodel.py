@@ -28,11 +28,11 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
-from accelgen.config import ModelProfile
+from accelgen.core.iteration import BatchShape
+from accelgen.core.specs import ModelProfile
 from accelgen.costmodel.analytic import A100_CALIBRATION, AnalyticCostModel, Calibration
-from accelgen.costmodel.base import BatchShape
+from accelgen.costmodel.datasheets import resolve_hardware, resolve_model
 from accelgen.costmodel.pivot import find_pivot
-from accelgen.costmodel.profiles import resolve_hardware, resolve_model
 from accelgen.costmodel.table import ProfileCostModel, ProfileRow
 
 A100 = resolve_hardware("a100")

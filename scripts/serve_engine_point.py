@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                          f"{', '.join(f'{f:g}' for f in rates)}")
     client = {int(c) for c in args.client_cpus.split(",")} if args.client_cpus else None
     if args.renice is not None:
-        from accelgen.fidelity.cli import raise_priority
+        from accelgen.cli.fidelity import raise_priority
 
         raise_priority(args.renice)
     rows = []

@@ -119,7 +119,7 @@ def simulate_one(args: list[str]) -> None:
     Oracle's schedule search; these digests are of its decisions)."""
     import argparse
 
-    from accelgen.sim.cli import add_parser, build_config
+    from accelgen.cli.simulate import add_parser, build_config
     from accelgen.sim.runner import simulate_to_dir
     from accelgen.workloads.trace import load_trace
 

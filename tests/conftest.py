@@ -12,11 +12,12 @@ from collections.abc import Sequence
 import pytest
 from hypothesis import settings
 
+from accelgen.core.iteration import Pivot
+from accelgen.core.kvcache import BlockManager
+from accelgen.core.policy import Policy, SchedulerView
+from accelgen.core.request import Request, Status
 from accelgen.costmodel.base import CostModel
 from accelgen.costmodel.linear import LinearCostModel
-from accelgen.kvcache import BlockManager
-from accelgen.policies.base import Pivot, Policy, SchedulerView
-from accelgen.request import Request, Status
 from accelgen.sim.engine import SimulationResult, Simulator
 
 settings.register_profile("ci", derandomize=True, database=None, print_blob=True)

@@ -7,10 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from accelgen.config import CalibratedTerms, ExperimentConfig, SimOptions
+from accelgen.core.specs import CalibratedTerms, ExperimentConfig, SimOptions
 from accelgen.costmodel.calibrated import TERMS
 from accelgen.engine_regime import systems as sysmod
-from accelgen.engine_regime.config import EngineSweepConfig
 from accelgen.engine_regime.run import (
     CONFIG_NAME,
     PLAN_NAME,
@@ -21,7 +20,8 @@ from accelgen.engine_regime.run import (
     simulate_sweep,
     write_traces,
 )
-from accelgen.fidelity.config import engine_deployment
+from accelgen.engine_regime.sweep_spec import EngineSweepConfig
+from accelgen.fidelity.check_spec import engine_deployment
 
 ENGINE = {"block_size": 32, "max_model_len": 2048, "max_num_seqs": 128, "num_gpu_blocks": 128}
 KV_BLOCKS = 127  # vLLM's null block is not usable

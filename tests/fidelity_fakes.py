@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from accelgen.config import CalibratedTerms
+from accelgen.core.specs import CalibratedTerms
 from accelgen.costmodel.calibrated import TERMS
-from accelgen.fidelity.config import FidelityConfig, engine_deployment, make_trace
+from accelgen.fidelity.check_spec import FidelityConfig, engine_deployment, make_trace
 from accelgen.fidelity.run import (
     CALIBRATION_DIR,
     ROUND_NAME,

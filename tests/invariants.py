@@ -6,8 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from accelgen.policies.base import Decision, Policy, SchedulerView
-from accelgen.request import Status
+from accelgen.core.policy import Decision, Policy, SchedulerView
+from accelgen.core.request import Status
 from accelgen.sim.engine import SimulationResult
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from accelgen.request import Request
+from accelgen.core.request import Request
 from tests.conftest import make_requests
 
 # (arrival, prompt tokens, output tokens, TBT SLO, TTFT SLO, offline JCT SLO or None for online)

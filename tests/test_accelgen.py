@@ -11,17 +11,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from accelgen.config import Deployment
-from accelgen.costmodel.base import BatchShape
+from accelgen.core.iteration import BatchShape, Pivot
+from accelgen.core.kvcache import BlockManager, blocks_for
+from accelgen.core.policy import Decision, Policy, SchedulerView
+from accelgen.core.request import Request, Status
+from accelgen.core.specs import Deployment
 from accelgen.costmodel.factory import deployment_pivot, make_cost_model
 from accelgen.costmodel.pivot import budget_for_time
-from accelgen.kvcache import BlockManager, blocks_for
 from accelgen.policies.accelgen import AccelGenPolicy
 from accelgen.policies.accelgen.build import load
 from accelgen.policies.accelgen.table import RequestTable
-from accelgen.policies.base import Decision, Pivot, Policy, SchedulerView
 from accelgen.policies.registry import make_policy
-from accelgen.request import Request, Status
 from tests.conftest import LinearCost, make_requests, run_sim
 
 # -- helpers -------------------------------------------------------------------------------------

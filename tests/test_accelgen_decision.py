@@ -17,19 +17,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from accelgen.config import Deployment
-from accelgen.costmodel.base import BatchShape, CostModel
+from accelgen.core.iteration import BatchShape, Pivot
+from accelgen.core.kvcache import BlockManager
+from accelgen.core.policy import Decision, InfoRow, SchedulerView
+from accelgen.core.request import Request, Status
+from accelgen.core.specs import Deployment
+from accelgen.costmodel.base import CostModel
 from accelgen.costmodel.factory import make_cost_model
 from accelgen.costmodel.linear import LinearCostModel, LinearTerms, OnlineLinearCostModel
 from accelgen.costmodel.pivot import budget_for_time
-from accelgen.kvcache import BlockManager
 from accelgen.policies.accelgen import AccelGenPolicy
 from accelgen.policies.accelgen.build import load
 from accelgen.policies.accelgen.state import INFO_INDEX, INFO_KEYS
 from accelgen.policies.accelgen.table import RequestTable
-from accelgen.policies.base import Decision, InfoRow, Pivot, SchedulerView
 from accelgen.policies.registry import make_policy
-from accelgen.request import Request, Status
 from tests.conftest import LinearCost, make_requests, run_sim
 from tests.strategies import mixed_slo_traces, trace_requests
 

@@ -16,13 +16,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from accelgen.config import Deployment
+from accelgen.core.iteration import BatchShape
+from accelgen.core.policy import Decision, SchedulerView
+from accelgen.core.specs import Deployment
 from accelgen.costmodel.analytic import AnalyticCostModel
-from accelgen.costmodel.base import BatchShape
 from accelgen.costmodel.factory import make_cost_model
 from accelgen.policies.accelgen import AccelGenPolicy
 from accelgen.policies.accelgen.budget import compiled_roofline_time as _roofline_time
-from accelgen.policies.base import Decision, SchedulerView
 from accelgen.policies.registry import make_policy
 from accelgen.sim.engine import SimulationResult
 from tests.conftest import run_sim

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from accelgen.config import Deployment
+from accelgen.core.policy import Decision, SchedulerView
+from accelgen.core.specs import Deployment
 from accelgen.costmodel.factory import make_cost_model
 from accelgen.policies.accelgen import AccelGenPolicy
-from accelgen.policies.base import Decision, SchedulerView
 from accelgen.policies.registry import make_policy
 from tests.conftest import run_sim
 from tests.invariants import RecordingPolicy, check_invariants

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from accelgen.kvcache import BlockManager
+from accelgen.core.kvcache import BlockManager
+from accelgen.core.request import Request
 from accelgen.policies.registry import make_policy
-from accelgen.request import Request
 from tests.conftest import LinearCost, make_requests, put_running, run_sim, scheduler_view
 from tests.invariants import RecordingPolicy, check_invariants
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from accelgen.kvcache import blocks_for
-from accelgen.policies.base import Decision, InfoRow, SchedulerView
+from accelgen.core.kvcache import blocks_for
+from accelgen.core.policy import Decision, InfoRow, SchedulerView
+from accelgen.core.request import Request
 from accelgen.policies.registry import make_policy
-from accelgen.request import Request
 from tests.conftest import make_requests, run_sim
 from tests.invariants import RecordingPolicy, check_invariants
 
@@ -97,7 +97,7 @@ def test_oracle_uses_true_lengths_for_offline_plans() -> None:
 
 
 def test_oracle_refuses_without_clairvoyance() -> None:
-    from accelgen.kvcache import BlockManager
+    from accelgen.core.kvcache import BlockManager
     from tests.conftest import scheduler_view
 
     view = scheduler_view(make_requests([(0.0, 10)]), [], BlockManager(10, 16))

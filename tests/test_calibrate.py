@@ -13,11 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from accelgen.cli import main as cli_main
-from accelgen.config import CalibratedTerms, Deployment, ExperimentConfig, PolicySpec, SimOptions
-from accelgen.costmodel.base import BatchShape
+from accelgen.core.iteration import BatchShape
+from accelgen.core.specs import CalibratedTerms, Deployment, ExperimentConfig, PolicySpec, SimOptions
 from accelgen.costmodel.calibrate import calibrate, fit_terms, predict, split_half
-from accelgen.costmodel.calibrate_cli import BUILTIN_POINTS, read_calibration
 from accelgen.costmodel.calibrated import TERMS, CalibratedCostModel, Features, comm_volume
+from accelgen.costmodel.calibration_files import BUILTIN_POINTS, read_calibration
 from accelgen.costmodel.factory import make_cost_model
 from accelgen.costmodel.points import (
     PointsError,
@@ -189,7 +189,7 @@ def paper_shapes(decodes: tuple[int, ...] = (1, 32)) -> list[BatchShape]:
 
 def analytic_prior() -> CalibratedTerms:
     from accelgen.costmodel.calibrate import prior_terms
-    from accelgen.costmodel.profiles import resolve_hardware, resolve_model
+    from accelgen.costmodel.datasheets import resolve_hardware, resolve_model
 
     return prior_terms(resolve_model("llama-13b"), resolve_hardware("a100"))
 
@@ -302,7 +302,7 @@ def test_leave_one_out_predicts_each_point_without_it() -> None:
 def test_a100_points_held_out_mape_within_ten_percent() -> None:
     """The acceptance check: the A100 points the package carries, fit on half."""
     from accelgen.costmodel.calibrate import prior_terms
-    from accelgen.costmodel.profiles import resolve_hardware, resolve_model
+    from accelgen.costmodel.datasheets import resolve_hardware, resolve_model
 
     ps = read_points(BUILTIN_POINTS["a100-13b"])
     prior = prior_terms(resolve_model("opt-13b"), resolve_hardware("a100"))
@@ -438,7 +438,7 @@ def test_check_sets_are_predicted_out_of_sample(tmp_path: Path,
 
 
 def test_pipeline_deployment_takes_a_calibration_file(tmp_path: Path) -> None:
-    from accelgen.pipeline import config as pc
+    from accelgen.pipeline import config_file as pc
 
     out = tmp_path / "cal.yaml"
     assert cli_main(["calibrate", "--points", "a100-13b", "--deployment", "opt-13b",

@@ -12,11 +12,11 @@ import pytest
 
 from accelgen import metrics
 from accelgen.cli import main
-from accelgen.config import Deployment
+from accelgen.core.specs import Deployment
 from accelgen.costmodel.capacity import capacity_bound, kv_token_iterations
+from accelgen.costmodel.datasheets import DEPLOYMENTS
 from accelgen.costmodel.factory import deployment_pivot, kv_num_blocks
-from accelgen.costmodel.profiles import DEPLOYMENTS
-from accelgen.pipeline import config as pc
+from accelgen.pipeline import config_file as pc
 from accelgen.pipeline.grid import REGIMES, Grid
 
 ROOT = Path(__file__).resolve().parents[1]

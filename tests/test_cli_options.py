@@ -4,7 +4,7 @@ visible spellings, in one command or in two), a spelling that stores into two de
 value kind (a parser function of the package, e.g. ``kv_cache_gb_arg``) stored under two
 destinations (the same option named two ways: ``--kv-gb`` and ``--kv-cache-gb`` once), or a
 hidden alias of nothing visible fails the test. An older spelling stays accepted as a hidden alias
-(``accelgen.cliopts.hidden_alias``)."""
+(``accelgen.cli.options.hidden_alias``)."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def _plant(monkeypatch: pytest.MonkeyPatch, module: str, command: str, *spelling
            dest: str, hidden: bool = False) -> None:
     """Make ``module``'s parser for ``command`` also take ``spelling`` into ``dest`` (a KV
     budget option parses its value as the others do)."""
-    from accelgen.config import kv_cache_gb_arg
+    from accelgen.core.specs import kv_cache_gb_arg
 
     mod = importlib.import_module(module)
     original = mod.add_parser
@@ -105,28 +105,28 @@ def _plant(monkeypatch: pytest.MonkeyPatch, module: str, command: str, *spelling
 
 @pytest.mark.parametrize("module, command, spelling, dest, hidden, found", [
     # the KV option spelled as `accelgen simulate` once spelled it, in `accelgen capacity`
-    ("accelgen.costmodel.capacity_cli", "capacity", "--kv-gb", "kv_cache_gb", False,
+    ("accelgen.cli.capacity", "capacity", "--kv-gb", "kv_cache_gb", False,
      "destination 'kv_cache_gb' is spelled --kv-cache-gb (accelgen calibrate, accelgen "
      "capacity, accelgen pivot, accelgen simulate), --kv-gb (accelgen capacity)"),
     # a second visible spelling in another command
-    ("accelgen.vllm_integration.cli", "replay", "--kv-blocks", "num_gpu_blocks", False,
+    ("accelgen.cli.replay", "replay", "--kv-blocks", "num_gpu_blocks", False,
      "destination 'num_gpu_blocks' is spelled --kv-blocks (accelgen replay), --num-gpu-blocks"),
     # one spelling, two destinations
-    ("accelgen.sim.cli", "simulate", "--seeds", "seed_list", False,
+    ("accelgen.cli.simulate", "simulate", "--seeds", "seed_list", False,
      "--seeds stores into"),
     # a hidden alias of nothing visible
-    ("accelgen.sim.cli", "simulate", "--old-name", "gone", True,
+    ("accelgen.cli.simulate", "simulate", "--old-name", "gone", True,
      "accelgen simulate: hidden --old-name is an alias of no visible option (gone)"),
     # the KV budget under its own destination again, as `accelgen simulate` once had it
-    ("accelgen.vllm_integration.cli", "replay", "--kv-gb", "kv_gb", False,
-     "values parsed by accelgen.config.kv_cache_gb_arg are stored as kv_cache_gb (accelgen "
+    ("accelgen.cli.replay", "replay", "--kv-gb", "kv_gb", False,
+     "values parsed by accelgen.core.specs.kv_cache_gb_arg are stored as kv_cache_gb (accelgen "
      "calibrate, accelgen capacity, accelgen pivot, accelgen simulate), kv_gb (accelgen replay)"),
 ])
 def test_a_planted_second_spelling_is_found(monkeypatch: pytest.MonkeyPatch, module: str,
                                             command: str, spelling: str, dest: str,
                                             hidden: bool, found: str) -> None:
     if spelling == "--seeds":  # one spelling into two destinations: plant it twice
-        _plant(monkeypatch, "accelgen.costmodel.capacity_cli", "capacity", spelling,
+        _plant(monkeypatch, "accelgen.cli.capacity", "capacity", spelling,
                dest="seed_count")
     _plant(monkeypatch, module, command, spelling, dest=dest, hidden=hidden)
     problems = spelling_conflicts(all_parsers())

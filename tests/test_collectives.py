@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from accelgen.config import AllReduceFit, CollectiveTerms, Deployment, SendRecvFit
+from accelgen.core.iteration import BatchShape
+from accelgen.core.specs import AllReduceFit, CollectiveTerms, Deployment, SendRecvFit
 from accelgen.costmodel import collective_fit as cf
 from accelgen.costmodel.analytic import AnalyticCostModel, roofline_time
-from accelgen.costmodel.base import BatchShape
 from accelgen.costmodel.collectives import (
     BUILTIN,
     all_reduce_time,
@@ -24,8 +24,8 @@ from accelgen.costmodel.collectives import (
     nearest_fit,
     send_recv_time,
 )
+from accelgen.costmodel.datasheets import HARDWARE, MODELS
 from accelgen.costmodel.factory import make_cost_model
-from accelgen.costmodel.profiles import HARDWARE, MODELS
 
 FIXTURES = Path(__file__).parent / "fixtures"
 BOUND = 0.15  # the acceptance: median |error| at the iteration's message sizes
@@ -309,7 +309,7 @@ def test_token_grid_spans_the_iteration() -> None:
 
 
 def test_a_pipeline_deployment_takes_collectives() -> None:
-    from accelgen.pipeline.config import DeploymentSpec, resolve_deployment_spec
+    from accelgen.pipeline.config_file import DeploymentSpec, resolve_deployment_spec
 
     terms = BUILTIN["h100"].model_dump()
     dep = resolve_deployment_spec("llama-3-70b", DeploymentSpec.model_validate(

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from accelgen.kvcache import BlockManager
-from accelgen.policies.base import Decision, SchedulerView
+from accelgen.core.kvcache import BlockManager
+from accelgen.core.policy import Decision, SchedulerView
+from accelgen.core.request import Status
 from accelgen.policies.common import is_prefilling
 from accelgen.policies.registry import make_policy
-from accelgen.request import Status
 from tests.conftest import LinearCost, make_requests, run_sim, scheduler_view
 from tests.invariants import RecordingPolicy, check_invariants
 

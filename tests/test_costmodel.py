@@ -13,9 +13,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from accelgen.cli import main as cli_main
-from accelgen.config import Deployment
+from accelgen.core.iteration import BatchShape
+from accelgen.core.specs import Deployment
 from accelgen.costmodel.analytic import AnalyticCostModel
-from accelgen.costmodel.base import BatchShape, CostModel
+from accelgen.costmodel.base import CostModel
+from accelgen.costmodel.datasheets import (
+    DEPLOYMENTS,
+    GIB,
+    HARDWARE,
+    MODELS,
+    kv_num_blocks,
+    kv_num_tokens,
+    weight_bytes_per_gpu,
+)
 from accelgen.costmodel.factory import (
     deployment_pivot,
     make_cost_model,
@@ -30,15 +40,6 @@ from accelgen.costmodel.pivot import (
     find_pivot,
     pivot_from_sweep,
     sweep,
-)
-from accelgen.costmodel.profiles import (
-    DEPLOYMENTS,
-    GIB,
-    HARDWARE,
-    MODELS,
-    kv_num_blocks,
-    kv_num_tokens,
-    weight_bytes_per_gpu,
 )
 from accelgen.costmodel.table import (
     ProfileCostModel,

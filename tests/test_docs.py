@@ -1,5 +1,5 @@
 """The figure maps of README.md and docs/ARTIFACT.md agree with the pipeline: every figure target
-of the grid (accelgen.pipeline.grid.FIGURES) is listed once, beside the notebook that draws it."""
+of the grid (accelgen.figures.catalog.FIGURES) is listed once, beside the notebook that draws it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from accelgen.pipeline.grid import FIGURES
+from accelgen.figures.catalog import FIGURES
 
 ROOT = Path(__file__).resolve().parents[1]
 # Targets outside the grid's figure table -> the notebook that draws them (None: a CSV only).

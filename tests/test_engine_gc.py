@@ -7,8 +7,9 @@ import gc
 
 import pytest
 
-from accelgen.kvcache import BlockManager
-from accelgen.policies.base import Decision, Pivot, SchedulerView
+from accelgen.core.iteration import Pivot
+from accelgen.core.kvcache import BlockManager
+from accelgen.core.policy import Decision, SchedulerView
 from accelgen.policies.vllm import VLLMPolicy
 from accelgen.sim.engine import LOOP_GC_THRESHOLDS, PolicyError, Simulator
 from tests.conftest import LinearCost, make_requests

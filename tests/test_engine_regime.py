@@ -13,15 +13,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from accelgen.costmodel.base import BatchShape
+from accelgen.core.iteration import BatchShape
 from accelgen.costmodel.calibrated import CalibratedCostModel
 from accelgen.engine_regime import systems as sysmod
 from accelgen.engine_regime.analyze import build_report, ordering
-from accelgen.engine_regime.config import EngineSweepConfig, SystemSpec
+from accelgen.engine_regime.sweep_spec import EngineSweepConfig, SystemSpec
 from accelgen.engine_regime.traces import latency_reference, sweep_trace, tbt_class
-from accelgen.fidelity.config import engine_deployment
+from accelgen.fidelity.check_spec import engine_deployment
 from accelgen.pipeline import claims as C
-from accelgen.pipeline import config as pc
+from accelgen.pipeline import config_file as pc
 from tests.engine_fakes import ENGINE, ENGINE_TERMS, KV_BLOCKS, fake_cfg, fake_engine_runs
 from tests.test_pipeline import QUICK, ROOT, job_counts, quick_dict, snakemake
 

@@ -14,17 +14,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from accelgen.config import ExperimentConfig, PolicySpec, SimOptions
-from accelgen.costmodel.base import BatchShape
+from accelgen.core.iteration import BatchShape
+from accelgen.core.kvcache import BlockManager
+from accelgen.core.policy import Decision, SchedulerView
+from accelgen.core.request import Request, Status
+from accelgen.core.specs import ExperimentConfig, PolicySpec, SimOptions
+from accelgen.costmodel.datasheets import DEPLOYMENTS
 from accelgen.costmodel.factory import make_cost_model
-from accelgen.costmodel.profiles import DEPLOYMENTS
-from accelgen.kvcache import BlockManager
-from accelgen.policies.base import Decision, SchedulerView
 from accelgen.policies.fastserve import FastServePolicy, MLFQState
-from accelgen.request import Request, Status
 from accelgen.sim.runner import simulate
 from accelgen.workloads.build import build_trace
-from accelgen.workloads.config import WorkloadConfig
+from accelgen.workloads.workload_spec import WorkloadConfig
 from tests.conftest import LinearCost, make_requests, put_running, run_sim, scheduler_view
 from tests.invariants import check_invariants
 

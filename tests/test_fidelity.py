@@ -18,6 +18,7 @@ import pytest
 
 from accelgen.costmodel.calibrated import TERMS, CalibratedCostModel
 from accelgen.costmodel.factory import kv_num_blocks
+from accelgen.fidelity.check_spec import FidelityConfig, engine_deployment, make_trace
 from accelgen.fidelity.compare import (
     FIT_ROUND,
     TARGETS,
@@ -27,7 +28,6 @@ from accelgen.fidelity.compare import (
     residual_summary,
     step_residuals,
 )
-from accelgen.fidelity.config import FidelityConfig, engine_deployment, make_trace
 from accelgen.fidelity.run import (
     CALIBRATION_DIR,
     DEPLOYMENT_NAME,

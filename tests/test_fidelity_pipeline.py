@@ -13,11 +13,11 @@ import pandas as pd
 import pytest
 import yaml
 
-from accelgen.fidelity import cli as fidelity_cli
+from accelgen.cli import fidelity as fidelity_cli
+from accelgen.fidelity.check_spec import FidelityConfig
 from accelgen.fidelity.compare import TARGETS
-from accelgen.fidelity.config import FidelityConfig
 from accelgen.fidelity.report import write_report
-from accelgen.pipeline import config as pc
+from accelgen.pipeline import config_file as pc
 from tests.fidelity_fakes import fake_fidelity_runs
 from tests.test_pipeline import QUICK, ROOT, job_counts, quick_dict, snakemake
 

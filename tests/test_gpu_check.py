@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from accelgen.config import ExperimentConfig
+from accelgen.core.specs import ExperimentConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"

@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accelgen.costmodel.base import BatchShape
-from accelgen.policies.base import InfoRow
+from accelgen.core.iteration import BatchShape
+from accelgen.core.policy import InfoRow
 from accelgen.results import ITERATION_COLUMNS, IterationLog
 
 _KEYS = ("token_budget", "n_candidates", "slo_min", "swap_in")
@@ -150,8 +150,8 @@ def test_batch_builder_decision_sets_every_field() -> None:
     ``Decision()`` field by field (a field added later fails here until it is set there too)."""
     from dataclasses import fields
 
-    from accelgen.kvcache import BlockManager
-    from accelgen.policies.base import Decision
+    from accelgen.core.kvcache import BlockManager
+    from accelgen.core.policy import Decision
     from accelgen.policies.common import BatchBuilder
 
     fast = BatchBuilder(BlockManager(8, 16), 64).decision

@@ -22,11 +22,12 @@ import pytest
 import yaml
 
 from accelgen.cli import main as accelgen_main
-from accelgen.pipeline import config as pc
+from accelgen.figures.catalog import FIGURES
+from accelgen.figures.pipeline_outputs import CONFIG_ENV, pipeline_outputs
+from accelgen.pipeline import config_file as pc
 from accelgen.pipeline.__main__ import main as pipeline_main
-from accelgen.pipeline.grid import FIGURES, Grid
+from accelgen.pipeline.grid import Grid
 from accelgen.pipeline.nbsource import code_digest, strip_outputs
-from accelgen.pipeline.notebooks import CONFIG_ENV, pipeline_outputs
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))

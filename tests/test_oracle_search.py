@@ -13,10 +13,10 @@ import pandas as pd
 import pytest
 
 from accelgen.cli import main
-from accelgen.config import Deployment, ExperimentConfig, PolicySpec, SimOptions
+from accelgen.core.specs import Deployment, ExperimentConfig, PolicySpec, SimOptions
+from accelgen.experiments import oracle_search
+from accelgen.experiments.oracle_search import grid_points, search
 from accelgen.results import RunOutput, read_results
-from accelgen.sim import oracle_search
-from accelgen.sim.oracle_search import grid_points, search
 from accelgen.sim.runner import simulate
 from accelgen.workloads.trace import write_trace
 

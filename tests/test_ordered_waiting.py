@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accelgen.policies.base import Decision, SchedulerView
+from accelgen.core.policy import Decision, SchedulerView
 from accelgen.policies.edf import EDFPolicy
 from accelgen.policies.sarathi import SarathiPolicy
 from tests.conftest import run_sim

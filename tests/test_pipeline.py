@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from accelgen.pipeline import config as pc
+from accelgen.pipeline import config_file as pc
 from accelgen.pipeline.grid import Grid
 
 ROOT = Path(__file__).resolve().parents[1]

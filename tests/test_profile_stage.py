@@ -18,8 +18,8 @@ import torch
 import yaml
 
 from accelgen.cli import main as cli_main
-from accelgen.costmodel.profiles import MODELS
-from accelgen.pipeline import config as pc
+from accelgen.costmodel.datasheets import MODELS
+from accelgen.pipeline import config_file as pc
 from accelgen.pipeline.grid import Grid
 from accelgen.profiling.grid import Shape, gpu_grid
 from accelgen.profiling.torch_backend import TorchOptions, select_attention
@@ -203,7 +203,7 @@ def test_trace_takes_ttft_slos_from_a_profile(tmp_path: Path) -> None:
 def test_replay_engine_json_merges_into_the_experiments_engine(tmp_path: Path) -> None:
     import argparse
 
-    from accelgen.vllm_integration.cli import add_parser, build_config
+    from accelgen.cli.replay import add_parser, build_config
 
     exp = tmp_path / "dep.yaml"
     exp.write_text(yaml.safe_dump({"deployment": {"model": "opt-13b", "max_model_len": 2048}}))

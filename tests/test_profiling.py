@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from accelgen.cli import main as cli_main
-from accelgen.config import Deployment
+from accelgen.core.specs import Deployment
+from accelgen.costmodel.datasheets import MODELS
 from accelgen.costmodel.factory import deployment_pivot, make_cost_model, resolve_deployment
 from accelgen.costmodel.pivot import SweepPoint
-from accelgen.costmodel.profiles import MODELS
 from accelgen.costmodel.table import ProfileCostModel, read_profile_csv
 from accelgen.profiling.grid import Shape, cpu_grid, gpu_grid, prefill_sizes, quick_grid
 from accelgen.profiling.measure import Measurement, interleaved, pivot_report, write_profile

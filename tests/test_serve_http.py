@@ -20,7 +20,7 @@ from accelgen.cli import main
 from accelgen.results import read_results
 from accelgen.serving.arrivals import request_times
 from accelgen.serving.bench import BenchConfig, Outcome, StreamParser, base_url, bench_to_dir
-from accelgen.vllm_integration.config import (
+from accelgen.vllm_integration.adapter_config import (
     AUTO_REQ_ID_BASE,
     MAX_SLO_S,
     SLODefaults,

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from accelgen import metrics
-from accelgen.policies.base import Decision, Policy, SchedulerView
+from accelgen.core.policy import Decision, Policy, SchedulerView
 from accelgen.policies.registry import make_policy
 from accelgen.results import read_results, requests_frame, write_results
 from accelgen.sim.engine import PolicyError

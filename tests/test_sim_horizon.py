@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from accelgen.config import Deployment, ExperimentConfig, PolicySpec, SimOptions
+from accelgen.core.specs import Deployment, ExperimentConfig, PolicySpec, SimOptions
 from accelgen.results import ITERATION_COLUMNS
 
 HORIZON = 12.0

@@ -13,11 +13,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from accelgen.kvcache import BlockManager
+from accelgen.core.iteration import Pivot
+from accelgen.core.kvcache import BlockManager
+from accelgen.core.policy import Decision, Policy, SchedulerView
+from accelgen.core.request import Request
 from accelgen.policies.accelgen import AccelGenPolicy
 from accelgen.policies.accelgen.oracle import OraclePolicy
-from accelgen.policies.base import Decision, Pivot, Policy, SchedulerView
-from accelgen.request import Request
 from accelgen.sim.engine import SimulationResult, Simulator
 from tests.conftest import LinearCost, assert_same_results
 

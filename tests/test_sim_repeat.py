@@ -12,8 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from accelgen.kvcache import BlockManager
-from accelgen.policies.base import Decision, Pivot, SchedulerView
+from accelgen.core.iteration import Pivot
+from accelgen.core.kvcache import BlockManager
+from accelgen.core.policy import Decision, SchedulerView
 from accelgen.policies.orca import OrcaPolicy
 from accelgen.sim.engine import SimulationResult, Simulator
 from tests.conftest import LinearCost, assert_same_results, make_requests

@@ -8,11 +8,9 @@ import numpy as np
 import pytest
 
 from accelgen.cli import main
-from accelgen.config import Deployment
-from accelgen.costmodel.base import BatchShape
-from accelgen.costmodel.factory import deployment_pivot, make_cost_model
-from accelgen.costmodel.isolated import ChunkedPrefill, isolated_decode_time
-from accelgen.costmodel.profiles import (
+from accelgen.core.iteration import BatchShape
+from accelgen.core.specs import Deployment
+from accelgen.costmodel.datasheets import (
     DEPLOYMENTS,
     GIB,
     GPU_MEMORY_UTILIZATION,
@@ -23,6 +21,8 @@ from accelgen.costmodel.profiles import (
     kv_bytes_per_token_per_gpu,
     kv_num_tokens,
 )
+from accelgen.costmodel.factory import deployment_pivot, make_cost_model
+from accelgen.costmodel.isolated import ChunkedPrefill, isolated_decode_time
 from accelgen.workloads import WorkloadConfig, build_trace, read_trace_metadata
 from accelgen.workloads.errors import WorkloadError
 from accelgen.workloads.latency import LatencyReference, resolve_latency_reference
@@ -220,7 +220,7 @@ def test_pivot_cli_shows_auto_kv(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_pipeline_deployment_accepts_auto() -> None:
-    from accelgen.pipeline.config import DeploymentSpec, resolve_deployment_spec
+    from accelgen.pipeline.config_file import DeploymentSpec, resolve_deployment_spec
 
     dep = resolve_deployment_spec("opt-13b-auto", DeploymentSpec(base="opt-13b",
                                                                  kv_cache_gb="auto"))

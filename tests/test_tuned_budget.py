@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from accelgen.costmodel.base import BatchShape
+from accelgen.core.iteration import BatchShape
 from accelgen.costmodel.budget import (
     KneeDecodes,
     candidates,
@@ -20,7 +20,7 @@ from accelgen.costmodel.budget import (
 )
 from accelgen.costmodel.factory import make_cost_model
 from accelgen.pipeline.capacity import _trace, workload_tuned_budget
-from accelgen.pipeline.config import load_file
+from accelgen.pipeline.config_file import load_file
 from tests.conftest import LinearCost
 
 QUICK = "config/quick.yaml"

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from accelgen.costmodel.linear import LinearCostModel, OnlineLinearCostModel
-from accelgen.vllm_integration.config import (
+from accelgen.vllm_integration.adapter_config import (
     ENV_VAR,
     AdapterConfig,
     SLODefaults,
@@ -142,8 +142,8 @@ def test_tiny_model_config(tmp_path) -> None:
 
 
 def test_online_cost_model_refits_to_measured_steps() -> None:
-    from accelgen.costmodel.base import BatchShape
-    from accelgen.vllm_integration.config import CostSpec, build_cost_model
+    from accelgen.core.iteration import BatchShape
+    from accelgen.vllm_integration.adapter_config import CostSpec, build_cost_model
 
     cost = build_cost_model(CostSpec(kind="online", base_s=0.5, per_token_s=0.0, refit_every=4))
     assert isinstance(cost, OnlineLinearCostModel)

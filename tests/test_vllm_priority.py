@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from accelgen.kvcache import BlockManager
+from accelgen.core.kvcache import BlockManager
 from accelgen.policies.registry import make_policy
 from accelgen.policies.vllm_priority import OFFLINE_PRIORITY, slo_priority
 from tests.conftest import make_requests, put_running, run_sim, scheduler_view
@@ -122,7 +122,7 @@ def test_replay_config_takes_the_priority_mode_for_stock_only() -> None:
 
     import pytest
 
-    from accelgen.vllm_integration.cli import add_parser, build_config
+    from accelgen.cli.replay import add_parser, build_config
     from accelgen.vllm_integration.replay import ReplayConfig
 
     p = argparse.ArgumentParser()

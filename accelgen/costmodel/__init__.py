@@ -1,5 +1,5 @@
 """Iteration-latency models: analytic roofline (calibrated) and measured profile tables."""
 
-from accelgen.costmodel.base import BatchShape, CostModel
+from accelgen.costmodel.base import CostModel
 
-__all__ = ["BatchShape", "CostModel"]
+__all__ = ["CostModel"]

@@ -25,7 +25,7 @@ Per transformer layer, summed over all layers of the model:
   own, ``accelgen calibrate --collectives``). With PP the scheduler is charged a full pipeline
   pass per iteration (all layers, no micro-batch overlap, i.e. the bubble is never filled):
   simple and pessimistic for throughput, which is why the default OPT-175B layout is TP 8 (see
-  profiles.py).
+  datasheets.py).
 - ``extra_overhead_s``: a constant per iteration for engine CPU work, sampling and so on. The
   calibration data are GPU kernel times only, so the default is 0 (a real engine adds a few ms).
 
@@ -39,8 +39,9 @@ import math
 from dataclasses import asdict, dataclass
 from typing import NamedTuple, final
 
-from accelgen.config import CollectiveTerms, HardwareProfile, ModelProfile
-from accelgen.costmodel.base import BatchShape, CostModel
+from accelgen.core.iteration import BatchShape
+from accelgen.core.specs import CollectiveTerms, HardwareProfile, ModelProfile
+from accelgen.costmodel.base import CostModel
 from accelgen.costmodel.collectives import builtin_collectives, comm_terms, comm_time
 
 

@@ -35,7 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from accelgen.costmodel.base import BatchShape, CostModel
+from accelgen.core.iteration import BatchShape
+from accelgen.costmodel.base import CostModel
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,7 +33,7 @@ from typing import Literal
 
 import numpy as np
 
-from accelgen.config import CalibratedTerms, HardwareProfile, ModelProfile
+from accelgen.core.specs import CalibratedTerms, HardwareProfile, ModelProfile
 from accelgen.costmodel.calibrated import TERMS, Features
 from accelgen.costmodel.points import KINDS, PointSet, kind_of
 

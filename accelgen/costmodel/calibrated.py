@@ -1,5 +1,5 @@
 """Calibrated cost model: the analytic model's structure with every free term fitted to measured
-iteration latencies (``accelgen calibrate``; the terms are ``accelgen.config.CalibratedTerms``).
+iteration latencies (``accelgen calibrate``; the terms are ``accelgen.core.specs.CalibratedTerms``).
 
 For an iteration of P prefill tokens and D decode sequences (forward size N = P + D) on a
 deployment of ``tp`` x ``pp`` GPUs and L layers:
@@ -37,8 +37,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from accelgen.config import CalibratedTerms
-from accelgen.costmodel.base import BatchShape, CostModel
+from accelgen.core.iteration import BatchShape
+from accelgen.core.specs import CalibratedTerms
+from accelgen.costmodel.base import CostModel
 
 # The fitted terms in the order of ``features`` (``transition_p`` is a shape parameter, not a
 # linear coefficient).

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from accelgen.config import Deployment
+from accelgen.core.specs import Deployment
 from accelgen.costmodel.factory import deployment_pivot, kv_num_blocks
 
 

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from accelgen.config import AllReduceFit, SendRecvFit
+from accelgen.core.specs import AllReduceFit, SendRecvFit
 from accelgen.costmodel.collectives import all_reduce_time, ring_factor, send_recv_time
 
 ALL_REDUCE, SEND_RECV = "all_reduce", "send_recv"

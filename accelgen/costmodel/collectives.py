@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from accelgen.config import AllReduceFit, CollectiveTerms, HardwareProfile, SendRecvFit
+from accelgen.core.specs import AllReduceFit, CollectiveTerms, HardwareProfile, SendRecvFit
 
 VIDUR_SOURCE = ("Vidur's NCCL profiles (github.com/microsoft/vidur, data/profiling/network/, "
                 "commit 7d47513, MIT), fitted by scripts/fit_collectives.py")
@@ -64,7 +64,7 @@ BUILTIN: dict[str, CollectiveTerms] = {
 }
 # The node whose fit stands in for hardware without one (scaled by interconnect bandwidth).
 FALLBACK_HARDWARE = "a100"
-FALLBACK_LINK_BANDWIDTH = 300e9  # A100 NVLink 3, per direction (profiles.py)
+FALLBACK_LINK_BANDWIDTH = 300e9  # A100 NVLink 3, per direction (datasheets.py)
 
 
 def builtin_collectives(hardware: HardwareProfile) -> CollectiveTerms:

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from accelgen.config import Deployment
+from accelgen.core.iteration import Pivot
+from accelgen.core.specs import Deployment
 from accelgen.costmodel.analytic import AnalyticCostModel
 from accelgen.costmodel.base import CostModel
 from accelgen.costmodel.calibrated import CalibratedCostModel
-from accelgen.costmodel.pivot import DEFAULT_MAX_SIZE, find_pivot
-from accelgen.costmodel.profiles import (
+from accelgen.costmodel.datasheets import (
     kv_num_blocks,
     resolve_deployment,
     resolve_hardware,
     resolve_model,
 )
+from accelgen.costmodel.pivot import DEFAULT_MAX_SIZE, find_pivot
 from accelgen.costmodel.table import ProfileCostModel
-from accelgen.policies.base import Pivot
 
 __all__ = ["deployment_pivot", "effective_max_model_len", "kv_num_blocks", "make_cost_model",
            "pivot_of", "resolve_deployment", "resolve_hardware", "resolve_model"]

@@ -8,7 +8,8 @@ batch 1 at its longest context.
 
 from __future__ import annotations
 
-from accelgen.costmodel.base import BatchShape, CostModel
+from accelgen.core.iteration import BatchShape
+from accelgen.costmodel.base import CostModel
 
 
 class ChunkedPrefill:

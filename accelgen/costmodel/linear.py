@@ -17,7 +17,8 @@ from __future__ import annotations
 import math
 from typing import NamedTuple, final
 
-from accelgen.costmodel.base import BatchShape, CostModel
+from accelgen.core.iteration import BatchShape
+from accelgen.costmodel.base import CostModel
 
 
 class LinearTerms(NamedTuple):

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from accelgen.core.iteration import Pivot
 from accelgen.costmodel.base import CostModel
-from accelgen.policies.base import Pivot
 
 # The paper's reported pivots (section 4.2), keyed by default deployment name. Shown beside the
 # computed values, never used in computation.

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from accelgen.costmodel.base import BatchShape
+from accelgen.core.iteration import BatchShape
 
 if TYPE_CHECKING:  # a step log needs pandas; CSV points do not (a bare GPU machine's Python)
     import pandas as pd

@@ -49,7 +49,8 @@ from pathlib import Path
 
 import numpy as np
 
-from accelgen.costmodel.base import BatchShape, CostModel
+from accelgen.core.iteration import BatchShape
+from accelgen.costmodel.base import CostModel
 
 KINDS = ("prefill", "decode", "mixed")
 REQUIRED_COLUMNS = ("kind", "prefill_tokens", "prefill_ctx", "decode_seqs", "decode_ctx",

@@ -30,9 +30,9 @@ from typing import Any
 
 import pandas as pd
 
-from accelgen.config import Deployment, ExperimentConfig, SimOptions
+from accelgen.core.specs import Deployment, ExperimentConfig, SimOptions
 from accelgen.engine_regime import systems as sysmod
-from accelgen.engine_regime.config import EngineSweepConfig
+from accelgen.engine_regime.sweep_spec import EngineSweepConfig
 from accelgen.engine_regime.traces import (
     calibration_trace,
     latency_reference,
@@ -67,7 +67,7 @@ def trace_path(out: Path, seed: int, rate: float) -> Path:
 
 def calibrate(cfg: EngineSweepConfig, out: Path, say: Say) -> Deployment:
     """The calibration replay (a fresh process) and the cost model fitted on it."""
-    from accelgen.fidelity.config import FidelityConfig
+    from accelgen.fidelity.check_spec import FidelityConfig
     from accelgen.fidelity.run import calibrate_on
 
     cdir = out / CALIBRATION_DIR

@@ -14,9 +14,10 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from accelgen.config import Deployment, PolicySpec
-from accelgen.costmodel.base import BatchShape, CostModel
-from accelgen.engine_regime.config import EngineSweepConfig, SystemSpec
+from accelgen.core.iteration import BatchShape
+from accelgen.core.specs import Deployment, PolicySpec
+from accelgen.costmodel.base import CostModel
+from accelgen.engine_regime.sweep_spec import EngineSweepConfig, SystemSpec
 
 PAPER_TBT_BASE_S = 0.1875  # the paper's reading-speed TBT (SPEC 6)
 PAPER_DEPLOYMENT = "opt-13b"  # the paper's engine the TBT classes were set for (one A100)

@@ -11,11 +11,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from accelgen.config import Deployment
-from accelgen.engine_regime.config import EngineSweepConfig
-from accelgen.workloads.config import SLOConfig
+from accelgen.core.specs import Deployment
+from accelgen.engine_regime.sweep_spec import EngineSweepConfig
 from accelgen.workloads.latency import LatencyReference
 from accelgen.workloads.trace import validate_trace
+from accelgen.workloads.workload_spec import SLOConfig
 
 BUCKET_NAMES = ("short", "medium", "long")
 

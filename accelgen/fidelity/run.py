@@ -27,9 +27,8 @@ from typing import Any
 
 import pandas as pd
 
-from accelgen.config import CalibratedTerms, Deployment, ExperimentConfig, SimOptions
-from accelgen.fidelity.compare import FIT_ROUND, round_dirs
-from accelgen.fidelity.config import (
+from accelgen.core.specs import CalibratedTerms, Deployment, ExperimentConfig, SimOptions
+from accelgen.fidelity.check_spec import (
     FidelityConfig,
     accelgen_adapter,
     engine_deployment,
@@ -37,6 +36,7 @@ from accelgen.fidelity.config import (
     sim_policy,
     write_trace_file,
 )
+from accelgen.fidelity.compare import FIT_ROUND, round_dirs
 
 CALIBRATION_DIR = "calibration"
 DEPLOYMENT_NAME = "deployment.yaml"  # the calibrated deployment (accelgen calibrate's file)
@@ -237,7 +237,7 @@ def calibrate_on(run_dir: Path, cfg: FidelityConfig, kv_blocks: int, out: Path,
     every other step), check it on the step logs in ``checks``, and write the deployment file,
     the per-step errors and the summary under ``out``; returns the calibrated deployment."""
     from accelgen.costmodel.calibrate import calibrate
-    from accelgen.costmodel.calibrate_cli import report_text, write_deployment, write_errors
+    from accelgen.costmodel.calibration_files import report_text, write_deployment, write_errors
     from accelgen.costmodel.points import read_step_log
 
     points = read_step_log(run_dir)
@@ -257,7 +257,7 @@ def calibrate_on(run_dir: Path, cfg: FidelityConfig, kv_blocks: int, out: Path,
 
 def read_deployment(runs: Path | str) -> Deployment:
     """The calibrated deployment of a runs directory."""
-    from accelgen.config import load_yaml
+    from accelgen.core.specs import load_yaml
 
     return Deployment.model_validate(
         load_yaml(Path(runs) / CALIBRATION_DIR / DEPLOYMENT_NAME)["deployment"])
@@ -359,7 +359,7 @@ SOURCES = (*(f"policies/accelgen/{m}.py" for m in ("policy", "table", "workspace
            "policies/vllm.py",
            "vllm_integration/scheduler.py", "vllm_integration/replay.py", "sim/engine.py",
            "costmodel/calibrated.py", "costmodel/calibrate.py", "costmodel/points.py",
-           "fidelity/run.py", "fidelity/config.py", "engine_regime/run.py",
+           "fidelity/run.py", "fidelity/check_spec.py", "engine_regime/run.py",
            "engine_regime/systems.py", "engine_regime/traces.py", "engine_regime/engines.py")
 
 

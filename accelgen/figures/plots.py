@@ -13,10 +13,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from accelgen.figures.catalog import FIGURES
+from accelgen.figures.pipeline_outputs import chosen_config, pipeline_outputs, snakemake_command
 from accelgen.figures.style import color, linestyle, system_order
 from accelgen.figures.style import marker as style_marker
-from accelgen.pipeline.grid import FIGURES
-from accelgen.pipeline.notebooks import chosen_config, pipeline_outputs, snakemake_command
 
 ERRBAR_NOTE = "bars: mean; whiskers: 5th-95th percentile"
 # The pipeline config a notebook plots (set by use_config; named in messages).
@@ -47,7 +47,7 @@ def chdir_repo_root() -> Path:
 def use_config(config: str | None = None, figures_dir: str | None = None) -> str:
     """The figures directory a notebook reads and writes: ``figures_dir`` when given (the
     pipeline passes its own), else that of the pipeline config ``config`` (None:
-    ``$ACCELGEN_CONFIG``, else config/quick.yaml; accelgen.pipeline.notebooks). Messages about
+    ``$ACCELGEN_CONFIG``, else config/quick.yaml; accelgen.figures.pipeline_outputs). Messages about
     missing CSVs then name the command with that config."""
     global _config
     _config = chosen_config(config)

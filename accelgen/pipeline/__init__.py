@@ -1,6 +1,6 @@
 """The Snakemake pipeline's Python side.
 
-- :mod:`accelgen.pipeline.config`: pydantic models of the pipeline sections of ``config/*.yaml``
+- :mod:`accelgen.pipeline.config_file`: pydantic models of the pipeline sections of ``config/*.yaml``
   (validated when the Snakefile is parsed; ``config/schema.json`` is generated from them);
 - :mod:`accelgen.pipeline.grid`: expansion of the experiment grid into trace, run and figure
   targets (the Snakefile and the aggregation jobs use the same functions);

@@ -61,7 +61,7 @@ def cmd_aggregate(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    from accelgen.pipeline.config import json_schema_text
+    from accelgen.pipeline.config_file import json_schema_text
 
     text = json_schema_text()
     if args.out is None:
@@ -73,7 +73,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from accelgen.pipeline.config import load_file
+    from accelgen.pipeline.config_file import load_file
     from accelgen.pipeline.grid import Grid
 
     grid = Grid(load_file(args.config))
@@ -117,7 +117,7 @@ def cmd_capacity_md(args: argparse.Namespace) -> int:
 
 
 def cmd_budgets(args: argparse.Namespace) -> int:
-    from accelgen.pipeline.config import load_file
+    from accelgen.pipeline.config_file import load_file
     from accelgen.pipeline.grid import Grid
 
     grid = Grid(load_file(args.config))

@@ -411,10 +411,10 @@ def fig_chunking(spec: dict[str, Any]) -> pd.DataFrame:
 def fig_pivots(spec: dict[str, Any]) -> pd.DataFrame:
     """Extra: throughput vs forward size of each deployment's cost model, with S_pf marked
     (computed) beside the paper's value where the paper gives one."""
-    from accelgen.config import Deployment
+    from accelgen.core.specs import Deployment
+    from accelgen.costmodel.datasheets import kv_num_blocks
     from accelgen.costmodel.factory import deployment_pivot, make_cost_model
     from accelgen.costmodel.pivot import PAPER_PIVOTS, sweep
-    from accelgen.costmodel.profiles import kv_num_blocks
 
     out = []
     seen: set[str] = set()
@@ -615,7 +615,7 @@ def fig_latency(spec: dict[str, Any]) -> pd.DataFrame:
 def fig_capacity_bounds(spec: dict[str, Any]) -> pd.DataFrame:
     """Extra (beside figure 9): each deployment's KV/Little and compute bounds on its evaluation
     trace, and the offered rate (regime `paper`: 8 req/s) as a multiple of the estimate."""
-    from accelgen.config import Deployment
+    from accelgen.core.specs import Deployment
     from accelgen.costmodel.capacity import trace_bound
     from accelgen.workloads.trace import load_trace
 

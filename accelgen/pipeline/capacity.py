@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from accelgen.config import Deployment
+from accelgen.core.specs import Deployment
 from accelgen.costmodel.budget import TunedBudget
 from accelgen.costmodel.capacity import CapacityBound
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from accelgen.config import load_yaml
-from accelgen.pipeline.config import load
+from accelgen.core.specs import load_yaml
+from accelgen.pipeline.config_file import load
 from accelgen.pipeline.grid import SCENARIO_PREFIX, Grid
 
 
@@ -121,7 +121,7 @@ def estimate(config: Path | str, bench_dir: Path | str, cores: int = 2, alpha: f
             exp_of_run.setdefault((ref["variant"], ref["deployment"], ref["system"], ref["seed"]),
                                   fig.experiment)
     def points(grid: Grid, system: str) -> int:
-        from accelgen.sim.oracle_search import DEFAULT_GRID, grid_points
+        from accelgen.experiments.oracle_search import DEFAULT_GRID, grid_points
 
         spec = grid.systems.get(system)
         if spec is None or spec.policy != "oracle":

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from accelgen.pipeline.config import (
+from accelgen.figures.catalog import FIGURES, GROUPS
+from accelgen.pipeline.config_file import (
     BASE_VARIANT,
     PipelineConfig,
     PipelineConfigError,
@@ -70,40 +71,6 @@ class Figure:
         return json.dumps(self.spec(), sort_keys=True, separators=(",", ":"))
 
 
-# key, file id, notebook group, title, experiment
-FIGURES: tuple[tuple[str, str, str, str, str], ...] = (
-    ("fig01", "fig01_iteration_time_cdf", "measurement", "CDF of iteration time", "measurement"),
-    ("fig02", "fig02_gpu_utilization", "measurement", "GPU compute utilization", "measurement"),
-    ("fig03", "fig03_kvc_utilization", "measurement", "KVC utilization", "measurement"),
-    ("fig04", "fig04_slo_attainment", "measurement", "Iteration-level SLO attainment",
-     "measurement"),
-    ("fig05", "fig05_system_slo", "measurement", "Sarathi-Serve with a system-wide SLO",
-     "system_slo"),
-    ("fig06", "fig06_era", "scenarios", "Exclusive Request Allocation vs Sarathi-Serve", "era"),
-    ("fig07", "fig07_ordering", "measurement", "FIFO vs slack ordering in Sarathi-Serve",
-     "ordering"),
-    ("fig08", "fig08_workload_features", "workload", "Workload features", "features"),
-    ("fig09", "fig09_evaluation", "evaluation", "Evaluation", "evaluation"),
-    ("fig10", "fig10_ablation", "ablation", "Ablation", "ablation"),
-    ("fig11", "fig11_sensitivity", "sensitivity", "Sensitivity", "sensitivity"),
-    ("fig12", "fig12_datasets", "evaluation", "Goodput per dataset", "datasets"),
-    ("extra_chunking", "extra_chunking", "scenarios",
-     "Chunking illustration (paper figure 2)", "chunking"),
-    ("extra_capacity", "extra_capacity", "sensitivity",
-     "Capacity: SLO attainment vs arrival rate", "sensitivity"),
-    ("extra_pivots", "extra_pivots", "workload", "Pivot forward sizes", "pivots"),
-    ("extra_bounds", "extra_capacity_bounds", "evaluation",
-     "Capacity bounds beside the offered rate", "evaluation"),
-    ("fig13", "fig13_capacity", "capacity", "Capacity: SLO attainment vs arrival rate",
-     "capacity"),
-    ("fig14", "fig14_slo_scale", "capacity", "SLO attainment vs TTFT SLO scale", "capacity"),
-    ("fig15", "fig15_latency", "capacity", "TTFT and TBT percentiles vs arrival rate",
-     "capacity"),
-    ("fig16", "fig16_classes", "capacity", "SLO attainment per SLO class vs arrival rate",
-     "capacity"),
-)
-GROUPS: tuple[str, ...] = ("measurement", "scenarios", "workload", "evaluation", "ablation",
-                           "sensitivity", "capacity")
 # SPEC section 11: the regime of each figure (`-`: no load setting: a scenario, a trace, the
 # cost model). Both regimes are in the quick and the paper configs.
 REGIMES: dict[str, str] = {
@@ -132,7 +99,7 @@ def fmt_num(x: float) -> str:
 
 
 class Grid:
-    """The expanded experiment grid of a validated config (``accelgen.pipeline.config.load``).
+    """The expanded experiment grid of a validated config (``accelgen.pipeline.config_file.load``).
     Building it checks what only the expansion shows (derived workloads: rates, long-prompt
     shares, datasets) and raises ``PipelineConfigError`` naming the key, as ``load`` does."""
 
@@ -544,8 +511,8 @@ class Grid:
         """Every derived workload validates (raises PipelineConfigError naming the variant)."""
         from pydantic import ValidationError
 
-        from accelgen.pipeline.config import _format_errors
-        from accelgen.workloads.config import WorkloadConfig
+        from accelgen.pipeline.config_file import _format_errors
+        from accelgen.workloads.workload_spec import WorkloadConfig
 
         problems = []
         for name, data in self.variants.items():
@@ -682,7 +649,7 @@ class Grid:
         data = self.variants.get(variant) or self.cfg.workload_dict(variant)
         if data.get("kind") != "datasets":
             return []
-        from accelgen.workloads.config import WorkloadConfig
+        from accelgen.workloads.workload_spec import WorkloadConfig
 
         wl = WorkloadConfig.model_validate(data)
         return sorted(str(src.path) for src in wl.resolved_sources().values())

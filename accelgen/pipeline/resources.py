@@ -98,8 +98,8 @@ def run_job(grid: Grid, variant: str, system: str) -> tuple[str, int, int]:
     """(policy, requests, simulations) of one job of ``grid``: its system's policy, its
     workload variant's request count, and how many simulations it runs (an Oracle search: its
     grid's points plus AccelGen's own schedule, the floor)."""
+    from accelgen.experiments.oracle_search import DEFAULT_GRID, grid_points
     from accelgen.pipeline.grid import SCENARIO_PREFIX
-    from accelgen.sim.oracle_search import DEFAULT_GRID, grid_points
 
     spec = grid.systems[system]
     n = (SCENARIO_REQUESTS if variant.startswith(SCENARIO_PREFIX)

@@ -6,9 +6,9 @@ from bisect import bisect_left, insort
 from collections.abc import Callable
 from typing import Any
 
-from accelgen.kvcache import tokens_fitting
-from accelgen.policies.base import Decision, KVView, SchedulerView
-from accelgen.request import Request, Status
+from accelgen.core.kvcache import tokens_fitting
+from accelgen.core.policy import Decision, KVView, SchedulerView
+from accelgen.core.request import Request, Status
 
 
 class BatchBuilder:

@@ -17,9 +17,9 @@ from bisect import bisect_left
 
 from pydantic import PositiveInt
 
-from accelgen.policies.base import Decision, Policy, PolicyParams, SchedulerView
+from accelgen.core.policy import Decision, Policy, PolicyParams, SchedulerView
+from accelgen.core.request import Request, Status
 from accelgen.policies.common import BatchBuilder, OrderedWaiting
-from accelgen.request import Request, Status
 
 
 class EDFParams(PolicyParams):

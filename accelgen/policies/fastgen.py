@@ -24,7 +24,7 @@ from typing import Literal
 
 from pydantic import PositiveInt
 
-from accelgen.policies.base import Decision, Policy, PolicyParams, SchedulerView
+from accelgen.core.policy import Decision, Policy, PolicyParams, SchedulerView
 from accelgen.policies.common import BatchBuilder, is_prefilling
 
 

@@ -53,9 +53,9 @@ from heapq import merge
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt
 
-from accelgen.policies.base import Decision, KVView, Policy, PolicyParams, SchedulerView
+from accelgen.core.policy import Decision, KVView, Policy, PolicyParams, SchedulerView
+from accelgen.core.request import Request, Status
 from accelgen.policies.common import empty_decision
-from accelgen.request import Request, Status
 
 # A request's place in the MLFQ is one integer: its level in the high bits, then a sequence
 # number: head insertions count down from the middle, tail insertions count up from it.

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from pydantic import PositiveInt
 
-from accelgen.kvcache import blocks_for
-from accelgen.policies.base import Decision, Policy, PolicyParams, SchedulerView
+from accelgen.core.kvcache import blocks_for
+from accelgen.core.policy import Decision, Policy, PolicyParams, SchedulerView
 from accelgen.policies.common import empty_decision
 
 

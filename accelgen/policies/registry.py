@@ -15,7 +15,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from accelgen.policies.base import Policy
+from accelgen.core.policy import Policy
 
 # name -> "module:Class"
 POLICIES: dict[str, str] = {
@@ -83,7 +83,7 @@ def policy_class(name: str) -> type[Policy]:
         raise ValueError(f"unknown policy {name!r}; known: {', '.join(policy_names())} (or a "
                          "class as package.module:Class)")
     if not (isinstance(cls, type) and issubclass(cls, Policy)):
-        raise ValueError(f"policy {name!r} is not an accelgen.policies.base.Policy subclass")
+        raise ValueError(f"policy {name!r} is not an accelgen.core.policy.Policy subclass")
     return cls
 
 

@@ -18,9 +18,9 @@ from typing import Literal
 
 from pydantic import Field, PositiveFloat, PositiveInt
 
-from accelgen.policies.base import Decision, Policy, PolicyParams, SchedulerView
+from accelgen.core.policy import Decision, Policy, PolicyParams, SchedulerView
+from accelgen.core.request import Request
 from accelgen.policies.common import BatchBuilder, OrderedWaiting, is_prefilling
-from accelgen.request import Request
 
 
 class SarathiParams(PolicyParams):

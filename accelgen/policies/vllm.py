@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pydantic import PositiveInt
 
-from accelgen.policies.base import Decision, Policy, PolicyParams, SchedulerView
+from accelgen.core.policy import Decision, Policy, PolicyParams, SchedulerView
 from accelgen.policies.common import BatchBuilder
 
 

@@ -37,9 +37,9 @@ import math
 
 from pydantic import PositiveInt
 
-from accelgen.policies.base import Decision, Policy, PolicyParams, SchedulerView
+from accelgen.core.policy import Decision, Policy, PolicyParams, SchedulerView
+from accelgen.core.request import Request
 from accelgen.policies.common import BatchBuilder, OrderedWaiting
-from accelgen.request import Request
 
 # An offline request's priority: after every online one (vLLM priorities are plain integers).
 OFFLINE_PRIORITY = 1_000_000

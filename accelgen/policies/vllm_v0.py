@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pydantic import Field, PositiveInt
 
-from accelgen.policies.base import Decision, Policy, PolicyParams, SchedulerView
+from accelgen.core.policy import Decision, Policy, PolicyParams, SchedulerView
 from accelgen.policies.common import BatchBuilder
 
 

@@ -9,9 +9,9 @@ the table equals the analytic model's own (same points, same rule).
 
 from __future__ import annotations
 
-from accelgen.config import Deployment
+from accelgen.core.specs import Deployment
+from accelgen.costmodel.datasheets import resolve_model
 from accelgen.costmodel.factory import make_cost_model
-from accelgen.costmodel.profiles import resolve_model
 from accelgen.profiling.grid import Shape, gpu_grid
 from accelgen.profiling.measure import Measurement, pivot_max_size
 

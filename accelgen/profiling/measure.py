@@ -13,10 +13,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from accelgen.config import Deployment
+from accelgen.core.iteration import Pivot
+from accelgen.core.specs import Deployment
 from accelgen.costmodel.pivot import DEFAULT_MAX_SIZE, SweepPoint, find_pivot, pivot_from_sweep
 from accelgen.costmodel.table import COLUMNS, ProfileCostModel, ProfileRow
-from accelgen.policies.base import Pivot
 from accelgen.profiling.grid import Shape
 
 EXTRA_COLUMNS = ("latency_min_s", "latency_max_s", "repeats")

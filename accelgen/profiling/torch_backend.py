@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from accelgen.config import ModelProfile
+from accelgen.core.specs import ModelProfile
 from accelgen.profiling.grid import Shape
 from accelgen.profiling.measure import Measurement, interleaved
 from accelgen.profiling.torch_model import (

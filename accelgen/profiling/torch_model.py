@@ -1,7 +1,7 @@
 """A random-initialised decoder of a model's real shape, with a KV cache, for timing.
 
 Timing depends on shapes, not on weights, so no checkpoint is needed. The module follows the two
-families in ``accelgen.costmodel.profiles.MODELS``:
+families in ``accelgen.costmodel.datasheets.MODELS``:
 
 - OPT-style (``gated_ffn=False``): learned positions, LayerNorm, ReLU FFN of two matrices;
 - Llama-style (``gated_ffn=True``): rotary positions, RMSNorm, SwiGLU FFN of three matrices,
@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from accelgen.config import ModelProfile
+from accelgen.core.specs import ModelProfile
 from accelgen.profiling.grid import Shape
 
 # Above this many bytes of KV cache for one iteration, all layers share one cache tensor (each

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from accelgen.costmodel.profiles import MODELS
+from accelgen.costmodel.datasheets import MODELS
 from accelgen.profiling.grid import Shape, cpu_grid, gpu_grid, quick_grid
 from accelgen.profiling.measure import Measurement
 

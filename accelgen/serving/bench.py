@@ -59,8 +59,8 @@ import pandas as pd
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt
 
 from accelgen import metrics
-from accelgen.config import StrictModel
-from accelgen.request import Request, Status
+from accelgen.core.request import Request, Status
+from accelgen.core.specs import StrictModel
 from accelgen.results import ITERATION_COLUMNS, requests_frame, write_results
 from accelgen.serving.arrivals import request_times
 from accelgen.serving.report import (
@@ -71,7 +71,7 @@ from accelgen.serving.report import (
     request_record,
     vllm_result,
 )
-from accelgen.vllm_integration.config import request_extra_args
+from accelgen.vllm_integration.adapter_config import request_extra_args
 from accelgen.workloads.prompts import prompt_text, prompt_token_ids
 from accelgen.workloads.trace import to_requests
 

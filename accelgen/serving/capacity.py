@@ -30,7 +30,7 @@ from typing import Any, Literal
 import pandas as pd
 from pydantic import PositiveFloat, PositiveInt, confloat
 
-from accelgen.config import StrictModel
+from accelgen.core.specs import StrictModel
 from accelgen.serving.bench import BenchConfig, bench_to_dir, write_json
 
 CapacityMetric = Literal["slo_attainment_request", "ttft_attainment", "tbt_attainment",

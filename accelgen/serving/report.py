@@ -39,7 +39,7 @@ import pandas as pd
 from pydantic import Field, NonNegativeFloat, field_validator
 
 from accelgen import metrics
-from accelgen.config import StrictModel
+from accelgen.core.specs import StrictModel
 
 PercentileMetric = Literal["ttft", "tpot", "itl", "e2el", "client_queue_time",
                            "e2el_including_client_queue"]

@@ -20,10 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from accelgen.costmodel.base import BatchShape, CostModel
-from accelgen.kvcache import BlockManager, never_fits_reason
-from accelgen.policies.base import Decision, Pivot, Policy, SchedulerView
-from accelgen.request import Request, Status, length_cap_reason, served_output_len
+from accelgen.core.iteration import BatchShape, Pivot
+from accelgen.core.kvcache import BlockManager, never_fits_reason
+from accelgen.core.policy import Decision, Policy, SchedulerView
+from accelgen.core.request import Request, Status, length_cap_reason, served_output_len
+from accelgen.costmodel.base import CostModel
 from accelgen.results import IterationLog
 
 

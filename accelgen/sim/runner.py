@@ -7,7 +7,8 @@ from pathlib import Path
 import pandas as pd
 
 from accelgen import metrics
-from accelgen.config import ExperimentConfig
+from accelgen.core.kvcache import BlockManager
+from accelgen.core.specs import ExperimentConfig
 from accelgen.costmodel.base import CostModel
 from accelgen.costmodel.factory import (
     deployment_pivot,
@@ -16,7 +17,6 @@ from accelgen.costmodel.factory import (
     resolve_hardware,
     resolve_model,
 )
-from accelgen.kvcache import BlockManager
 from accelgen.policies.registry import make_policy
 from accelgen.results import RunOutput, requests_frame
 from accelgen.sim.engine import Simulator

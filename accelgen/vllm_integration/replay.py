@@ -29,12 +29,12 @@ import pandas as pd
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
 from accelgen import metrics
-from accelgen.config import StrictModel
-from accelgen.kvcache import never_fits_reason
-from accelgen.request import Request, Status, served_output_len
+from accelgen.core.kvcache import never_fits_reason
+from accelgen.core.request import Request, Status, served_output_len
+from accelgen.core.specs import StrictModel
 from accelgen.results import RunOutput, requests_frame
 from accelgen.vllm_integration import SCHEDULER_CLS, STOCK_SCHEDULER_CLS
-from accelgen.vllm_integration.config import (
+from accelgen.vllm_integration.adapter_config import (
     AdapterConfig,
     build_cost_model,
     build_pivot,

@@ -3,7 +3,7 @@ online requests with mixed TTFT/TBT SLOs and offline ones with a JCT SLO.
 
 The embedded paper workload needs thousands of KV tokens per request; the tiny engine runs with
 a few dozen KV blocks, so its tests, the stock-vs-AccelGen comparison and the fidelity check
-(``accelgen.fidelity.config.make_trace``) use these instead. SLO ranges are parameters
+(``accelgen.fidelity.check_spec.make_trace``) use these instead. SLO ranges are parameters
 because a step of the tiny model takes 3-5 ms on an idle core and 10-20x that on a shared one.
 """
 

@@ -4,12 +4,12 @@ scheduling with the same recording (``InstrumentedScheduler``).
 Use: ``LLM(..., scheduler_cls="accelgen.vllm_integration.scheduler.AccelGenScheduler")``, the
 same string in ``EngineArgs(scheduler_cls=...)`` or the OpenAI server's ``--scheduler-cls``
 (``accelgen serve`` sets it); the policy and SLO defaults come from
-``accelgen.vllm_integration.config``.
+``accelgen.vllm_integration.adapter_config``.
 
 How a policy decision reaches vLLM without copying vLLM's ``schedule()`` (vLLM 0.32.0,
 ``vllm/v1/core/sched/scheduler.py``):
 
-- The policy sees mirrors (``accelgen.request.Request``) of vLLM's ``waiting`` and ``running``
+- The policy sees mirrors (``accelgen.core.request.Request``) of vLLM's ``waiting`` and ``running``
   queues in their order, and a KV view over vLLM's block pool.
 - Victims the policy names are preempted first with vLLM's own ``_preempt_request`` (recompute:
   blocks freed, request back at the front of ``waiting``).
@@ -65,14 +65,14 @@ from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request as VRequest  # noqa: E402
 from vllm.v1.request import RequestStatus  # noqa: E402
 
-from accelgen.costmodel.base import BatchShape  # noqa: E402
+from accelgen.core.iteration import BatchShape, Pivot  # noqa: E402
+from accelgen.core.kvcache import KVQueries  # noqa: E402
+from accelgen.core.policy import Decision, Policy, SchedulerView  # noqa: E402
+from accelgen.core.request import Request, Status, length_cap_reason, served_output_len  # noqa: E402
 from accelgen.costmodel.linear import OnlineLinearCostModel  # noqa: E402
-from accelgen.kvcache import KVQueries  # noqa: E402
-from accelgen.policies.base import Decision, Pivot, Policy, SchedulerView  # noqa: E402
 from accelgen.policies.vllm_priority import slo_priority  # noqa: E402
-from accelgen.request import Request, Status, length_cap_reason, served_output_len  # noqa: E402
 from accelgen.results import IterationLog, requests_frame  # noqa: E402
-from accelgen.vllm_integration.config import (  # noqa: E402
+from accelgen.vllm_integration.adapter_config import (  # noqa: E402
     AUTO_REQ_ID_BASE,
     AdapterConfig,
     SLOError,

@@ -33,7 +33,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from accelgen.config import load_yaml
+from accelgen.core.specs import load_yaml
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 MIDDLEWARE = "accelgen.vllm_integration.slo_http.SLOMiddleware"
@@ -78,8 +78,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def adapter_config(args: argparse.Namespace) -> dict[str, Any]:
     """The plugin configuration (``AdapterConfig`` fields, validated) from the options."""
-    from accelgen.config import parse_params
-    from accelgen.vllm_integration.config import AdapterConfig, make_engine_policy
+    from accelgen.core.specs import parse_params
+    from accelgen.vllm_integration.adapter_config import AdapterConfig, make_engine_policy
 
     if args.system == "stock" and (args.policy or args.param):
         raise ValueError("--policy and --param choose the plugin's policy; --system stock runs "

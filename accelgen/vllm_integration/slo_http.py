@@ -35,7 +35,7 @@ import math
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from accelgen.vllm_integration.config import (
+from accelgen.vllm_integration.adapter_config import (
     REQUEST_KEYS,
     SLODefaults,
     SLOError,

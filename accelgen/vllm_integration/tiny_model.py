@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import PositiveInt, model_validator
 
-from accelgen.config import StrictModel
+from accelgen.core.specs import StrictModel
 from accelgen.vllm_integration.tiny_tokenizer import MIN_VOCAB_SIZE, eos_token_id, tokenizer_files
 
 # vLLM's CPU attention kernels support these head sizes only (cpu_attn.py, 0.32.0).

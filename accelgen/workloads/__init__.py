@@ -10,9 +10,9 @@ Typical use::
 """
 
 from accelgen.workloads.build import Trace, build_trace
-from accelgen.workloads.config import ArrivalConfig, SLOConfig, SourceSpec, WorkloadConfig
 from accelgen.workloads.errors import WorkloadError
 from accelgen.workloads.trace import load_trace, read_trace_metadata, to_requests, write_trace
+from accelgen.workloads.workload_spec import ArrivalConfig, SLOConfig, SourceSpec, WorkloadConfig
 
 __all__ = [
     "ArrivalConfig",

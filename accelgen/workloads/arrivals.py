@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from accelgen.workloads.config import ArrivalConfig
 from accelgen.workloads.errors import WorkloadError
 from accelgen.workloads.loaders import load_timestamps
+from accelgen.workloads.workload_spec import ArrivalConfig
 
 
 def poisson(n: int, rate: float, rng: np.random.Generator) -> np.ndarray:

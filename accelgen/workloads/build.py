@@ -10,7 +10,6 @@ import pandas as pd
 
 from accelgen import __version__
 from accelgen.workloads.arrivals import make_arrivals
-from accelgen.workloads.config import WorkloadConfig
 from accelgen.workloads.errors import WorkloadError
 from accelgen.workloads.latency import (
     FALLBACK_NAME,
@@ -21,6 +20,7 @@ from accelgen.workloads.rng import stream
 from accelgen.workloads.slo import PrefillLatency, assign_slos
 from accelgen.workloads.sources import Source, open_sources
 from accelgen.workloads.trace import COLUMN_NAMES, FORMAT, validate_trace
+from accelgen.workloads.workload_spec import WorkloadConfig
 
 
 @dataclass

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_validator
 
-from accelgen.config import StrictModel
+from accelgen.core.specs import StrictModel
 
 DEFAULT_RAW_DIR = Path("data/raw")
 # BookCorpus sentences read for `kind: datasets` (`max_records` overrides it). Its prompts

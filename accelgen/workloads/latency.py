@@ -73,7 +73,7 @@ def resolve_latency_reference(model: str = "opt-13b", hardware: str = "a100",
         if exc.name is not None and exc.name.startswith("accelgen"):
             return LatencyReference(fallback_prefill_latency, FALLBACK_NAME)
         raise
-    from accelgen.config import Deployment
+    from accelgen.core.specs import Deployment
 
     # Unknown names raise ValueError with the known ones listed: the CLI reports it.
     dep = (resolve_deployment(deployment) if deployment is not None

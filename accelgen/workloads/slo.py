@@ -28,9 +28,9 @@ from typing import Protocol
 
 import numpy as np
 
-from accelgen.workloads.config import SLOConfig
 from accelgen.workloads.errors import WorkloadError
 from accelgen.workloads.rng import stream
+from accelgen.workloads.workload_spec import SLOConfig
 
 PrefillLatency = Callable[[int], float]
 

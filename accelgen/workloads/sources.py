@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from accelgen.workloads.config import SourceSpec, WorkloadConfig
 from accelgen.workloads.errors import WorkloadError
 from accelgen.workloads.loaders import (
     Records,
@@ -37,6 +36,7 @@ from accelgen.workloads.loaders import (
 )
 from accelgen.workloads.synthetic import DatasetModel, dataset_model
 from accelgen.workloads.tokenizer import Tokenizer, get_tokenizer
+from accelgen.workloads.workload_spec import SourceSpec, WorkloadConfig
 
 # Rows fetched from an online BookCorpus when max_records is not set (the full set is 74M rows).
 HF_BOOKCORPUS_DEFAULT_ROWS = 1_000_000

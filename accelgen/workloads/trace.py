@@ -27,7 +27,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from accelgen.request import Request
+from accelgen.core.request import Request
 from accelgen.workloads.errors import WorkloadError, where
 
 META_KEY = b"accelgen.trace"

@@ -36,7 +36,8 @@ _CACHE = _HERE / "__pycache__"
 # Everything the compiled module is built from: the code, and the record layouts in its signature
 # (not the policy's modules, which run in Python).
 _SOURCES = (*sorted(p for p in _HERE.glob("*.py") if p.name not in ("__init__.py", "policy.py", "oracle.py")),
-            *(_HERE.parent.parent / "costmodel" / f for f in ("linear.py", "analytic.py", "base.py")))
+            *(_HERE.parent.parent / "costmodel" / f for f in ("linear.py", "analytic.py", "base.py")),
+            _HERE.parent.parent / "core" / "iteration.py")
 
 
 class Build(NamedTuple):

@@ -11,7 +11,7 @@ the paper (the authors searched schedules with the Vidur simulator):
      running requests, so running requests always grow to completion and none is preempted;
    - exact JCT estimates: the offline JCT plan uses the true output length as S_g.
 2. The search over AccelGen's parameters for the best goodput on the real trace (so it knows
-   every arrival): the simulator's ``oracle_search`` module, next to the simulator it drives.
+   every arrival): ``accelgen.experiments.oracle_search``, an experiment above the simulator it drives.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Literal
 
+from accelgen.core.policy import Decision, PolicyParams, SchedulerView
+from accelgen.core.request import Request
 from accelgen.policies.accelgen.policy import AccelGenParams, AccelGenPolicy
 from accelgen.policies.accelgen.state import INFO_INDEX, ORACLE_INFO_KEYS
-from accelgen.policies.base import Decision, PolicyParams, SchedulerView
-from accelgen.request import Request
 
 
 class OracleParams(AccelGenParams):

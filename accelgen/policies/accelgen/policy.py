@@ -16,12 +16,12 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
+from accelgen.core.policy import Decision, InfoRow, Policy, PolicyParams, SchedulerView
+from accelgen.core.request import Request
 from accelgen.policies.accelgen.build import load
 from accelgen.policies.accelgen.state import INFO_INDEX, NO_ADMISSION_CAP, NO_SLOT, OUTCOME
 from accelgen.policies.accelgen.table import RequestTable
 from accelgen.policies.accelgen.workspace import Workspace
-from accelgen.policies.base import Decision, InfoRow, Policy, PolicyParams, SchedulerView
-from accelgen.request import Request
 
 
 class AccelGenParams(PolicyParams):

@@ -12,8 +12,8 @@ from typing import Any, NamedTuple, get_type_hints
 
 import numpy as np
 
+from accelgen.core.iteration import BatchShape
 from accelgen.costmodel.analytic import RooflineTerms
-from accelgen.costmodel.base import BatchShape
 
 NO_SLOT = -1  # no request (no ERA holder, no oversized prompt), no position in the dormant queue
 UNKNOWN = -1  # a KV need this decision has not derived yet

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from accelgen.core.request import Request, Status
 from accelgen.policies.accelgen.state import DORMANT, LOST_OFFSET, REQUEST, UNCOUNTED
-from accelgen.request import Request, Status
 
 _RUNNING = Status.RUNNING
 

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from accelgen.costmodel.base import BatchShape, CostModel
+from accelgen.core.iteration import BatchShape
+from accelgen.costmodel.base import CostModel
 from accelgen.policies.accelgen.state import (
     BUDGET_TIME,
     CANDIDATE,
@@ -22,10 +23,10 @@ from accelgen.policies.accelgen.state import (
 )
 
 if TYPE_CHECKING:
+    from accelgen.core.policy import SchedulerView
     from accelgen.costmodel.linear import LinearTerms
     from accelgen.policies.accelgen.policy import AccelGenParams
     from accelgen.policies.accelgen.table import RequestTable
-    from accelgen.policies.base import SchedulerView
 
 
 def _records(dtype: np.dtype, n: int) -> np.recarray:

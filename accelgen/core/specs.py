@@ -1,6 +1,6 @@
 """Pydantic configuration models shared by the CLI, the simulator and the pipeline.
 
-Workload and SLO settings live in ``accelgen.workloads.config``; policy parameters live beside each
+Workload and SLO settings live in ``accelgen.workloads.workload_spec``; policy parameters live beside each
 policy (``accelgen.policies.*``). This module holds the model/hardware/deployment description and
 the top-level experiment settings of one simulated run.
 """
@@ -145,7 +145,7 @@ class Deployment(StrictModel):
     pp: PositiveInt = 1
     # GiB of KV cache per GPU (paper: 12 GB on OPT-13B), or "auto": what vLLM's
     # gpu_memory_utilization 0.9 leaves after weights and an activation reserve
-    # (accelgen.costmodel.profiles.auto_kv; docs/costmodel.md).
+    # (accelgen.costmodel.datasheets.auto_kv; docs/costmodel.md).
     kv_cache_gb: PositiveFloat | Literal["auto"] = 12.0
     block_size: PositiveInt = 32
     max_model_len: PositiveInt | None = None  # default: the model profile's

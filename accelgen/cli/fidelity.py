@@ -13,7 +13,7 @@ each replay's times and the machine's load meanwhile), ``calibration/`` (the cal
 deployment, per-step errors, the summary) and ``sim-<system>/``. ``report`` prints the
 comparison of the out-of-sample rounds with the simulation, the per-step residuals and the load,
 and writes the CSV and the figure (PNG + PDF). The pipeline's stage (rules/fidelity.smk) runs
-both; ``python -m accelgen.fidelity.cli`` is the same command.
+both; ``python -m accelgen.cli.fidelity`` is the same command.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from accelgen.fidelity.config import FidelityConfig
+from accelgen.fidelity.check_spec import FidelityConfig
 from accelgen.fidelity.run import run_fidelity
 
 
@@ -38,7 +38,7 @@ def load_config_data(path: Path | None, spec: str | None) -> dict[str, object]:
     """A YAML file's fields, updated with a JSON object of fields (the pipeline's section)."""
     data: dict[str, object] = {}
     if path is not None:
-        from accelgen.config import load_yaml
+        from accelgen.core.specs import load_yaml
 
         data = load_yaml(path)
     if spec:
@@ -150,7 +150,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m accelgen.fidelity.cli",
+    p = argparse.ArgumentParser(prog="python -m accelgen.cli.fidelity",
                                 description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_commands(p)

@@ -5,16 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from accelgen.config import Deployment, kv_cache_gb_arg
-from accelgen.costmodel.factory import (
-    deployment_pivot,
-    effective_max_model_len,
-    make_cost_model,
-    resolve_deployment,
-    resolve_hardware,
-)
-from accelgen.costmodel.pivot import PAPER_PIVOTS
-from accelgen.costmodel.profiles import (
+from accelgen.core.specs import Deployment, kv_cache_gb_arg
+from accelgen.costmodel.datasheets import (
     ALTERNATIVE_DEPLOYMENTS,
     DEPLOYMENTS,
     GIB,
@@ -25,6 +17,14 @@ from accelgen.costmodel.profiles import (
     kv_num_blocks,
     resolve_model,
 )
+from accelgen.costmodel.factory import (
+    deployment_pivot,
+    effective_max_model_len,
+    make_cost_model,
+    resolve_deployment,
+    resolve_hardware,
+)
+from accelgen.costmodel.pivot import PAPER_PIVOTS
 
 TABLE_SIZES = (64, 128, 256, 384, 512, 768, 1024, 1280, 1536, 2048, 4096, 8192)
 
@@ -82,7 +82,7 @@ def _deployment(args: argparse.Namespace) -> tuple[str, Deployment]:
     if args.profile_csv is not None:
         updates.update(cost_model="profile", profile_csv=args.profile_csv)
     if args.calibration is not None:
-        from accelgen.costmodel.calibrate_cli import read_calibration
+        from accelgen.costmodel.calibration_files import read_calibration
 
         updates.update(cost_model="calibrated",
                        calibration=read_calibration(args.calibration).model_dump())

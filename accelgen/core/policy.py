@@ -23,9 +23,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
+from accelgen.core.iteration import Pivot
+
 if TYPE_CHECKING:
+    from accelgen.core.request import Request
     from accelgen.costmodel.base import CostModel
-    from accelgen.request import Request
 
 
 class KVView(Protocol):
@@ -38,14 +40,6 @@ class KVView(Protocol):
     def blocks_needed(self, req: Request, num_new_tokens: int) -> int: ...
     def free_tokens_for(self, req: Request) -> int: ...
     def can_admit(self, num_blocks: int) -> bool: ...
-
-
-@dataclass(slots=True)
-class Pivot:
-    """Pivot forward size S_pf and its iteration latency T_pf (seconds)."""
-
-    s_pf: int
-    t_pf: float
 
 
 @dataclass(slots=True)

@@ -1,4 +1,4 @@
-"""``accelgen oracle``: the CLAIRVOYANT Oracle's schedule search (``accelgen.sim.oracle_search``)
+"""``accelgen oracle``: the CLAIRVOYANT Oracle's schedule search (``accelgen.experiments.oracle_search``)
 on one trace; writes the best run as a results directory plus ``oracle_search.csv``."""
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(a: argparse.Namespace) -> int:
-    from accelgen.sim.cli import build_config
-    from accelgen.sim.oracle_search import closing_lines, search_to_dir
+    from accelgen.cli.simulate import build_config
+    from accelgen.experiments.oracle_search import closing_lines, search_to_dir
     from accelgen.workloads.trace import load_trace
 
     ns = argparse.Namespace(config=a.config, deployment=a.deployment, model=None, hardware=None,
@@ -51,7 +51,7 @@ def run(a: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = _configure(argparse.ArgumentParser(prog="python -m accelgen.sim.oracle_cli",
+    ap = _configure(argparse.ArgumentParser(prog="python -m accelgen.cli.oracle",
                                             description=_DESCRIPTION))
     return run(ap.parse_args(argv))
 

@@ -27,12 +27,13 @@ from typing import Any, Literal
 
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError
 
-from accelgen.config import Deployment, PolicySpec, StrictModel, load_yaml
+from accelgen.core.iteration import Pivot
+from accelgen.core.policy import Policy
+from accelgen.core.request import Request
+from accelgen.core.specs import Deployment, PolicySpec, StrictModel, load_yaml
 from accelgen.costmodel.base import CostModel
 from accelgen.costmodel.linear import LinearCostModel, OnlineLinearCostModel
-from accelgen.policies.base import Pivot, Policy
 from accelgen.policies.registry import make_policy
-from accelgen.request import Request
 
 ENV_VAR = "ACCELGEN_VLLM_CONFIG"
 ADDITIONAL_CONFIG_KEY = "accelgen"

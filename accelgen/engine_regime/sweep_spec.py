@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator
 
-from accelgen.config import StrictModel
+from accelgen.core.specs import StrictModel
 from accelgen.vllm_integration.tiny_model import TinyModelSpec
 
 # The engine's model: a random-weight Llama of 2 layers, hidden 128 (2 heads of 64), FFN 512.

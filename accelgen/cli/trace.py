@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from accelgen.workloads.build import build_trace
-from accelgen.workloads.config import WorkloadConfig
 from accelgen.workloads.latency import resolve_latency_reference
 from accelgen.workloads.summary import summarize
 from accelgen.workloads.trace import write_trace
+from accelgen.workloads.workload_spec import WorkloadConfig
 
 FORMATS = ("synthetic", "alpaca", "sharegpt", "bookcorpus", "vidur_csv", "azure_csv")
 

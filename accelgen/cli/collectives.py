@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from accelgen.config import CollectiveTerms, Deployment, HardwareProfile
+from accelgen.core.specs import CollectiveTerms, Deployment, HardwareProfile
 from accelgen.costmodel import collective_fit as cf
 from accelgen.costmodel.collectives import builtin_collectives, nearest_fit
 
@@ -122,7 +122,7 @@ def _atomic_write(path: Path, text: str) -> None:
 
 def run(args: argparse.Namespace, data: dict[str, Any]) -> int:
     """Fit, print, write the deployment file (``data`` is calibrate's base configuration)."""
-    from accelgen.costmodel.profiles import resolve_hardware, resolve_model
+    from accelgen.costmodel.datasheets import resolve_hardware, resolve_model
 
     if args.points:
         raise ValueError("--collectives fits the analytic model's communication terms and "

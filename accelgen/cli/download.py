@@ -43,7 +43,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def resolve_config(args: argparse.Namespace) -> DownloadConfig:
-    from accelgen.config import load_yaml
+    from accelgen.core.specs import load_yaml
 
     data: dict[str, Any] = {}
     if args.config is not None:

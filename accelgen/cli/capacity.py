@@ -16,7 +16,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from accelgen.config import Deployment, kv_cache_gb_arg, load_yaml
+from accelgen.core.specs import Deployment, kv_cache_gb_arg, load_yaml
 
 
 def add_parser(sub: Any) -> None:
@@ -38,7 +38,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _deployment(args: argparse.Namespace) -> Deployment:
-    from accelgen.costmodel.profiles import resolve_deployment
+    from accelgen.costmodel.datasheets import resolve_deployment
 
     if args.config is not None:
         data = load_yaml(args.config)

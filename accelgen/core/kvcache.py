@@ -6,7 +6,7 @@ and how many are free, never which physical block is which.
 
 from __future__ import annotations
 
-from accelgen.request import Request
+from accelgen.core.request import Request
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import TypeVar
 
-from accelgen.config import Deployment, HardwareProfile, ModelProfile
+from accelgen.core.specs import Deployment, HardwareProfile, ModelProfile
 
 GIB = 1 << 30
 _T = TypeVar("_T")

@@ -14,7 +14,7 @@ whatever the grid; the floor is last in the table, so it wins only when it is st
 than every clairvoyant point (then the Oracle adds nothing on this trace, and the results say
 so). ``oracle_search.csv`` lists every schedule tried.
 
-Command line (``accelgen.sim.oracle_cli``; writes the best run as a normal results directory
+Command line (``accelgen.cli.oracle``; writes the best run as a normal results directory
 plus the search table)::
 
     accelgen oracle --trace T.parquet --deployment opt-13b --out DIR [--grid JSON] [--param K=V]
@@ -38,7 +38,7 @@ from accelgen.results import RunOutput, outcome_counts
 if TYPE_CHECKING:
     import pandas as pd
 
-    from accelgen.config import ExperimentConfig
+    from accelgen.core.specs import ExperimentConfig
 
 # 12 simulations per trace keep the quick pipeline in minutes; budget_cap, budget_rule,
 # long_prompt_threshold, ... can be added through ``grid`` (e.g. {"budget_cap": [1.0, 1.25]}).
@@ -89,7 +89,7 @@ def floor_params(cfg: ExperimentConfig) -> dict[str, Any]:
 
 
 def _run(args: tuple[pd.DataFrame, ExperimentConfig, str, dict[str, Any]]) -> RunOutput:
-    from accelgen.config import PolicySpec
+    from accelgen.core.specs import PolicySpec
     from accelgen.sim.runner import simulate
 
     trace, cfg, policy, params = args

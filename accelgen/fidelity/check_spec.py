@@ -9,8 +9,8 @@ from typing import Any
 import pandas as pd
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator
 
-from accelgen.config import CalibratedTerms, Deployment, PolicySpec, StrictModel
-from accelgen.costmodel.profiles import GIB, resolve_model
+from accelgen.core.specs import CalibratedTerms, Deployment, PolicySpec, StrictModel
+from accelgen.costmodel.datasheets import GIB, resolve_model
 
 SYSTEMS = ("stock", "accelgen")
 SIM_MODEL = "tiny"  # the simulator needs a ModelProfile only for KV bytes/token and metrics
@@ -74,7 +74,7 @@ def make_trace(cfg: FidelityConfig) -> pd.DataFrame:
 def write_trace_file(cfg: FidelityConfig, path: Path) -> Path:
     from accelgen.workloads.trace import write_trace
 
-    write_trace(make_trace(cfg), {"generator": "accelgen.fidelity.config.make_trace",
+    write_trace(make_trace(cfg), {"generator": "accelgen.fidelity.check_spec.make_trace",
                                   "config": cfg.model_dump(mode="json")}, path)
     return path
 

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveInt, ValidationError, model_validator
 
-from accelgen.config import StrictModel, load_yaml
+from accelgen.core.specs import StrictModel, load_yaml
 from accelgen.workloads.errors import WorkloadError
 
 # allow_inf_nan=False: an infinite rate or scale would pass gt=0 and poison every later number.

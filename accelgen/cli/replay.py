@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from accelgen.config import load_yaml, parse_params
+from accelgen.core.specs import load_yaml, parse_params
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -109,9 +109,9 @@ def from_experiment(data: dict[str, Any]) -> Any:
     """A replay of the simulator's experiment: the same policy, the deployment's cost model and
     pivot for the policy, and an engine with the deployment's KV capacity in tokens, block size
     and max_model_len (on CPU: the tiny model with that many KV blocks)."""
-    from accelgen.config import ExperimentConfig
+    from accelgen.core.specs import ExperimentConfig
+    from accelgen.costmodel.datasheets import kv_num_blocks
     from accelgen.costmodel.factory import deployment_pivot, effective_max_model_len
-    from accelgen.costmodel.profiles import kv_num_blocks
     from accelgen.vllm_integration.replay import ReplayConfig
 
     exp = ExperimentConfig(**data)

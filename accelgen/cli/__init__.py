@@ -1,7 +1,7 @@
-"""Command-line entry point: ``accelgen <command> ...``.
+"""Command-line entry point: ``accelgen <command> ...`` (also ``python -m accelgen.cli``).
 
-Each command lives in its own module that exposes ``add_parser(subparsers)``; the parser's
-``func`` default runs it and returns an exit code.
+Each command lives in its own module of this package, named for the command, that exposes
+``add_parser(subparsers)``; the parser's ``func`` default runs it and returns an exit code.
 """
 
 from __future__ import annotations
@@ -10,21 +10,25 @@ import argparse
 import importlib
 import sys
 
+# Only this package parses options; the layers below it are libraries, and nothing outside it
+# imports it (tests/test_layers.py). `accelgen serve`'s parser stays with the server launcher it
+# drives (accelgen.vllm_integration.serve), whose ServerProcess scripts and tests use as a library.
+
 # (module, description) of every sub-command; imported lazily so `accelgen --help` stays fast.
 COMMANDS: dict[str, str] = {
-    "download": "accelgen.workloads.download_cli",
-    "trace": "accelgen.workloads.cli",
-    "pivot": "accelgen.costmodel.cli",
-    "calibrate": "accelgen.costmodel.calibrate_cli",
-    "simulate": "accelgen.sim.cli",
-    "profile": "accelgen.profiling.cli",
-    "replay": "accelgen.vllm_integration.cli",
+    "download": "accelgen.cli.download",
+    "trace": "accelgen.cli.trace",
+    "pivot": "accelgen.cli.pivot",
+    "calibrate": "accelgen.cli.calibrate",
+    "simulate": "accelgen.cli.simulate",
+    "profile": "accelgen.cli.profile",
+    "replay": "accelgen.cli.replay",
     "serve": "accelgen.vllm_integration.serve",
-    "bench-serve": "accelgen.serving.cli",
-    "fidelity": "accelgen.fidelity.cli",
-    "engine-sweep": "accelgen.engine_regime.cli",
-    "oracle": "accelgen.sim.oracle_cli",
-    "capacity": "accelgen.costmodel.capacity_cli",
+    "bench-serve": "accelgen.cli.bench_serve",
+    "fidelity": "accelgen.cli.fidelity",
+    "engine-sweep": "accelgen.cli.engine_sweep",
+    "oracle": "accelgen.cli.oracle",
+    "capacity": "accelgen.cli.capacity",
 }
 
 
@@ -59,7 +63,3 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"accelgen {args.command}: error: {exc}", file=sys.stderr)
         return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

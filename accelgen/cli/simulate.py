@@ -1,6 +1,6 @@
 """``accelgen simulate``: run one policy on one trace in the simulator.
 
-``--policy oracle`` runs the CLAIRVOYANT Oracle's schedule search (``accelgen.sim.oracle_search``
+``--policy oracle`` runs the CLAIRVOYANT Oracle's schedule search (``accelgen.experiments.oracle_search``
 with its default grid; ``--param`` values are the base it overrides), as ``accelgen oracle``
 does: the Oracle's result is its best schedule, never below AccelGen's own.
 """
@@ -11,8 +11,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from accelgen.cliopts import hidden_alias
-from accelgen.config import (
+from accelgen.cli.options import hidden_alias
+from accelgen.core.specs import (
     Deployment,
     ExperimentConfig,
     PolicySpec,
@@ -50,7 +50,7 @@ def build_config(args: argparse.Namespace) -> ExperimentConfig:
     cfg = ExperimentConfig(**data)
     dep = cfg.deployment.model_dump()
     if args.deployment:
-        from accelgen.costmodel.profiles import DEPLOYMENTS
+        from accelgen.costmodel.datasheets import DEPLOYMENTS
 
         if args.deployment not in DEPLOYMENTS:
             raise ValueError(f"unknown deployment {args.deployment!r}; known: {', '.join(DEPLOYMENTS)}")
@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = build_config(args)
     trace = load_trace(args.trace)
     if cfg.policy.name == "oracle":
-        from accelgen.sim.oracle_search import closing_lines, search_to_dir
+        from accelgen.experiments.oracle_search import closing_lines, search_to_dir
 
         res = search_to_dir(trace, cfg, args.out, trace_path=str(args.trace),
                             progress=not args.no_progress and cfg.sim.progress)

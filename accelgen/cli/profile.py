@@ -20,9 +20,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from accelgen.cliopts import hidden_alias
-from accelgen.config import Deployment
-from accelgen.costmodel.profiles import MODELS, resolve_deployment, resolve_model
+from accelgen.cli.options import hidden_alias
+from accelgen.core.specs import Deployment
+from accelgen.costmodel.datasheets import MODELS, resolve_deployment, resolve_model
 from accelgen.costmodel.table import read_profile_csv
 from accelgen.profiling.measure import Measurement, PivotReport, pivot_report, write_profile
 
