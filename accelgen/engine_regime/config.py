@@ -30,7 +30,7 @@ class SystemSpec(StrictModel):
 
     ``runs: stock``: vLLM's own scheduler (``InstrumentedScheduler``) with
     ``max_num_batched_tokens`` = the budget (``paper``: the pivot S_pf; ``tuned``: Sarathi-Serve's
-    rule on the engine's cost model, ``systems.tuned_token_budget``; or a number); the simulator
+    rule on the engine's cost model, ``systems.tune``; or a number); the simulator
     models it with the ``vllm`` policy at that budget. ``policy: vllm-priority`` runs it in
     vLLM's priority mode (``scheduling_policy="priority"``, each request's priority its SLO class:
     ``policies.vllm_priority.slo_priority``), modelled by the ``vllm-priority`` policy at that
