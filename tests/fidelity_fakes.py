@@ -1,6 +1,6 @@
 """A fidelity runs directory without an engine: each round's "replays" are simulations of an
-engine with known calibrated terms (scaled per round), then the stage's own calibration and
-simulations (``accelgen.fidelity.run``)."""
+engine with known calibrated terms (scaled per round), then the stage's own calibrations and
+simulations (``accelgen.fidelity.run.calibrate_and_simulate``)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,7 @@ from pathlib import Path
 from accelgen.core.specs import CalibratedTerms
 from accelgen.costmodel.calibrated import TERMS
 from accelgen.fidelity.check_spec import FidelityConfig, engine_deployment, make_trace
-from accelgen.fidelity.run import (
-    CALIBRATION_DIR,
-    ROUND_NAME,
-    calibrate_on,
-    simulate_all,
-    simulate_run,
-)
+from accelgen.fidelity.run import ROUND_NAME, calibrate_and_simulate, simulate_run
 
 ENGINE = {"block_size": 32, "max_model_len": 2048, "max_num_batched_tokens": 2048,
           "max_num_seqs": 128, "num_gpu_blocks": 512}
@@ -45,8 +39,5 @@ def fake_fidelity_runs(out: Path, scales: tuple[float, ...] = (1.0, 1.05, 1.1),
                                "load_after": [1.5] * 3,
                                "cpu_shares": {"busy": 0.6, "idle": 0.4, "steal": 0.0}}
         (rdir / ROUND_NAME).write_text(json.dumps({"replays": replays}))
-    checks = {f"round-{k}/real-{s}": out / f"round-{k}" / f"real-{s}"
-              for k in range(len(scales)) for s in cfg.systems if (k, s) != (0, "stock")}
-    dep = calibrate_on(out / "round-0" / "real-stock", cfg, 511, out / CALIBRATION_DIR, checks)
-    simulate_all(out, cfg, dep, trace)
+    calibrate_and_simulate(out, cfg, trace)
     return out

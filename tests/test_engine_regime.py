@@ -13,7 +13,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from accelgen.core.iteration import BatchShape
 from accelgen.costmodel.calibrated import CalibratedCostModel
 from accelgen.engine_regime import systems as sysmod
 from accelgen.engine_regime.analyze import build_report, ordering
@@ -22,6 +21,7 @@ from accelgen.engine_regime.traces import latency_reference, sweep_trace, tbt_cl
 from accelgen.fidelity.check_spec import engine_deployment
 from accelgen.pipeline import claims as C
 from accelgen.pipeline import config_file as pc
+from accelgen.vllm_integration.replay import ReplayConfig
 from tests.engine_fakes import ENGINE, ENGINE_TERMS, KV_BLOCKS, fake_cfg, fake_engine_runs
 from tests.test_pipeline import QUICK, ROOT, job_counts, quick_dict, snakemake
 
@@ -39,33 +39,24 @@ def fake_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # -- budgets ---------------------------------------------------------------------------------
-def _iteration(cost, b: int, n: int, ctx: int) -> float:
-    shape = BatchShape()
-    shape.add_prefill(b, 0)
-    for _ in range(n):
-        shape.add_decode(ctx)
-    return cost.iteration_time(shape)
+def test_tuned_budget_is_the_pipelines_rule_on_the_engines_model(dep) -> None:
+    from accelgen.costmodel.budget import knee_decodes, predicted_iteration, prefill_pairs_per_token
 
-
-def test_tuned_budget_is_the_largest_that_meets_the_tight_class() -> None:
     cost = CalibratedCostModel(ENGINE_TERMS, 2)
+    rng = np.random.default_rng(0)
+    prompt, output = rng.integers(16, 1024, 60), rng.integers(16, 97, 60)
     for slo in (0.03, 0.06, 0.12):
-        b = sysmod.tuned_token_budget(cost, slo, 8, 300, 32, 2048)
-        assert b % 32 == 0
-        assert _iteration(cost, b, 8, 300) <= slo
-        assert _iteration(cost, b + 32, 8, 300) > slo
-    # A looser class and fewer decodes allow larger chunks; none fits: one block.
-    assert sysmod.tuned_token_budget(cost, 0.12, 8, 300, 32, 2048) > \
-        sysmod.tuned_token_budget(cost, 0.06, 8, 300, 32, 2048)
-    assert sysmod.tuned_token_budget(cost, 0.06, 2, 300, 32, 2048) >= \
-        sysmod.tuned_token_budget(cost, 0.06, 8, 300, 32, 2048)
-    assert sysmod.tuned_token_budget(cost, 1e-4, 8, 300, 32, 2048) == 32
-    assert sysmod.tuned_token_budget(cost, 100.0, 8, 300, 32, 512) == 512
-
-
-def test_decode_batch_is_littles_law() -> None:
-    assert sysmod.decode_batch(10.0, 51.0, 0.05) == 25  # 10/s x 50 steps x 50 ms
-    assert sysmod.decode_batch(0.01, 2.0, 0.01) == 1
+        t = sysmod.tune(cost, slo, 4.0, prompt, output, 32, 2048, 128)
+        knee = knee_decodes(prompt, output, rate=4.0, t_iteration=slo, max_num_seqs=128)
+        assert t.token_budget % 32 == 0 and t.num_decodes == knee.num_seqs
+        assert t.meets and t.predicted_s <= slo
+        nxt = t.token_budget + 32
+        assert predicted_iteration(cost, nxt, prefill_pairs_per_token(prompt, nxt), knee) > slo
+    # A looser class allows larger chunks; none fits: one block, marked.
+    assert sysmod.tune(cost, 0.12, 4.0, prompt, output, 32, 2048, 128).token_budget > \
+        sysmod.tune(cost, 0.06, 4.0, prompt, output, 32, 2048, 128).token_budget
+    low = sysmod.tune(cost, 1e-4, 4.0, prompt, output, 32, 2048, 128)
+    assert low.token_budget == 32 and not low.meets
 
 
 def test_tbt_base_keeps_the_papers_proportion_to_the_pivot() -> None:
@@ -82,8 +73,18 @@ def test_each_system_runs_the_same_scheduler_in_the_engine_and_the_simulator(dep
     stock = SystemSpec(runs="stock", budget="tuned")
     rc = sysmod.replay_config(cfg, stock, 192, dep, "/tmp/m")
     assert rc["system"] == "stock" and rc["engine"]["max_num_batched_tokens"] == 192
+    assert rc["scheduling_policy"] == "fcfs"
     assert rc["engine"]["extra_args"]["async_scheduling"] is True  # recorded per run
-    assert sysmod.sim_policy(stock, 192, 128).params == {"token_budget": 192,
+    pol = sysmod.sim_policy(stock, 192, 128)
+    assert pol.name == "vllm" and pol.params == {"token_budget": 192, "max_num_seqs": 128}
+    # vLLM's priority mode (SLO classes): the engine's queue mode, the simulator's policy.
+    pri = SystemSpec(runs="stock", policy="vllm-priority", budget="tuned")
+    rc = sysmod.replay_config(cfg, pri, 192, dep, "/tmp/m")
+    assert rc["system"] == "stock" and rc["scheduling_policy"] == "priority"
+    assert rc["engine"]["max_num_batched_tokens"] == 192
+    ReplayConfig.model_validate(rc)  # the replay accepts it
+    pol = sysmod.sim_policy(pri, 192, 128)
+    assert pol.name == "vllm-priority" and pol.params == {"token_budget": 192,
                                                           "max_num_seqs": 128}
     plug = SystemSpec(runs="plugin", policy="sarathi", budget="tuned")
     rc = sysmod.replay_config(cfg, plug, 192, dep, "/tmp/m")
@@ -100,6 +101,8 @@ def test_each_system_runs_the_same_scheduler_in_the_engine_and_the_simulator(dep
     ({"runs": "plugin", "policy": "oracle"}, "clairvoyant"),
     ({"runs": "plugin", "policy": "no-such-policy"}, "unknown policy"),
     ({"runs": "stock", "budget": "paper", "policy": "edf"}, "vLLM's own scheduler"),
+    ({"runs": "stock", "budget": "paper", "policy": "vllm-priority", "params": {"x": 1}},
+     "vLLM's own scheduler"),
     ({"runs": "plugin", "budget": "best"}, "budget"),
 ])
 def test_bad_systems_say_what_is_wrong(bad: dict, key: str) -> None:
@@ -231,7 +234,9 @@ def test_claims_row_compares_the_plugin_with_each_stock_vllm(fake_runs: Path) ->
     caps = frame[(frame["kind"] == "capacity_summary") & (frame["source"] == "engine")]
     caps = caps.set_index("system")["value"]
     pairs = dict(p.split("=") for p in row["pairs_engine"].split("; ") if p)
-    for stock in ("vllm", "vllm-tuned"):
+    assert {"vllm", "vllm-tuned", "vllm-priority-tuned"} <= set(pairs) | {
+        k for k in caps.index if caps[k] <= 0}
+    for stock in ("vllm", "vllm-tuned", "vllm-priority-tuned"):
         if caps[stock] > 0:
             assert float(pairs[stock]) == pytest.approx(caps["accelgen"] / caps[stock], rel=1e-2)
     assert row["verdict"] == row["verdict_engine"]

@@ -10,8 +10,10 @@ r"""Simulator fidelity against the real vLLM CPU engine: the command line.
 ``run`` writes under --out (cleared first): fidelity.json, sources.json, machine.json, the
 trace, ``round-<k>/`` (``real-<system>/`` results directories of the replays, ``round.json``:
 each replay's times and the machine's load meanwhile), ``calibration/`` (the calibrated
-deployment, per-step errors, the summary) and ``sim-<system>/``. ``report`` prints the
-comparison of the out-of-sample rounds with the simulation, the per-step residuals and the load,
+deployment the plugin plans with, per-step errors, the summary), ``sim-<system>/`` (on it) and,
+per later round, ``round-<k>/predict/`` (the model fitted on the other rounds' stock replays)
+with ``round-<k>/sim-<system>/`` (its prediction). ``report`` prints the comparison of the
+out-of-sample rounds with their predictions, the per-step residuals and the load,
 and writes the CSV and the figure (PNG + PDF). The pipeline's stage (rules/fidelity.smk) runs
 both; ``python -m accelgen.cli.fidelity`` is the same command.
 """

@@ -115,8 +115,8 @@ def make_plan(cfg: EngineSweepConfig, dep: Deployment) -> dict[str, Any]:
     rates = [float(f"{f * estimate:.3g}") for f in cfg.load_factors]
     max_len = int(cfg.engine.get("max_model_len", 2048))
     tight = min(cfg.tbt_scale_set) * base
-    tuned = sysmod.tune(make_cost_model(dep), tight, estimate, float(prompt.mean()),
-                        float(output.mean()), dep.block_size, max_len)
+    tuned = sysmod.tune(make_cost_model(dep), tight, estimate, prompt, output, dep.block_size,
+                        max_len, int(cfg.engine.get("max_num_seqs", 128)))
     budgets = {name: sysmod.budget_of(spec, pivot.s_pf, tuned.token_budget)
                for name, spec in cfg.systems.items()}
     return {"s_pf": pivot.s_pf, "t_pf": pivot.t_pf, "tbt_base": base,

@@ -21,6 +21,8 @@ ENGINE_MODEL = {"num_layers": 2, "hidden_size": 128, "num_heads": 2, "num_kv_hea
                 "ffn_size": 512, "vocab_size": 1024}
 
 BudgetRule = Literal["paper", "tuned"]
+# The registry policies that model stock vLLM: FCFS and priority mode (SLO classes).
+STOCK_POLICIES = ("vllm", "vllm-priority")
 
 
 class SystemSpec(StrictModel):
@@ -28,15 +30,20 @@ class SystemSpec(StrictModel):
 
     ``runs: stock``: vLLM's own scheduler (``InstrumentedScheduler``) with
     ``max_num_batched_tokens`` = the budget (``paper``: the pivot S_pf; ``tuned``: Sarathi-Serve's
-    rule on the engine's cost model, ``systems.tuned_token_budget``; or a number); the simulator
-    models it with the ``vllm`` policy at that budget. ``runs: plugin``: the AccelGen plugin
+    rule on the engine's cost model, ``systems.tune``; or a number); the simulator
+    models it with the ``vllm`` policy at that budget. ``policy: vllm-priority`` runs it in
+    vLLM's priority mode (``scheduling_policy="priority"``, each request's priority its SLO class:
+    ``policies.vllm_priority.slo_priority``), modelled by the ``vllm-priority`` policy at that
+    budget. ``runs: plugin``: the AccelGen plugin
     (``AccelGenScheduler``) hosting a registry policy (``policy``, ``params``; ``budget`` sets a
     budgeted policy's ``token_budget``); the simulator runs the same policy with the same
     parameters.
     """
 
     runs: Literal["stock", "plugin"]
-    policy: str = "vllm"  # plugin: the registry policy it hosts (stock: always vLLM's own)
+    # plugin: the registry policy it hosts; stock: vLLM's own scheduler in FCFS (`vllm`) or
+    # priority mode (`vllm-priority`)
+    policy: str = "vllm"
     budget: BudgetRule | PositiveInt | None = None
     params: dict[str, Any] = Field(default_factory=dict)
     label: str = ""
@@ -54,14 +61,22 @@ class SystemSpec(StrictModel):
         if self.runs == "stock" and self.budget is None:
             raise ValueError("a stock system needs `budget` (paper, tuned or a token count: "
                              "its max_num_batched_tokens)")
-        if self.runs == "stock" and (self.policy != "vllm" or self.params):
-            raise ValueError("a stock system runs vLLM's own scheduler: no `policy`/`params`")
+        if self.runs == "stock" and (self.policy not in STOCK_POLICIES or self.params):
+            raise ValueError("a stock system runs vLLM's own scheduler: `policy` is one of "
+                             f"{', '.join(STOCK_POLICIES)} (its queue mode), no `params`")
+
+    @property
+    def scheduling_policy(self) -> Literal["fcfs", "priority"]:
+        """vLLM's queue mode of a stock system (``--scheduling-policy``)."""
+        return "priority" if self.runs == "stock" and self.policy == "vllm-priority" else "fcfs"
 
 
 def default_systems() -> dict[str, SystemSpec]:
     return {
         "vllm": SystemSpec(runs="stock", budget="paper", label="vLLM (budget S_pf)"),
         "vllm-tuned": SystemSpec(runs="stock", budget="tuned", label="vLLM (tuned budget)"),
+        "vllm-priority-tuned": SystemSpec(runs="stock", policy="vllm-priority", budget="tuned",
+                                          label="vLLM priority (tuned budget)"),
         "accelgen": SystemSpec(runs="plugin", policy="accelgen", label="AccelGen (plugin)"),
     }
 

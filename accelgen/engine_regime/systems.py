@@ -1,20 +1,20 @@
 """Each system of the sweep inside vLLM (a replay configuration) and in the simulator (a policy),
 the token budgets they run with, and the SLO scale of the engine.
 
-**Tuned budget** (SPEC 12, Sarathi-Serve's rule): the largest token budget whose predicted
-iteration - a fresh prefill chunk of that many tokens beside the expected decode batch - meets
-the tightest TBT class. The expected decode batch is Little's law at the capacity estimate:
-rate x mean decode steps per request x the iteration time, which under this budget is the tight
-TBT SLO itself; its sequences read the mean prompt plus half the mean output each.
+**Tuned budget** (SPEC 12): Sarathi-Serve's rule as the pipeline's ``budget: tuned`` systems
+resolve it (``accelgen.costmodel.budget``): the largest multiple of the block size whose
+predicted iteration - a chunk of that many prompt tokens beside the decode batch near the knee -
+meets the tightest TBT class, on the engine's calibrated cost model; the decode batch is Little's
+law at the capacity estimate with iterations of that class (``knee_decodes``).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from accelgen.core.iteration import BatchShape
+import numpy as np
+
 from accelgen.core.specs import Deployment, PolicySpec
 from accelgen.costmodel.base import CostModel
 from accelgen.engine_regime.sweep_spec import EngineSweepConfig, SystemSpec
@@ -37,31 +37,6 @@ def tbt_base(cfg: EngineSweepConfig, t_pf: float) -> float:
     return float(cfg.tbt_base) if cfg.tbt_base != "auto" else t_pf * paper_tbt_ratio()
 
 
-def decode_batch(rate: float, mean_output: float, iteration_s: float) -> int:
-    """Little's law: requests decoding at once when ``rate`` requests/s each take
-    ``mean_output - 1`` decode iterations of ``iteration_s`` (at least 1)."""
-    return max(1, math.ceil(rate * max(mean_output - 1.0, 0.0) * iteration_s))
-
-
-def tuned_token_budget(cost: CostModel, tbt_slo: float, num_decodes: int, decode_context: int,
-                       block_size: int, max_budget: int) -> int:
-    """The largest multiple of ``block_size`` up to ``max_budget`` whose iteration (one fresh
-    prefill chunk of that many tokens plus ``num_decodes`` decodes of ``decode_context`` tokens
-    each) ``cost`` predicts within ``tbt_slo``; ``block_size`` when none does (the smallest
-    budget that still makes progress)."""
-    best = block_size
-    for b in range(block_size, max_budget + 1, block_size):
-        shape = BatchShape()
-        shape.add_prefill(b, 0)
-        for _ in range(num_decodes):
-            shape.add_decode(decode_context)
-        if cost.iteration_time(shape) <= tbt_slo:
-            best = b
-        else:
-            break  # iteration time grows with the chunk
-    return best
-
-
 @dataclass(frozen=True, slots=True)
 class TunedBudget:
     """The tuned budget and what it was computed from (written into the plan)."""
@@ -70,19 +45,27 @@ class TunedBudget:
     tbt_slo_s: float  # the tightest TBT class
     rate: float  # the capacity estimate it was tuned at
     num_decodes: int
-    decode_context: int
+    decode_context: float
+    predicted_s: float  # the predicted iteration at token_budget
+    meets: bool  # False: not even one block meets the class (then one block)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def tune(cost: CostModel, tight_tbt: float, rate: float, mean_prompt: float, mean_output: float,
-         block_size: int, max_budget: int) -> TunedBudget:
-    """``tuned_token_budget`` at ``rate`` for the workload's mean lengths (module docstring)."""
-    n = decode_batch(rate, mean_output, tight_tbt)
-    ctx = round(mean_prompt + mean_output / 2)
-    b = tuned_token_budget(cost, tight_tbt, n, ctx, block_size, max_budget)
-    return TunedBudget(b, tight_tbt, rate, n, ctx)
+def tune(cost: CostModel, tight_tbt: float, rate: float, prompt_len: np.ndarray,
+         output_len: np.ndarray, block_size: int, max_budget: int,
+         max_num_seqs: int) -> TunedBudget:
+    """Sarathi-Serve's budget (``accelgen.costmodel.budget.tuned_token_budget``, the rule of
+    the pipeline's tuned systems) for the sweep's requests at ``rate``."""
+    from accelgen.costmodel.budget import knee_decodes, tuned_token_budget
+
+    decodes = knee_decodes(prompt_len, output_len, rate=rate, t_iteration=tight_tbt,
+                           max_num_seqs=max_num_seqs)
+    t = tuned_token_budget(cost, tight_tbt, prompt_len, decodes, block_size=block_size,
+                           max_tokens=max_budget)
+    return TunedBudget(t.token_budget, tight_tbt, rate, decodes.num_seqs, decodes.mean_context,
+                       t.predicted_s, t.meets)
 
 
 def budget_of(spec: SystemSpec, s_pf: int, tuned: int) -> int | None:
@@ -97,11 +80,12 @@ def budget_of(spec: SystemSpec, s_pf: int, tuned: int) -> int | None:
 
 
 def sim_policy(spec: SystemSpec, budget: int | None, max_num_seqs: int) -> PolicySpec:
-    """The simulator's model of a system: vLLM's policy at the stock engine's budget, or the
-    policy the plugin hosts with the same parameters."""
+    """The simulator's model of a system: vLLM's policy (``vllm``, or ``vllm-priority`` for its
+    priority mode) at the stock engine's budget, or the policy the plugin hosts with the same
+    parameters."""
     if spec.runs == "stock":
-        return PolicySpec(name="vllm", params={"token_budget": budget,
-                                               "max_num_seqs": max_num_seqs})
+        return PolicySpec(name=spec.policy, params={"token_budget": budget,
+                                                    "max_num_seqs": max_num_seqs})
     params = dict(spec.params)
     if budget is not None:
         params["token_budget"] = budget
@@ -111,8 +95,9 @@ def sim_policy(spec: SystemSpec, budget: int | None, max_num_seqs: int) -> Polic
 def replay_config(cfg: EngineSweepConfig, spec: SystemSpec, budget: int | None,
                   dep: Deployment, tiny_dir: str) -> dict[str, Any]:
     """The ``ReplayConfig`` of a system's replays: stock vLLM with ``max_num_batched_tokens`` =
-    its budget, or the plugin (its budget left to the policy, at most max_model_len) planning
-    with the calibrated deployment ``dep``, as the simulator's policy does."""
+    its budget (and its queue mode: FCFS or priority), or the plugin (its budget left to the
+    policy, at most max_model_len) planning with the calibrated deployment ``dep``, as the
+    simulator's policy does."""
     engine = cfg.engine_spec()
     engine["tiny_dir"] = tiny_dir
     max_len = int(engine.get("max_model_len", 2048))
@@ -122,6 +107,7 @@ def replay_config(cfg: EngineSweepConfig, spec: SystemSpec, budget: int | None,
                                         "deployment": dep.model_dump(mode="json")}}
     if spec.runs == "plugin":
         adapter["policy"] = sim_policy(spec, budget, 0).model_dump(mode="json")
-    return {"system": "stock" if spec.runs == "stock" else "accelgen", "adapter": adapter,
+    return {"system": "stock" if spec.runs == "stock" else "accelgen",
+            "scheduling_policy": spec.scheduling_policy, "adapter": adapter,
             "engine": engine, "warmup_requests": cfg.warmup_requests,
             "max_wall_s": cfg.max_wall_s}

