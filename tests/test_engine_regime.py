@@ -74,7 +74,7 @@ def test_each_system_runs_the_same_scheduler_in_the_engine_and_the_simulator(dep
     rc = sysmod.replay_config(cfg, stock, 192, dep, "/tmp/m")
     assert rc["system"] == "stock" and rc["engine"]["max_num_batched_tokens"] == 192
     assert rc["scheduling_policy"] == "fcfs"
-    assert rc["engine"]["extra_args"]["async_scheduling"] is True  # recorded per run
+    assert rc["engine"]["async_scheduling"] is True  # the engine spec's mode, recorded per run
     pol = sysmod.sim_policy(stock, 192, 128)
     assert pol.name == "vllm" and pol.params == {"token_budget": 192, "max_num_seqs": 128}
     # vLLM's priority mode (SLO classes): the engine's queue mode, the simulator's policy.
