@@ -373,8 +373,8 @@ def predict_round(out_dir: Path, cfg: FidelityConfig, k: int, plan: Deployment, 
     are never in the fit), written to ``round-<k>/predict/``, and the simulations charged with
     it (``round-<k>/sim-<system>``), the policies planning with ``plan`` (round 0's model, the
     one the AccelGen plugin planned with). Returns the fitted deployment."""
-    from accelgen.costmodel.calibration_files import write_deployment, write_errors
     from accelgen.costmodel.calibrate import calibrate
+    from accelgen.costmodel.calibration_files import write_deployment, write_errors
     from accelgen.costmodel.points import PointSet, read_step_log
 
     rdir = out_dir / f"round-{k}"
