@@ -8,4 +8,4 @@ bash scripts/setup.sh --vllm
 .venv/bin/mypy accelgen
 # Two workers: most tests are single-threaded; the real-engine tests (marker `vllm`) all run on
 # one of them (tests/conftest.py), since an engine takes both cores.
-.venv/bin/python -m pytest -n "${PYTEST_WORKERS:-2}" --dist loadgroup "$@"
+.venv/bin/python -m pytest -n "${PYTEST_WORKERS:-2}" --dist loadgroup --durations=15 "$@"

@@ -54,9 +54,11 @@ def spelling_conflicts(parsers: dict[str, argparse.ArgumentParser]) -> list[str]
         for a in parser._actions:
             if not a.option_strings or a.dest == "help":
                 continue
+            # --x / --no-x of a BooleanOptionalAction are one option, spelled once.
+            boolean = isinstance(a, argparse.BooleanOptionalAction)
             for spelling in a.option_strings:
                 dests[spelling][a.dest].add(command)
-                if a.help != argparse.SUPPRESS:
+                if a.help != argparse.SUPPRESS and not (boolean and spelling.startswith("--no-")):
                     visible[a.dest][spelling].add(command)
             kind = a.type
             if callable(kind) and getattr(kind, "__module__", "").startswith("accelgen"):
