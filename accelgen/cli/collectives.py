@@ -17,10 +17,8 @@ bytes, N = 1..8,192 tokens). Written: the deployment (``cost_model: analytic`` w
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +27,7 @@ import yaml
 
 from accelgen.core.specs import CollectiveTerms, Deployment, HardwareProfile
 from accelgen.costmodel import collective_fit as cf
+from accelgen.costmodel.calibration_files import atomic_write
 from accelgen.costmodel.collectives import builtin_collectives, nearest_fit
 
 
@@ -106,20 +105,6 @@ def report_lines(terms: CollectiveTerms, points: cf.CollectivePoints, hardware: 
     return lines, errors
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    """Write through a temporary file in the same directory and a rename: a failure leaves no
-    half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def run(args: argparse.Namespace, data: dict[str, Any]) -> int:
     """Fit, print, write the deployment file (``data`` is calibrate's base configuration)."""
     from accelgen.costmodel.datasheets import resolve_hardware, resolve_model
@@ -150,7 +135,7 @@ def run(args: argparse.Namespace, data: dict[str, Any]) -> int:
             f"all-reduce median |error| at the iteration's sizes: {summary or '-'}",
             "Use: accelgen simulate --config <this file> --trace ..."]
     body = yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
-    _atomic_write(Path(args.out), "".join(f"# {h}\n" for h in head) + body)
+    atomic_write(Path(args.out), "".join(f"# {h}\n" for h in head) + body)
     print(f"wrote {args.out} ({dep.model} on {dep.num_gpus} x {dep.hardware}, "
           f"{len(points)} points; all-reduce median |error| at the iteration's sizes: "
           f"{summary or 'no all-reduce points'})")
