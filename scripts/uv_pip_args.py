@@ -27,27 +27,32 @@ LINE = re.compile(r"^(?P<scope>[^.]*)\.(?P<key>[a-z-]+)='(?P<value>.*)'$")
 
 
 def pip_config() -> dict[str, list[str]]:
-    """pip's configured values per option name: the environment's (``:env:``) where set, else
-    the files' (later files win for a single value, list values are joined)."""
+    """What `pip config list` of this Python says, with ``parse_pip_config``."""
     out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True,
                          text=True, check=False).stdout
+    return parse_pip_config(out, os.environ.get("PIP_CONSTRAINT", ""))
+
+
+def parse_pip_config(listing: str, pip_constraint: str = "") -> dict[str, list[str]]:
+    """pip's configured values per option name from `pip config list` output: the
+    environment's (``:env:``) where set, else the files' (a later file wins for a single value,
+    list values are joined); ``pip_constraint``: PIP_CONSTRAINT, which the listing leaves out."""
     files: dict[str, list[str]] = {}
     env: dict[str, list[str]] = {}
-    for line in out.splitlines():
+    for line in listing.splitlines():
         m = LINE.match(line.strip())
         if m is None or m["key"] not in (*OPTIONS, CERT) or m["scope"] not in (":env:", "global",
-                                                                        "install"):
+                                                                                 "install"):
             continue
         target = env if m["scope"] == ":env:" else files
         values = m["value"].split()
         if m["key"] in OPTIONS and OPTIONS[m["key"]][1]:
-            target.setdefault(m["key"], []).extend(v for v in values
-                                                   if v not in target.get(m["key"], []))
+            known = target.setdefault(m["key"], [])
+            known.extend(v for v in values if v not in known)
         else:
             target[m["key"]] = values[-1:]
-    # pip config list shows PIP_* only under its own names; PIP_CONSTRAINT is read here too.
-    if os.environ.get("PIP_CONSTRAINT"):
-        env["constraint"] = os.environ["PIP_CONSTRAINT"].split()
+    if pip_constraint:
+        env["constraint"] = pip_constraint.split()
     return {**files, **env}
 
 

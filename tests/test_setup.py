@@ -4,6 +4,7 @@ pins numpy below what the newest SLURM plugin needs) without changing any instal
 from __future__ import annotations
 
 import importlib.metadata as md
+import itertools
 import re
 import subprocess
 import sys
@@ -29,3 +30,45 @@ def test_cluster_extra_resolves_without_changing_installed_packages():
     # other package already in the environment changes version.
     ours = {"accelgen"} | {name for name in would if name.startswith(PLUGIN)}
     assert not (would - ours) & installed, line
+
+
+def uv_pip_args():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("uv_pip_args",
+                                                  ROOT / "scripts" / "uv_pip_args.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_uv_gets_the_sources_pip_is_configured_with():
+    mod = uv_pip_args()
+    listing = "\n".join([
+        "global.cert='/etc/ssl/certs/ca.crt'",
+        "global.extra-index-url='file:///opt/a/simple file:///opt/b/simple'",
+        "global.find-links='/opt/wheels'",
+        "global.index-url='https://mirror.example/simple'",
+        "install.index-url='https://other.example/simple'",
+        ":env:.find-links='/opt/wheels /opt/more'",
+        "global.timeout='60'",
+        "user.trusted-host='x'",
+    ])
+    cfg = mod.parse_pip_config(listing, "/etc/c1.txt /etc/c2.txt")
+    # The environment wins over the files; lists keep their order without repeats.
+    assert cfg["find-links"] == ["/opt/wheels", "/opt/more"]
+    assert cfg["extra-index-url"] == ["file:///opt/a/simple", "file:///opt/b/simple"]
+    assert cfg["index-url"] == ["https://other.example/simple"]
+    assert cfg["constraint"] == ["/etc/c1.txt", "/etc/c2.txt"]
+    assert "timeout" not in cfg
+    args = mod.uv_args(cfg)
+    pairs = list(itertools.pairwise(args))
+    assert ("--index-strategy", "unsafe-best-match") in pairs and "--compile-bytecode" in args
+    assert "--native-tls" in args
+    assert ("--index-url", "https://other.example/simple") in pairs
+    assert [v for f, v in pairs if f == "--extra-index-url"] == cfg["extra-index-url"]
+    assert [v for f, v in pairs if f == "--constraint"] == ["/etc/c1.txt", "/etc/c2.txt"]
+    # Nothing configured: pip's defaults (PyPI), nothing else.
+    assert mod.uv_args(mod.parse_pip_config("")) == ["--index-strategy", "unsafe-best-match",
+                                                     "--compile-bytecode"]
