@@ -1,5 +1,6 @@
-"""Engine processes of a sweep: one spawned process per system holds that system's vLLM engine
-and replays the points it is sent, so an engine starts once per system and not once per point.
+"""Engine processes of a sweep: one engine process per system (``vllm_integration.
+engine_process``) holds that system's vLLM engine and replays the points it is sent, so an
+engine starts once per system and not once per point.
 
 A process is pinned to ``cpus`` when given (``os.sched_setaffinity``; its threads inherit it),
 runs ``omp_threads`` OpenMP threads and inherits the caller's priority (``accelgen engine-sweep
@@ -9,7 +10,6 @@ discarded), so the kernels of the common token counts exist before any measured 
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import sys
 import time
@@ -25,7 +25,10 @@ from accelgen.fidelity.run import cpu_shares, cpu_ticks, loadavg
 _STATE: dict[str, Any] = {}
 
 
-def _init(omp_threads: int, cpus: list[int] | None) -> None:
+def _init(env: dict[str, str], omp_threads: int, cpus: list[int] | None) -> None:
+    from accelgen.vllm_integration.engine_process import set_environment
+
+    set_environment(env)
     os.environ["OMP_NUM_THREADS"] = str(omp_threads)
     if cpus:
         os.sched_setaffinity(0, set(cpus))
@@ -68,7 +71,8 @@ def _shutdown() -> None:
 
 
 class EnginePool:
-    """A spawned process per system (started on first use), one point at a time."""
+    """An engine process per system (``engine_process``; started on first use), one point at a
+    time."""
 
     def __init__(self, omp_threads: int, cpus: list[int] | None) -> None:
         self._args = (omp_threads, cpus)
@@ -76,11 +80,13 @@ class EnginePool:
 
     def _pool(self, system: str) -> ProcessPoolExecutor:
         if system not in self._pools:
+            from accelgen.vllm_integration.engine_process import engine_context
             from accelgen.vllm_integration.replay import engine_env_defaults
 
             engine_env_defaults()
             self._pools[system] = ProcessPoolExecutor(
-                1, mp_context=mp.get_context("spawn"), initializer=_init, initargs=self._args)
+                1, mp_context=engine_context(), initializer=_init,
+                initargs=(dict(os.environ), *self._args))
         return self._pools[system]
 
     def replay(self, system: str, rc_data: dict[str, Any], trace: pd.DataFrame, out: Path,

@@ -274,16 +274,20 @@ class ProfileSession:
 
     def __init__(self, opts: VllmOptions, progress: Progress | None = None) -> None:
         import importlib.util
-        import multiprocessing as mp
+        import os
 
         if importlib.util.find_spec("vllm") is None:
             raise ValueError("--backend vllm needs vllm in this Python (CPU: `bash "
                              "scripts/install_vllm_cpu.sh <venv>`; run that venv's python -m "
                              "accelgen.cli profile ...)")
         self.opts, self.say = opts, progress or (lambda _m: None)
-        ctx = mp.get_context("spawn")
+        from accelgen.vllm_integration.engine_process import engine_context, with_environment
+
+        ctx = engine_context()
         self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_profile_worker, args=(child, opts), daemon=True)
+        self._proc = ctx.Process(target=with_environment,
+                                 args=(dict(os.environ), _profile_worker, child, opts),
+                                 daemon=True)
         self._samples: dict[Shape, list[float]] = {}
         self._seen: dict[Shape, list[Shape]] = {}
         self._passes = 0

@@ -114,15 +114,17 @@ def engine_env_defaults() -> dict[str, str]:
 
 
 def in_fresh_process(job: Callable[..., T], *args: Any) -> T:
-    """``job(*args)`` in a new spawned process, which inherits this one's environment (with
-    ``engine_env_defaults``) and priority, and nothing of an engine that ran here before
-    (threads still shutting down, garbage, oneDNN kernels already built)."""
-    import multiprocessing as mp
+    """``job(*args)`` in a new engine process (``engine_process``: forked from a server that
+    imported vLLM once), which gets this one's environment (with ``engine_env_defaults``),
+    working directory and priority, and nothing of an engine that ran before (threads still
+    shutting down, garbage, oneDNN kernels already built)."""
     from concurrent.futures import ProcessPoolExecutor
 
+    from accelgen.vllm_integration.engine_process import engine_context, with_environment
+
     engine_env_defaults()
-    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
-        return pool.submit(job, *args).result()
+    with ProcessPoolExecutor(1, mp_context=engine_context()) as pool:
+        return pool.submit(with_environment, dict(os.environ), job, *args).result()
 
 
 def _prepare_env(spec: EngineSpec) -> None:
