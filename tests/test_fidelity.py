@@ -133,7 +133,10 @@ def test_compare_all_takes_the_out_of_sample_rounds_only(runs: Path) -> None:
     # Every later round has its own prediction, fitted without its replays.
     for k in (1, 2):
         level = json.loads((runs / f"round-{k}" / PREDICT_DIR / LEVEL_NAME).read_text())
-        assert level["fit_replays"] == [f"round-{j}/real-stock" for j in (0, 1, 2) if j != k]
+        others = [j for j in (0, 1, 2) if j != k]
+        assert level["fit_replays"] == [f"round-{j}/real-{s}" for s in ("stock", "accelgen")
+                                        for j in others]
+        assert level["level_replays"] == [f"round-{j}/real-stock" for j in others]
         summary = json.loads((runs / f"round-{k}" / PREDICT_DIR / "summary.json").read_text())
         sets = {r["set"] for r in summary}
         assert f"check:round-{k}/real-stock" in sets and f"check:round-{k}/real-accelgen" in sets

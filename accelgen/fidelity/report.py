@@ -59,7 +59,7 @@ class Report:
         out = [f"fidelity run {self.runs}: the AccelGen plugin planned with the cost model "
                f"fitted on round {FIT_ROUND}'s stock replay; rounds "
                f"{', '.join(map(str, rounds))} predicted out of sample, each by the model "
-               "fitted on the other rounds' stock replays",
+               "fitted on the other rounds' replays",
                _calibration_line(self.runs), *_prediction_lines(self.runs, rounds),
                f"machine: {machine_line(self.runs)}", "",
                "the machine during each replay (load averages 1/5/15 min; CPU time shares):",
@@ -124,7 +124,8 @@ def _prediction_lines(runs: Path, rounds: list[int]) -> list[str]:
         t = read_round_deployment(runs, k).calibration
         assert t is not None
         lines.append(f"round {k} predicted by the fit on {', '.join(level['fit_replays'])} "
-                     f"(x {level['level']:.3f} to their median step): overhead "
+                     f"(x {level['level']:.3f} to the median step of their stock replays): "
+                     "overhead "
                      f"{t.overhead_s * 1e3:.3f} ms, weights floor {t.weights_s * 1e3:.3f} ms, "
                      f"decode {t.decode_token_s * 1e6:.2f} us/seq")
     return lines

@@ -6,8 +6,9 @@ round 0's stock replay (``accelgen.costmodel.calibrate`` on its step log: each s
 composition and period); the AccelGen plugin plans with that model in every round (the engine
 needs it before the other rounds exist).
 
-Every later round k is then predicted out of sample by a model fitted on the stock replays of
-**all the other rounds** (``round-<k>/predict/``; round k's own replays are never in it): the
+Every later round k is then predicted out of sample by a model fitted on the replays (both
+systems') of **all the other rounds** (``round-<k>/predict/``; round k's own replays are never
+in it): the
 simulated stock vLLM runs on it, and the simulated AccelGen plans with round 0's model, as the
 plugin did, and is charged with it (``round-<k>/sim-<system>``; ``compare``). Pooling the other
 rounds' replays ties the prediction to the host's speed over the whole run, not to the one
@@ -368,9 +369,10 @@ def calibrate_and_simulate(out_dir: Path, cfg: FidelityConfig,
 def predict_round(out_dir: Path, cfg: FidelityConfig, k: int, plan: Deployment, kv_blocks: int,
                   trace: pd.DataFrame, trace_path: str | None = None,
                   say: Callable[[str], None] | None = None) -> Deployment:
-    """Round ``k``'s out-of-sample prediction: the cost model fitted on the stock replays of
-    every other round (held-out: every other step; checked on round ``k``'s own replays, which
-    are never in the fit), written to ``round-<k>/predict/``, and the simulations charged with
+    """Round ``k``'s out-of-sample prediction: the cost model fitted on every other round's
+    replays, both systems' (held-out: every other step; checked on round ``k``'s own replays,
+    which are never in the fit), put at the median step of their stock replays
+    (``step_level``), written to ``round-<k>/predict/``, and the simulations charged with
     it (``round-<k>/sim-<system>``), the policies planning with ``plan`` (round 0's model, the
     one the AccelGen plugin planned with). Returns the fitted deployment."""
     from accelgen.costmodel.calibrate import calibrate
@@ -382,7 +384,13 @@ def predict_round(out_dir: Path, cfg: FidelityConfig, k: int, plan: Deployment, 
               if j != k and (d / "real-stock").exists()]
     if not others:
         raise FileNotFoundError(f"{out_dir}: no other round's stock replay to predict round {k}")
-    points = PointSet.concat([read_step_log(d) for d in others])
+    # Stock's steps are mostly decodes (8 % with a prompt chunk in the quick run); the AccelGen
+    # replays' steps are mostly mixed (70 %), so with them the fit pins the prefill terms that
+    # decide AccelGen's iterations instead of extrapolating them (docs/profiling.md 3.5).
+    fit_dirs = others + [d / f"real-{s}" for s in cfg.systems if s != "stock"
+                         for j, d in enumerate(round_dirs(out_dir))
+                         if j != k and (d / f"real-{s}").exists()]
+    points = PointSet.concat([read_step_log(d) for d in fit_dirs])
     checks = {f"round-{k}/real-{s}": rdir / f"real-{s}" for s in cfg.systems
               if (rdir / f"real-{s}").exists()}
     prior = CalibratedTerms(source="0 (the engine's steps constrain every term of one layout)")
@@ -396,13 +404,14 @@ def predict_round(out_dir: Path, cfg: FidelityConfig, k: int, plan: Deployment, 
     write_deployment(pdir / DEPLOYMENT_NAME, {"deployment": dep.model_dump(
         mode="json", exclude_none=True)}, cal,
         f"accelgen.fidelity.run.predict_round({out_dir}, {k}): "
-        + ", ".join(str(d.relative_to(out_dir)) for d in others)
+        + ", ".join(str(d.relative_to(out_dir)) for d in fit_dirs)
         + f"; every term x {level:.4f} (step_level; the header's terms are before it)")
     write_errors(pdir / "errors.csv", cal)
     (pdir / "summary.json").write_text(json.dumps([asdict(x) for x in cal.summary()],
                                                   indent=2) + "\n")
     (pdir / LEVEL_NAME).write_text(json.dumps({
-        "level": level, "fit_replays": [str(d.relative_to(out_dir)) for d in others]},
+        "level": level, "fit_replays": [str(d.relative_to(out_dir)) for d in fit_dirs],
+        "level_replays": [str(d.relative_to(out_dir)) for d in others]},
         indent=2) + "\n")
     for system in cfg.systems:
         sim = simulate_run(trace, system, plan, cfg.engine, rdir / f"sim-{system}", trace_path,
