@@ -1,34 +1,21 @@
-"""AccelGen's mirror of the live requests: one record per request, read by the compiled decision.
-
-Reading attributes from ~1,256 Python objects per decision would cost hundreds of microseconds,
-so the table keeps what the decision reads in a numpy record array (``REQUEST``; ``table.prompt``
-etc. are views of one field), updated only where the state can change: ``add`` on arrival,
-``refresh`` of the requests a step scheduled or preempted (re-read from the objects: the table
-follows what the executor really did), ``remove`` on finish or rejection. Live requests occupy
-rows ``0..n-1`` (a removal moves the last row into the hole), so a row number (a *slot*) is valid
-within one decision only; across hooks requests are found by ``req_id``.
-
-*Dormant* requests (``dormancy`` on: the policy orders lost prompts last, first come first
-served): waiting online requests whose next deadline has passed. Their order among themselves
-(arrival) and every column the decision reads from them are fixed until they run again, so the
-table keeps them apart, sorted by their queue key (``DORMANT``), and the decision passes over them
-in steps that do not grow with their number (``dormant``: ``docs/accelgen.md``,
-*Cost*). Every other live request is *active*: ``active`` lists their slots in ascending order.
-Under overload nearly the whole queue is dormant: a decision then costs about what the running
-set does.
-"""
+"""AccelGen's mirror of the live requests: the record array the compiled decision reads, kept in
+step by the policy's hooks, its active slots and its dormant queue (``docs/accelgen.md``, *One
+decision*, step 1, and *A long queue*). Live requests occupy rows ``0..n-1`` (a removal moves the
+last row into the hole): a slot is valid within one decision only, ``req_id`` across hooks."""
 
 from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from accelgen.core.request import Request, Status
 from accelgen.policies.accelgen.state import DORMANT, LOST_OFFSET, REQUEST, UNCOUNTED
+
+if TYPE_CHECKING:
+    from accelgen.policies.accelgen.build import Build
 
 _RUNNING = Status.RUNNING
 
@@ -41,19 +28,6 @@ def _dynamic(slots: list[int], reqs: list[Request]) -> np.ndarray:
                     dtype=np.float64).reshape(-1, 6)
 
 
-class TableKernels(Protocol):
-    """The compiled kernels a table runs (``build.Build`` has them)."""
-
-    @property
-    def read_rows(self) -> Callable[..., int]: ...
-
-    @property
-    def decode_rows(self) -> Callable[..., int]: ...
-
-    @property
-    def set_deadlines(self) -> Callable[..., object]: ...
-
-
 class RequestTable:
     """Rows of ``REQUEST`` indexed by slot; ``objs[slot]`` is the request itself."""
 
@@ -64,7 +38,7 @@ class RequestTable:
     if TYPE_CHECKING:  # self.prompt etc.: a view of one field of ``rows`` each (``_alloc``)
         def __getattr__(self, field: str) -> np.ndarray: ...
 
-    def __init__(self, capacity: int = 1024, kernels: TableKernels | None = None) -> None:
+    def __init__(self, capacity: int = 1024, kernels: Build | None = None) -> None:
         # The compiled kernels the table's updates run (``build.load()``, which
         # builds on this module: handed in, not imported). None: a table for its layout only.
         self.kernels = kernels
@@ -188,7 +162,7 @@ class RequestTable:
         dormant (their slots in ``_watch_slots``)."""
         return self._kernels().read_rows(self.rows, values, lost_rule, self._watch_slots)
 
-    def _kernels(self) -> TableKernels:
+    def _kernels(self) -> Build:
         if self.kernels is None:
             raise RuntimeError("RequestTable: no compiled kernels; construct it with "
                                "kernels=build.load()")
