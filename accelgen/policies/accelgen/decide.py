@@ -24,12 +24,12 @@ def decide(a: st.DecisionArrays) -> int:
     # The slot lists by name: the rows of ``a.lists``, in ``state.LISTS``' order.
     b = st.Batch(x[0], x[1], x[2], x[3], x[4], x[5], x[6])
     dq = st.Dormant(a.dormant, a.minima, a.gone, a.finals, step.dormant_lo,
-                 step.dormant_lo + step.n_dormant, x[18])
+                    step.dormant_lo + step.n_dormant, x[18])
     q = st.Queue(x[7], x[8], x[9], x[10], x[11], dq)
     pools = st.Pools(x[12], x[13], x[14].view(np.float64), x[15], x[16], x[17])
     ora = st.Oracle(rec.oracle, x[19], x[20])
-    cs = st.Candidates(a.requests, a.cand, a.active[:step.n_active], step.now, step.chunk_mean, x[21],
-                    x[22], x[23])
+    cs = st.Candidates(a.requests, a.cand, a.active[:step.n_active], step.now, step.chunk_mean,
+                       x[21], x[22], x[23])
     while True:
         _start_pass(cs, dq, step, par, led, ora)
         ask = budget.plan(cs, dq, step, par, led, cost)

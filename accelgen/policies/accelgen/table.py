@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 _RUNNING = Status.RUNNING
 
+
 def _dynamic(slots: list[int], reqs: list[Request]) -> np.ndarray:
     """The fields of ``reqs`` that change as they run, a row each (slot, output tokens, computed
     tokens, blocks, running, last token time), as one float64 array: one array to build and
@@ -93,19 +94,10 @@ class RequestTable:
         self.n += 1
         self.objs.append(r)
         self.slot_of[r.req_id] = s
-        self.req_id[s] = r.req_id
-        self.prompt[s] = r.prompt_len
-        self.pred_out[s] = r.predicted_output_len
-        self.true_out[s] = 0
-        self.arrival[s] = r.arrival
-        self.ttft[s] = r.ttft_slo
-        self.tbt[s] = r.tbt_slo
-        self.jct[s] = r.jct_slo
-        self.online[s] = r.online
-        self.lost[s] = False
-        self.off_first[s] = math.nan
-        self.off_step[s] = math.nan
-        self.dormant[s] = False
+        fixed = {"req_id": r.req_id, "prompt": r.prompt_len, "pred_out": r.predicted_output_len,
+                 "arrival": r.arrival, "ttft": r.ttft_slo, "tbt": r.tbt_slo, "jct": r.jct_slo,
+                 "online": r.online, "off_first": math.nan, "off_step": math.nan}
+        self.rows[s] = tuple(fixed.get(name, 0) for name in REQUEST.names or ())  # (``_read``: the rest)
         if not r.online:
             self.num_unplanned += 1
         self.active[self.n_active] = s  # (the largest slot: the list stays sorted)
@@ -314,25 +306,3 @@ class RequestTable:
         self.off_step[todo] = t_r + t_max + preempt_term
         self._kernels().set_deadlines(self.rows, todo)
         self.num_unplanned = 0
-
-    def mismatches(self) -> list[str]:
-        """Fields that disagree with the request objects (a debugging aid for tests)."""
-        bad = []
-        for s in range(self.n):
-            r = self.objs[s]
-            want = (r.num_output_tokens, r.num_computed_tokens, r.num_blocks, r.status == Status.RUNNING)
-            got = (int(self.n_out[s]), int(self.computed[s]), int(self.blocks[s]), bool(self.running[s]))
-            if want != got or self.slot_of.get(r.req_id) != s:
-                bad.append(f"req {r.req_id}: table {got} vs request {want}")
-        active = self.active[: self.n_active].tolist()
-        lo, hi = self.dormant_lo, self.dormant_lo + self.n_dormant
-        keys, slots = self.dormant_key[lo:hi].tolist(), self.dormant_slot[lo:hi].tolist()
-        order, dormant = sorted(zip(keys, slots, strict=True)), set(slots)
-        if (sorted(active + slots) != list(range(self.n)) or active != sorted(active)
-                or order != list(zip(keys, slots, strict=True))
-                or any(self.dormant[s] != (s in dormant) for s in range(self.n))):
-            bad.append(f"active {active} and dormant {order} do not partition the table in order")
-        for key, s in order:
-            if key != float(self.arrival[s]) + LOST_OFFSET or self.running[s] or not self.online[s]:
-                bad.append(f"dormant slot {s}: key {key}, running {self.running[s]}")
-        return bad
