@@ -202,9 +202,9 @@ def test_decide_names_the_slot_lists_as_the_workspace_lays_them_out() -> None:
     tree = ast.parse(inspect.getsource(decide.decide.py_func))
     seen = []
     for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
-            continue
-        fields = getattr(getattr(state, node.func.id, None), "_fields", ())
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue  # (``st.Batch(...)``: the record types of ``state``)
+        fields = getattr(getattr(state, node.func.attr, None), "_fields", ())
         for field, arg in zip(fields, node.args, strict=False):
             if isinstance(arg, ast.Call):  # x[k].view(...)
                 arg = arg.func.value  # type: ignore[attr-defined]

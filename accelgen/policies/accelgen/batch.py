@@ -204,7 +204,7 @@ def select_euclidean(cs: st.Candidates, group: np.ndarray, n: int, par: st.Param
                      b: st.Batch, pools: st.Pools) -> None:
     """Algorithm 2 on one slack group: repeatedly add the candidate whose (D_c, D_m) is closest to (A_c,
     A_m) among those that fit, ties to the smaller key. Fast by the rule's structure
-    (``docs/accelgen.md``, *Step 2*): decodes, (1, 0) or (1, b), lose to every prompt that fits but a
+    (``docs/accelgen.md``, step 7): decodes, (1, 0) or (1, b), lose to every prompt that fits but a
     chunk needing no new block, so they are compared with those only, else taken in bulk; among fresh
     prompts the longest that fits whole is closest (a bisection); running prompts one by one."""
     bs = par.block_size

@@ -21,9 +21,9 @@ _RUNNING = Status.RUNNING
 
 
 def _dynamic(slots: list[int], reqs: list[Request]) -> np.ndarray:
-    """The fields of ``reqs`` that change as they run, a row each (slot, output tokens, computed
-    tokens, blocks, running, last token time), as one float64 array: one array to build and
-    hand to compiled code per step instead of one per field (integers below 2**53 are exact)."""
+    """The fields of ``reqs`` that change as they run, a row each (slot, output tokens, computed tokens,
+    blocks, running, last token time), in one float64 array to hand to compiled code (integers below
+    2**53 are exact)."""
     return np.array([(s, r.num_output_tokens, r.num_computed_tokens, r.num_blocks,
                       r.status is _RUNNING, r.last_token_time) for s, r in zip(slots, reqs, strict=True)],
                     dtype=np.float64).reshape(-1, 6)
@@ -149,9 +149,8 @@ class RequestTable:
 
     # -- dynamic fields ------------------------------------------------------------------------
     def _read(self, values: np.ndarray, lost_rule: bool = False) -> int:
-        """Write the dynamic fields read from request objects (``_dynamic``'s rows) with their
-        deadlines (and ``lost``, with ``lost_rule``). Returns how many of them wait or are
-        dormant (their slots in ``_watch_slots``)."""
+        """Write ``_dynamic``'s rows and the deadlines (and ``lost``, with ``lost_rule``). Returns how many
+        of them wait or are dormant (their slots in ``_watch_slots``)."""
         return self._kernels().read_rows(self.rows, values, lost_rule, self._watch_slots)
 
     def _kernels(self) -> Build:
@@ -173,10 +172,8 @@ class RequestTable:
 
     def advance_decodes(self, batch: list[tuple[Request, int]], slots: np.ndarray,
                         now: float) -> None:
-        """``refresh`` of the requests of ``batch`` (their slots the head of ``slots``) after
-        it ran as decode steps alone and nothing else changed (``Policy.schedule_after_decodes``):
-        each computed and emitted one more token, at ``now``. Only their KV blocks are read from
-        the request objects."""
+        """``refresh`` of ``batch`` (its slots the head of ``slots``) after it ran as decode steps alone
+        (``Policy.schedule_after_decodes``): one more token each at ``now``, only the blocks re-read."""
         blocks, slot_of = self.blocks, self.slot_of
         for r, _ in batch:  # (the backend may have given it a block for this token)
             blocks[slot_of[r.req_id]] = r.num_blocks
@@ -289,13 +286,9 @@ class RequestTable:
         self.reindex = False
 
     def plan_offline(self, chunk_len: float, t_max: float, preempt_term: float) -> None:
-        """Make the JCT plan of offline requests that have none yet (paper section 4.3).
-
-        T_e = N_ck T_max + S_g (T_max + P_max P) and the per-iteration waiting allowance
-        T_r = (SLO_JCT - T_e) / (N_ck + S_g). The k-th iteration is due at
-        arrival + k (T_r + T_max) (+ P_max P for generation steps): a cumulative plan, so running
-        d later (earlier) than allowed shrinks (grows) the next allowance by d, as in the paper.
-        """
+        """The JCT plan of offline requests that have none yet (paper section 4.3; ``docs/accelgen.md``,
+        *One decision*, step 3): the k-th iteration is due at arrival + k (T_r + T_max), cumulative, so
+        running late (early) shrinks (grows) the next allowance, as in the paper."""
         n = self.n
         todo = np.flatnonzero(~self.online[:n] & np.isnan(self.off_first[:n]))
         nck = np.ceil(self.prompt[todo] / chunk_len)
