@@ -116,18 +116,12 @@ class RequestTable:
         last = self.n - 1
         if s != last:  # move the last live request into the hole
             moved_dormant = bool(self.dormant[last])
-            if moved_dormant:
-                self._dormant_delete(last)
-            else:
-                self._active_delete(last)
+            self._leave(last)
             self.rows[s] = self.rows[last]
             moved = self.objs[last]
             self.objs[s] = moved
             self.slot_of[moved.req_id] = s
-            if moved_dormant:
-                self._dormant_insert(s)
-            else:
-                self._active_insert(s)
+            (self._dormant_insert if moved_dormant else self._active_insert)(s)
         self.objs.pop()
         self.n = last
 
