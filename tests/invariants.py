@@ -8,6 +8,8 @@ import numpy as np
 
 from accelgen.core.policy import Decision, Policy, SchedulerView
 from accelgen.core.request import Status
+from accelgen.policies.accelgen.state import LOST_OFFSET
+from accelgen.policies.accelgen.table import RequestTable
 from accelgen.sim.engine import SimulationResult
 
 
@@ -65,3 +67,27 @@ def check_invariants(res: SimulationResult, recorder: RecordingPolicy | None = N
             assert r.num_blocks == 0
     if recorder is not None:
         assert recorder.forward_sizes == its["forward_size"].tolist()
+
+
+def table_mismatches(t: RequestTable) -> list[str]:
+    """AccelGen's table fields that disagree with the request objects, and a broken partition of
+    its slots into active and dormant ones (``AccelGenPolicy.verify``: checked every decision)."""
+    bad = []
+    for s in range(t.n):
+        r = t.objs[s]
+        want = (r.num_output_tokens, r.num_computed_tokens, r.num_blocks, r.status == Status.RUNNING)
+        got = (int(t.n_out[s]), int(t.computed[s]), int(t.blocks[s]), bool(t.running[s]))
+        if want != got or t.slot_of.get(r.req_id) != s:
+            bad.append(f"req {r.req_id}: table {got} vs request {want}")
+    active = t.active[: t.n_active].tolist()
+    lo, hi = t.dormant_lo, t.dormant_lo + t.n_dormant
+    keys, slots = t.dormant_key[lo:hi].tolist(), t.dormant_slot[lo:hi].tolist()
+    order, dormant = sorted(zip(keys, slots, strict=True)), set(slots)
+    if (sorted(active + slots) != list(range(t.n)) or active != sorted(active)
+            or order != list(zip(keys, slots, strict=True))
+            or any(t.dormant[s] != (s in dormant) for s in range(t.n))):
+        bad.append(f"active {active} and dormant {order} do not partition the table in order")
+    for key, s in order:
+        if key != float(t.arrival[s]) + LOST_OFFSET or t.running[s] or not t.online[s]:
+            bad.append(f"dormant slot {s}: key {key}, running {t.running[s]}")
+    return bad

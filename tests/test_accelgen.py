@@ -23,6 +23,7 @@ from accelgen.policies.accelgen.build import load
 from accelgen.policies.accelgen.table import RequestTable
 from accelgen.policies.registry import make_policy
 from tests.conftest import LinearCost, make_requests, run_sim
+from tests.invariants import table_mismatches
 
 # -- helpers -------------------------------------------------------------------------------------
 
@@ -78,7 +79,7 @@ class Recorder(Policy):
 
 def accelgen(**params: object) -> AccelGenPolicy:
     p = AccelGenPolicy(**params)
-    p.debug_verify = True  # the policy's arrays must mirror the requests at every decision
+    p.verify = table_mismatches  # the policy's arrays must mirror the requests at every decision
     return p
 
 

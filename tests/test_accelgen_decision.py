@@ -32,6 +32,7 @@ from accelgen.policies.accelgen.state import INFO_INDEX, INFO_KEYS
 from accelgen.policies.accelgen.table import RequestTable
 from accelgen.policies.registry import make_policy
 from tests.conftest import LinearCost, make_requests, run_sim
+from tests.invariants import table_mismatches
 from tests.strategies import mixed_slo_traces, trace_requests
 
 
@@ -106,7 +107,7 @@ def _run(name: str, params: dict[str, Any], trace: Any, num_blocks: int,
     reqs, outs = trace_requests(trace)
     pol = make_policy(name, params)
     assert isinstance(pol, AccelGenPolicy)
-    pol.debug_verify = True
+    pol.verify = table_mismatches
     res = run_sim(reqs, outs, pol, num_blocks=num_blocks, block_size=16, s_pf=128, cost=cost)
     runs = [(r.status.name, r.token_times, r.num_preemptions) for r in res.requests]
     its = res.iterations.to_frame()
@@ -201,9 +202,9 @@ def test_decide_names_the_slot_lists_as_the_workspace_lays_them_out() -> None:
     tree = ast.parse(inspect.getsource(decide.decide.py_func))
     seen = []
     for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
-            continue
-        fields = getattr(getattr(state, node.func.id, None), "_fields", ())
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue  # (``st.Batch(...)``: the record types of ``state``)
+        fields = getattr(getattr(state, node.func.attr, None), "_fields", ())
         for field, arg in zip(fields, node.args, strict=False):
             if isinstance(arg, ast.Call):  # x[k].view(...)
                 arg = arg.func.value  # type: ignore[attr-defined]

@@ -26,6 +26,7 @@ from accelgen.policies.accelgen.budget import compiled_roofline_time as _rooflin
 from accelgen.policies.registry import make_policy
 from accelgen.sim.engine import SimulationResult
 from tests.conftest import run_sim
+from tests.invariants import table_mismatches
 from tests.strategies import mixed_slo_traces, trace_requests
 
 
@@ -44,7 +45,7 @@ def _policy(name: str, dormancy: bool) -> AccelGenPolicy:
     policy = make_policy(name)
     assert isinstance(policy, AccelGenPolicy)
     policy.__class__ = type("Counted", (DormantCount, type(policy)), {})
-    policy.debug_verify = True  # the table's partition is checked at every decision
+    policy.verify = table_mismatches  # the table's partition is checked at every decision
     if not dormancy:
         policy._table.dormancy = False
     return policy

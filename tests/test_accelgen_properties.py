@@ -19,7 +19,7 @@ from accelgen.costmodel.factory import make_cost_model
 from accelgen.policies.accelgen import AccelGenPolicy
 from accelgen.policies.registry import make_policy
 from tests.conftest import run_sim
-from tests.invariants import RecordingPolicy, check_invariants
+from tests.invariants import RecordingPolicy, check_invariants, table_mismatches
 from tests.strategies import mixed_slo_traces, trace_requests
 
 VARIANTS: list[tuple[str, dict[str, Any]]] = [
@@ -63,7 +63,7 @@ def test_invariants_hold(name: str, params: dict[str, Any], trace, num_blocks: i
     reqs, outs = trace_requests(trace)
     inner = make_policy(name, params)
     assert isinstance(inner, AccelGenPolicy)
-    inner.debug_verify = True  # raises inside schedule() if the arrays drift from the requests
+    inner.verify = table_mismatches  # raises inside schedule() if the arrays drift from the requests
     policy = EraCheck(inner)
     res = run_sim(reqs, outs, policy, num_blocks=num_blocks, block_size=16, s_pf=128)
     check_invariants(res, policy)

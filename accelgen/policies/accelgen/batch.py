@@ -1,7 +1,5 @@
-"""The batch under construction and step 2, SelectRequests (paper Algorithm 2, SPEC 4.3): a
-candidate joins (``add``), what it can run without preempting anyone (``fit``), the slack groups
-of the queue (``next_group``), the Euclidean selection within a group and the in-order filling of
-/Batch, group after group while budget is left (``select``)."""
+"""The batch under construction (``add``, ``fit``) and step 2, SelectRequests (paper Algorithm 2,
+SPEC 4.3): slack groups, the Euclidean selection within a group, /Batch's in-order filling."""
 
 from __future__ import annotations
 
@@ -10,27 +8,12 @@ import math
 import numpy as np
 
 from accelgen.policies.accelgen import budget, dormant, era, kv, rank
+from accelgen.policies.accelgen import state as st
 from accelgen.policies.accelgen.jit import jit
-from accelgen.policies.accelgen.state import (
-    NO_ASK,
-    NO_PICK,
-    PICK_DECODE_BLOCK,
-    PICK_DECODE_FREE,
-    PICK_FRESH,
-    PICK_PROMPT,
-    Batch,
-    Candidates,
-    Cost,
-    Ledger,
-    Params,
-    Pools,
-    Queue,
-)
 
 
 @jit
-def add(cs: Candidates, s: int, tokens: int, par: Params, led: Ledger, b: Batch) -> None:
-    """``s`` joins the batch with ``tokens`` tokens."""
+def add(cs: st.Candidates, s: int, tokens: int, par: st.Params, led: st.Ledger, b: st.Batch) -> None:
     r, c = cs.req[s], cs.cand[s]
     if r.running:
         led.reserved -= kv.owed(r, c, par)
@@ -49,10 +32,9 @@ def add(cs: Candidates, s: int, tokens: int, par: Params, led: Ledger, b: Batch)
 
 
 @jit
-def fit(cs: Candidates, s: int, par: Params, led: Ledger) -> int:
-    """Tokens ``s`` can run now without preempting anyone (0: none): a decode's one if its block
-    is free; a prompt's chunk within the budget and its KV room (a fresh prompt's room is its
-    whole prompt, if it may be admitted), under /Chunk only its whole rest."""
+def fit(cs: st.Candidates, s: int, par: st.Params, led: st.Ledger) -> int:
+    """Tokens ``s`` can run now without preempting anyone (0: none). A fresh prompt's KV room is its
+    whole prompt; under /Chunk a prompt runs only whole."""
     r, c = cs.req[s], cs.cand[s]
     if c.is_decode:
         return 1 if kv.next_blocks(r, c, par.block_size) <= led.kv_free else 0
@@ -68,7 +50,7 @@ def fit(cs: Candidates, s: int, par: Params, led: Ledger) -> int:
 
 
 @jit
-def _feasible(cs: Candidates, s: int, par: Params, led: Ledger) -> bool:
+def _feasible(cs: st.Candidates, s: int, par: st.Params, led: st.Ledger) -> bool:
     """``s`` could still join with its smallest piece of work (a whole prompt under /Chunk)."""
     r, c = cs.req[s], cs.cand[s]
     if not r.running or c.is_decode:
@@ -80,11 +62,10 @@ def _feasible(cs: Candidates, s: int, par: Params, led: Ledger) -> bool:
 
 
 @jit
-def next_group(cs: Candidates, q: Queue, par: Params, led: Ledger) -> int:
-    """The next slack group into ``q.group``: the feasible available candidates whose key is
-    within gamma of the smallest, in key order. Returns its size (0: none). The queue is step 2's
-    active candidates merged with the dormant queue, where only requests that could start now
-    are looked at (a waiting request needs an admission and its blocks)."""
+def next_group(cs: st.Candidates, q: st.Queue, par: st.Params, led: st.Ledger) -> int:
+    """The next slack group into ``q.group`` (returns its size): the feasible available candidates
+    within gamma of the smallest key, in key order, from step 2's queue merged with the dormant queue
+    (where only requests with an admission and their blocks could start)."""
     dq, n, limit = q.dormant, 0, 0.0
     j, p, end = led.order_head, led.dormant_head, dormant.queue_end(q.dormant, led)
     need_max = kv.unpromised(led) if led.admissions >= 1 else -1  # (-1: none may start)
@@ -120,15 +101,14 @@ def next_group(cs: Candidates, q: Queue, par: Params, led: Ledger) -> int:
 
 
 @jit
-def select(cs: Candidates, q: Queue, par: Params, led: Ledger, b: Batch, cost: Cost,
-           pools: Pools) -> int:
-    """Step 2 on the head slack group, then on the following groups while budget and KV are left
-    (forward size = S_b while work is available; decision 6). Returns NO_ASK, or a budget whose
-    latency the cost model must give first (a group lowered SLO_min)."""
+def select(cs: st.Candidates, q: st.Queue, par: st.Params, led: st.Ledger, b: st.Batch, cost: st.Cost,
+           pools: st.Pools) -> int:
+    """Step 2 on the head slack group, then on the next ones while budget is left (decision 6). Returns
+    NO_ASK, or a budget whose latency the cost model must give first."""
     while led.budget_left > 0:
         n = next_group(cs, q, par, led)
         if n == 0:
-            return NO_ASK
+            return st.NO_ASK
         led.n_groups += 1
         # Members of a later group may have a tighter per-iteration SLO: the batch's budget
         # follows the tightest one that joins. A group whose budget the batch formed so far
@@ -140,12 +120,12 @@ def select(cs: Candidates, q: Queue, par: Params, led: Ledger, b: Batch, cost: C
                 m = c.slo_iter
         if m < led.slo_min:
             lower = budget.token_budget(par, led, cost, m)
-            if lower.ask != NO_ASK:
+            if lower.ask != st.NO_ASK:
                 return lower.ask
             if lower.tokens < led.budget:
                 left = led.budget_left - (led.budget - lower.tokens)
                 if left <= 0:
-                    return NO_ASK
+                    return st.NO_ASK
                 led.budget_left, led.budget, led.clamped_low = left, lower.tokens, lower.low
             led.slo_min = m
         before = led.n_sched
@@ -154,14 +134,14 @@ def select(cs: Candidates, q: Queue, par: Params, led: Ledger, b: Batch, cost: C
         else:
             _fill_in_order(cs, q.group, n, par, led, b)
         if not par.spill_groups or led.n_sched == before:
-            return NO_ASK
-    return NO_ASK
+            return st.NO_ASK
+    return st.NO_ASK
 
 
 @jit
-def _split(cs: Candidates, group: np.ndarray, n: int, par: Params, pools: Pools) -> tuple[int, int, int, int]:
-    """The group's pools: fresh prompts (by remaining length, with that length and their key),
-    running prompts, decodes needing a block and decodes needing none. Returns their sizes."""
+def _split(cs: st.Candidates, group: np.ndarray, n: int, par: st.Params,
+           pools: st.Pools) -> tuple[int, int, int, int]:
+    """The group's pools (fresh prompts sorted by remaining length); returns their sizes."""
     n_fresh = n_partial = n_block = n_free = 0
     for s in group[:n]:
         r, c = cs.req[s], cs.cand[s]
@@ -185,19 +165,18 @@ def _split(cs: Candidates, group: np.ndarray, n: int, par: Params, pools: Pools)
 
 
 @jit
-def best_fresh(pools: Pools, n: int, par: Params, led: Ledger) -> tuple[int, int]:
-    """The closest of the first ``n`` fresh prompts as (index, chunk), NO_PICK if none: one at
-    least A_c long that may be admitted, cut to A_c (the smallest key among them); else the
-    longest that fits whole (smaller key on ties)."""
+def best_fresh(pools: st.Pools, n: int, par: st.Params, led: st.Ledger) -> tuple[int, int]:
+    """The closest fresh prompt as (index, chunk), NO_PICK if none: one at least A_c long cut to A_c
+    (the smallest key among them), else the longest that fits whole (smaller key on ties)."""
     if n == 0 or led.admissions < 1:
-        return NO_PICK, 0
+        return st.NO_PICK, 0
     rem, key, a_c = pools.fresh_rem[:n], pools.fresh_key, led.budget_left
     # rem[:hi] may be admitted (whole prompt, first token and growth reserve fit)
     free, bs = kv.unpromised(led), par.block_size
     limit = free * bs - 1 - par.growth if free < par.total_blocks else par.total_blocks * bs - 1
     hi = int(np.searchsorted(rem, limit, side="right"))
     if hi == 0:
-        return NO_PICK, 0
+        return st.NO_PICK, 0
     if par.chunk and rem[hi - 1] >= a_c:
         j = int(np.searchsorted(rem[:hi], a_c))
         for i in range(j + 1, hi):
@@ -210,39 +189,33 @@ def best_fresh(pools: Pools, n: int, par: Params, led: Ledger) -> tuple[int, int
             break
         if key[i] < key[j]:
             j = i
-    return (j, rem[j]) if j >= 0 else (NO_PICK, 0)
+    return (j, rem[j]) if j >= 0 else (st.NO_PICK, 0)
 
 
 @jit
 def distance(a_c: int, a_m: int, tokens: int, kv_tokens: int) -> int:
-    """Squared Euclidean distance of a demand (D_c, D_m) from (A_c, A_m): exact integers, the
-    same order as the distance's, and no rounding to tell apart (or tie) two candidates."""
+    """Squared Euclidean distance of (D_c, D_m) from (A_c, A_m): exact integers, so no rounding can tell
+    apart (or tie) two candidates."""
     return (a_c - tokens) * (a_c - tokens) + (a_m - kv_tokens) * (a_m - kv_tokens)
 
 
 @jit
-def select_euclidean(cs: Candidates, group: np.ndarray, n: int, par: Params, led: Ledger, b: Batch,
-                     pools: Pools) -> None:
-    """Algorithm 2 on one slack group (in key order): repeatedly add the candidate whose
-    (D_c, D_m) is closest to (A_c, A_m) (remaining budget, free KV tokens) among those that fit;
-    ties go to the smaller key.
-
-    Fast by the structure of the rule rather than by rescanning every candidate per pick: a
-    decode demands (1, 0) or (1, b); every other feasible item is at least as close to (A_c, A_m)
-    as (1, 0), and every item with D_m >= b at least as close as (1, b); so decodes are picked
-    only once no prompt fits (except against a prompt chunk needing no new block, compared
-    explicitly), then in bulk. A prompt holding no KV demands (c, ceil(c/b) b): both coordinates
-    grow with c, so among prompts that fit whole the longest is closest (a bisection), and one at
-    least A_c long, cut to A_c, closer still. The few running prompts are compared one by one."""
+def select_euclidean(cs: st.Candidates, group: np.ndarray, n: int, par: st.Params, led: st.Ledger,
+                     b: st.Batch, pools: st.Pools) -> None:
+    """Algorithm 2 on one slack group: repeatedly add the candidate whose (D_c, D_m) is closest to (A_c,
+    A_m) among those that fit, ties to the smaller key. Fast by the rule's structure
+    (``docs/accelgen.md``, step 7): decodes, (1, 0) or (1, b), lose to every prompt that fits but a
+    chunk needing no new block, so they are compared with those only, else taken in bulk; among fresh
+    prompts the longest that fits whole is closest (a bisection); running prompts one by one."""
     bs = par.block_size
     n_fresh, n_partial, n_block, n_free = _split(cs, group, n, par, pools)
     took_block = took_free = 0  # decodes taken from the head of each pool
     while led.budget_left > 0:
         a_c, a_m = led.budget_left, led.kv_free * bs
-        kind, pick, tokens, dist, key = NO_PICK, 0, 0, 0, math.inf
+        kind, pick, tokens, dist, key = st.NO_PICK, 0, 0, 0, math.inf
         j, chunk = best_fresh(pools, n_fresh, par, led)
-        if j != NO_PICK:
-            kind, pick, tokens, key = PICK_FRESH, j, chunk, pools.fresh_key[j]
+        if j != st.NO_PICK:
+            kind, pick, tokens, key = st.PICK_FRESH, j, chunk, pools.fresh_key[j]
             dist = distance(a_c, a_m, chunk, (chunk + bs - 1) // bs * bs)
         for i in range(n_partial):
             s = pools.partial[i]
@@ -250,27 +223,27 @@ def select_euclidean(cs: Candidates, group: np.ndarray, n: int, par: Params, led
             if t < 1:
                 continue
             d, k = distance(a_c, a_m, t, kv.blocks_to_add(cs.req[s], bs, t) * bs), cs.cand[s].key
-            if kind == NO_PICK or d < dist or (d == dist and k < key):
-                kind, pick, tokens, dist, key = PICK_PROMPT, i, t, d, k
-        prompt_fits = kind != NO_PICK
+            if kind == st.NO_PICK or d < dist or (d == dist and k < key):
+                kind, pick, tokens, dist, key = st.PICK_PROMPT, i, t, d, k
+        prompt_fits = kind != st.NO_PICK
         use_block = n_block > took_block and led.kv_free >= 1  # decodes: (1, b) while a block is free
         if use_block or n_free > took_free:
             d = distance(a_c, a_m, 1, bs if use_block else 0)
             k = cs.cand[pools.dec_block[took_block] if use_block else pools.dec_free[took_free]].key
-            if kind == NO_PICK or d < dist or (d == dist and k < key):
-                kind = PICK_DECODE_BLOCK if use_block else PICK_DECODE_FREE
-        if kind == NO_PICK:
+            if kind == st.NO_PICK or d < dist or (d == dist and k < key):
+                kind = st.PICK_DECODE_BLOCK if use_block else st.PICK_DECODE_FREE
+        if kind == st.NO_PICK:
             return
-        if kind == PICK_FRESH:
+        if kind == st.PICK_FRESH:
             n_fresh = _take_fresh(cs, pick, tokens, n_fresh, par, led, b, pools)
-        elif kind == PICK_PROMPT:
+        elif kind == st.PICK_PROMPT:
             s = pools.partial[pick]
             for i in range(pick, n_partial - 1):
                 pools.partial[i] = pools.partial[i + 1]
             n_partial -= 1
             add(cs, s, tokens, par, led, b)
         elif prompt_fits:  # a decode beat a prompt chunk needing no new block
-            if kind == PICK_DECODE_BLOCK:
+            if kind == st.PICK_DECODE_BLOCK:
                 add(cs, pools.dec_block[took_block], 1, par, led, b)
                 took_block += 1
             else:
@@ -285,10 +258,10 @@ def select_euclidean(cs: Candidates, group: np.ndarray, n: int, par: Params, led
 
 
 @jit
-def _take_fresh(cs: Candidates, pick: int, tokens: int, n: int, par: Params, led: Ledger, b: Batch,
-                pools: Pools) -> int:
-    """Fresh prompt ``pick`` of the pool joins with ``tokens``; it leaves the pool, and when it
-    took ERA so do the other long prompts. Returns the pool's new size."""
+def _take_fresh(cs: st.Candidates, pick: int, tokens: int, n: int, par: st.Params, led: st.Ledger,
+                b: st.Batch, pools: st.Pools) -> int:
+    """Fresh prompt ``pick`` joins and leaves the pool; if it took ERA, so do the other long prompts.
+    Returns the pool's new size."""
     s = pools.fresh[pick]
     add(cs, s, tokens, par, led, b)
     took_era = era.holds(led, s)
@@ -302,10 +275,9 @@ def _take_fresh(cs: Candidates, pick: int, tokens: int, n: int, par: Params, led
 
 
 @jit
-def _fill_in_order(cs: Candidates, group: np.ndarray, n: int, par: Params, led: Ledger,
-                   b: Batch) -> None:
-    """/Batch: take the group's candidates in key order, skipping those that do not fit; a prompt
-    is cut where the budget or the free KV ends."""
+def _fill_in_order(cs: st.Candidates, group: np.ndarray, n: int, par: st.Params, led: st.Ledger,
+                   b: st.Batch) -> None:
+    """/Batch: the group in key order, skipping what does not fit."""
     for s in group[:n]:
         if led.budget_left <= 0:
             return

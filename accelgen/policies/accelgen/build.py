@@ -1,16 +1,5 @@
-"""Which build of AccelGen's compiled decision (``decide.decide`` and the table's kernels) a
-process runs.
-
-- **Ahead of time** (the default once built; ``bash scripts/setup.sh`` or ``python -m
-  accelgen.policies.accelgen``): a C extension module compiled with numba's ``pycc`` into
-  ``__pycache__/``, named after a digest of its sources. It loads in milliseconds without
-  importing numba (numba's own start-up is what a JIT cache cannot avoid).
-- **JIT**: numba compiles the same functions on first use and caches them, for sources without a
-  matching build (e.g. while editing the decision).
-- **Python**: ``NUMBA_DISABLE_JIT=1`` runs the same functions interpreted (for a debugger).
-
-``ACCELGEN_DECISION=aot|jit|python`` forces one (``aot`` fails if no build matches).
-"""
+"""Which build of the compiled decision a process runs: ahead of time (numba's ``pycc``), JIT or
+plain Python (``docs/accelgen.md``, *The builds*); ``ACCELGEN_DECISION=aot|jit|python`` forces one."""
 
 from __future__ import annotations
 
@@ -28,8 +17,6 @@ from typing import Any, NamedTuple
 from accelgen.policies.accelgen.table import RequestTable
 from accelgen.policies.accelgen.workspace import Workspace
 
-DecideFn = Callable[[Any], int]
-KERNELS = ("read_rows", "decode_rows", "set_deadlines")  # the table's, in ``rank``: every step
 ENV = "ACCELGEN_DECISION"
 _HERE = Path(__file__).resolve().parent
 _CACHE = _HERE / "__pycache__"
@@ -41,10 +28,10 @@ _SOURCES = (*sorted(p for p in _HERE.glob("*.py") if p.name not in ("__init__.py
 
 
 class Build(NamedTuple):
-    """One build of the compiled code: its name (aot, jit, python) and its functions."""
+    """One build (aot, jit, python): the decision and the table's kernels (``rank``: every step)."""
 
     name: str
-    decide: DecideFn
+    decide: Callable[[Any], int]
     read_rows: Callable[..., int]
     decode_rows: Callable[..., int]
     set_deadlines: Callable[..., int]
@@ -64,29 +51,22 @@ def aot_path() -> Path:
     return _CACHE / f"decide_{source_digest()}{sysconfig.get_config_var('EXT_SUFFIX')}"
 
 
-def _signatures() -> dict[str, tuple[Any, ...]]:
-    """The argument types of ``decide`` (the arrays) and of the ``KERNELS`` (the table's rows, slots,
-    the values read)."""
+def _exports() -> dict[str, tuple[Any, tuple[Any, ...]]]:
+    """The compiled functions in ``Build``'s order, each with its argument types."""
     from numba import typeof, types
 
-    ints = types.int64[::1]
-    rows = typeof(RequestTable(capacity=1).rows)
-    return {"decide": (typeof(Workspace(RequestTable(capacity=1)).arrays),),
-            "read_rows": (rows, types.float64[:, ::1], types.bool_, ints),
-            "decode_rows": (rows, ints, types.int64, types.float64, ints),
-            "set_deadlines": (rows, ints)}
-
-
-def _functions() -> dict[str, Any]:
     from accelgen.policies.accelgen import decide, rank
 
-    return {"decide": decide.decide, **{k: getattr(rank, k) for k in KERNELS}}
+    ints, rows = types.int64[::1], typeof(RequestTable(capacity=1).rows)
+    return {"decide": (decide.decide, (typeof(Workspace(RequestTable(capacity=1)).arrays),)),
+            "read_rows": (rank.read_rows, (rows, types.float64[:, ::1], types.bool_, ints)),
+            "decode_rows": (rank.decode_rows, (rows, ints, types.int64, types.float64, ints)),
+            "set_deadlines": (rank.set_deadlines, (rows, ints))}
 
 
 def _compile(compile_: Callable[[], object]) -> None:
     """Run numba's compilation, once more after dropping the JIT cache if it cannot be read (numba
-    unpickles a cache index before checking that it is stale, and an index names the record
-    types: after one changes, reading it fails)."""
+    unpickles a cache index, which names the record types, before checking that it is stale)."""
     try:
         compile_()
     except (AttributeError, ImportError):
@@ -108,8 +88,7 @@ def _load_jit() -> Build:
         _CACHE.mkdir(exist_ok=True)
         stamp.write_text(digest)
     entries = []
-    for name, fn in _functions().items():
-        sig = _signatures()[name]
+    for fn, sig in _exports().values():
         _compile(partial(fn.compile, sig))
         # The compiled entry point, called directly: numba's dispatcher would resolve the argument
         # types on every call (the arrays keep their types: same dtypes, same layout).
@@ -119,17 +98,17 @@ def _load_jit() -> Build:
 
 @cache
 def load() -> Build:
-    """The build this process runs: its name, the decision function, the table's kernels."""
+    """The build this process runs."""
     mode = os.environ.get(ENV, "auto")
     if mode not in ("auto", "aot", "jit", "python"):
         raise ValueError(f"{ENV}={mode!r}: expected auto, aot, jit or python")
     if mode == "python" or os.environ.get("NUMBA_DISABLE_JIT", "0") not in ("", "0"):
         os.environ["NUMBA_DISABLE_JIT"] = "1"  # read when numba is imported
-        fns = _functions()
-        if hasattr(fns["decide"], "py_func"):
+        fns = [fn for fn, _ in _exports().values()]
+        if hasattr(fns[0], "py_func"):
             raise RuntimeError(f"{ENV}=python: numba was imported before; set "
                                "NUMBA_DISABLE_JIT=1 when the process starts")
-        return Build("python", *fns.values())
+        return Build("python", *fns)
     if mode in ("auto", "aot"):
         path = aot_path()
         if path.exists():
@@ -137,7 +116,7 @@ def load() -> Build:
             assert spec is not None and spec.loader is not None
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
-            return Build("aot", *(getattr(module, k) for k in ("decide", *KERNELS)))
+            return Build("aot", *(getattr(module, k) for k in Build._fields[1:]))
         if mode == "aot":
             raise FileNotFoundError(f"{ENV}=aot: no build of the current sources at {path} "
                                     "(python -m accelgen.policies.accelgen)")
@@ -145,9 +124,9 @@ def load() -> Build:
 
 
 def build(out: Path | None = None) -> Path:
-    """Compile the decision ahead of time (numba's ``pycc``, for a generic CPU of this
-    architecture; needs a C compiler). Written to a temporary name and moved into place, so
-    concurrent builds and readers never see half a file; builds of earlier sources are removed."""
+    """Compile the decision ahead of time (for a generic CPU of this architecture; needs a C
+    compiler), to a temporary name moved into place (concurrent builds and readers never see half a
+    file); builds of earlier sources are removed."""
     import warnings
 
     from numba import types
@@ -163,8 +142,8 @@ def build(out: Path | None = None) -> Path:
         cc = CC(name)
         cc.output_dir = tmp
         cc.use_nrt = False
-        for fn_name, fn in _functions().items():
-            cc.export(fn_name, types.int64(*_signatures()[fn_name]))(fn.py_func)
+        for fn_name, (fn, sig) in _exports().items():
+            cc.export(fn_name, types.int64(*sig))(fn.py_func)
         _compile(cc.compile)
         (built,) = Path(tmp).glob(name + "*")
         os.replace(built, out)
@@ -172,4 +151,3 @@ def build(out: Path | None = None) -> Path:
         if stale.name != out.name:
             stale.unlink(missing_ok=True)
     return out
-

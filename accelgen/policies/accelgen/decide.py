@@ -1,14 +1,6 @@
 """AccelGen's decision (SPEC 4, paper sections 4.2-4.4, Algorithms 1-2): the one implementation,
-compiled, run by the simulator and by the vLLM plugin alike (``docs/accelgen.md`` maps each step
-to its function).
-
-``decide`` takes the arrays (``DecisionArrays``), names what is in them, and runs
-passes over the candidates: their columns (``_start_pass``), the plan (``budget.plan``: slack,
-urgency, SLO_min, token budget), the batch (``_form``: step 1 with preemption, step 2, the
-deadlock breaker), the Oracle's check of its exact KV plan, the diagnostics. For a cost model it
-cannot evaluate itself it returns the budget whose latency it needs; ``Workspace.run`` calls it
-again with that latency known (a pure function of its inputs, it repeats the same steps).
-"""
+compiled, run by the simulator and by the vLLM plugin alike (``docs/accelgen.md``, *One decision*
+and *How it runs*)."""
 
 from __future__ import annotations
 
@@ -17,72 +9,57 @@ import math
 import numpy as np
 
 from accelgen.policies.accelgen import batch, budget, dormant, era, exact_kv, kv, preempt, rank
+from accelgen.policies.accelgen import state as st
 from accelgen.policies.accelgen.jit import jit
-from accelgen.policies.accelgen.state import (
-    NO_ASK,
-    NO_SLOT,
-    UNKNOWN,
-    Batch,
-    Candidates,
-    Cost,
-    DecisionArrays,
-    Dormant,
-    Info,
-    Ledger,
-    Oracle,
-    Outcome,
-    Params,
-    Pools,
-    Queue,
-    Step,
-)
 
 
 @jit
-def decide(a: DecisionArrays) -> int:
-    """One decision on the inputs in ``state.step``. Returns NO_ASK when it is complete (the batch
-    in the lists, the ``outcome``, diagnostics in ``info``), or a token budget whose full-batch
-    latency the cost model must give first."""
-    st, x = a.state[0], a.lists
-    step, par, led, cost = st.step, st.params, st.ledger, Cost(a.times, st.roofline, st.ask)
+def decide(a: st.DecisionArrays) -> int:
+    """One decision on the inputs in ``state.step``, in passes over the candidates (the Oracle's exact
+    plan may re-form the batch). Returns NO_ASK when it is complete (batch in the lists, ``outcome``,
+    ``info``), or a token budget whose full-batch latency the cost model must give first
+    (``Workspace.run`` then runs it again: a pure function of its inputs, it repeats the same steps)."""
+    rec, x = a.state[0], a.lists
+    step, par, led, cost = rec.step, rec.params, rec.ledger, st.Cost(a.times, rec.roofline, rec.ask)
     # The slot lists by name: the rows of ``a.lists``, in ``state.LISTS``' order.
-    b = Batch(x[0], x[1], x[2], x[3], x[4], x[5], x[6])
-    dq = Dormant(a.dormant, a.minima, a.gone, a.finals, step.dormant_lo,
-                 step.dormant_lo + step.n_dormant, x[18])
-    q = Queue(x[7], x[8], x[9], x[10], x[11], dq)
-    pools = Pools(x[12], x[13], x[14].view(np.float64), x[15], x[16], x[17])
-    ora = Oracle(st.oracle, x[19], x[20])
-    cs = Candidates(a.requests, a.cand, a.active[:step.n_active], step.now, step.chunk_mean, x[21],
-                    x[22], x[23])
+    b = st.Batch(x[0], x[1], x[2], x[3], x[4], x[5], x[6])
+    dq = st.Dormant(a.dormant, a.minima, a.gone, a.finals, step.dormant_lo,
+                    step.dormant_lo + step.n_dormant, x[18])
+    q = st.Queue(x[7], x[8], x[9], x[10], x[11], dq)
+    pools = st.Pools(x[12], x[13], x[14].view(np.float64), x[15], x[16], x[17])
+    ora = st.Oracle(rec.oracle, x[19], x[20])
+    cs = st.Candidates(a.requests, a.cand, a.active[:step.n_active], step.now, step.chunk_mean,
+                       x[21], x[22], x[23])
     while True:
         _start_pass(cs, dq, step, par, led, ora)
         ask = budget.plan(cs, dq, step, par, led, cost)
-        if ask != NO_ASK:
+        if ask != st.NO_ASK:
             return ask
         if step.plan_only:
             for e in dq.queue[dq.lo:dq.hi]:  # (explain: every column)
                 dormant.wake(cs, dq, e.slot, par, led)
-            return NO_ASK
+            return st.NO_ASK
         ask = _form(cs, q, par, led, b, cost, pools)
-        if ask != NO_ASK:
+        if ask != st.NO_ASK:
             return ask
         if not (par.exact_kv and exact_kv.over_admitted(cs, dq, par, led, b, ora)):
             if par.exact_kv:
                 exact_kv.unhide(cs, dq, par, ora)
-            _diagnostics(cs, step, led, b, ora, st.info)
-            _finish(led, b, st.outcome)
-            return NO_ASK
+            _diagnostics(cs, step, led, b, ora, rec.info)
+            _finish(led, b, rec.outcome)
+            return st.NO_ASK
 
 
 @jit
-def _start_pass(cs: Candidates, dq: Dormant, step: Step, par: Params, led: Ledger, ora: Oracle) -> None:
-    """A pass over the candidates begins: ERA's holder, the dormant queue's changes, the columns
-    of every active candidate, the running batch's shape (for T_max), the Oracle's exact plan."""
+def _start_pass(cs: st.Candidates, dq: st.Dormant, step: st.Step, par: st.Params, led: st.Ledger,
+                ora: st.Oracle) -> None:
+    """A pass begins: ERA's holder, the dormant queue's changes, the active candidates' columns, the
+    running batch's shape (for T_max), the Oracle's exact plan."""
     led.era_owner = led.era_owner_start = era.holder(cs.req, par, step.era_owner)
     led.pass_id += 1
     led.n_touched = 0
     led.dormant_head = dq.lo
-    led.oversize = NO_SLOT
+    led.oversize = st.NO_SLOT
     led.n_decodes = led.decode_ctx = led.prefill_ctx = 0
     led.kv_free, led.admissions = step.free_blocks, step.admissions_left
     if step.reindex or step.dirty_lo < step.dirty_hi or step.n_gone:
@@ -105,14 +82,14 @@ def _start_pass(cs: Candidates, dq: Dormant, step: Step, par: Params, led: Ledge
 
 
 @jit
-def _form(cs: Candidates, q: Queue, par: Params, led: Ledger, b: Batch, cost: Cost,
-          pools: Pools) -> int:
-    """Step 1, step 2 and the deadlock breaker, on the plan in the ledger. Returns NO_ASK, or a
-    budget whose latency the cost model must give first."""
+def _form(cs: st.Candidates, q: st.Queue, par: st.Params, led: st.Ledger, b: st.Batch, cost: st.Cost,
+          pools: st.Pools) -> int:
+    """Step 1, step 2 and the deadlock breaker on the plan in the ledger. Returns NO_ASK or a budget to
+    ask."""
     led.budget_left, led.reserved = led.budget, 0
     led.n_sched = led.n_preempted = led.n_cut = 0
     led.n_groups = led.victim_head = led.order_head = 0
-    led.n_victims = UNKNOWN
+    led.n_victims = st.UNKNOWN
     led.fallback = False
     led.oversize = oversize = _oversize_head(cs, q.dormant, par, led)
     for s in q.dormant.touched[:led.n_touched]:  # (a dormant head prompt: with the above)
@@ -130,7 +107,7 @@ def _form(cs: Candidates, q: Queue, par: Params, led: Ledger, b: Batch, cost: Co
     rank.sort_slots(cs, q.urgent, n, cs.cand.slack, False)
     led.n_urgent = n
     _add_urgent(cs, q, par, led, b)
-    if oversize != NO_SLOT:  # preempting for it only helps if it can still make its deadline
+    if oversize != st.NO_SLOT:  # preempting for it only helps if it can still make its deadline
         c = cs.cand[oversize]
         floor = preempt.victim_min_key(c, cs.req[oversize].running, par, led) if c.urgent else math.inf
         preempt.force(cs, oversize, floor, True, par, led, b)
@@ -141,20 +118,18 @@ def _form(cs: Candidates, q: Queue, par: Params, led: Ledger, b: Batch, cost: Co
             led.n_order += 1
     rank.sort_slots(cs, q.order, led.n_order, cs.cand.key, False)
     ask = batch.select(cs, q, par, led, b, cost, pools)
-    if ask == NO_ASK and led.n_sched == 0:
+    if ask == st.NO_ASK and led.n_sched == 0:
         led.fallback = True
         ask = _ensure_progress(cs, q, par, led, b, cost, pools)
     return ask
 
 
 @jit
-def _add_urgent(cs: Candidates, q: Queue, par: Params, led: Ledger, b: Batch) -> None:
-    """Step 1 (Algorithm 1): all urgent requests join, in ascending slack: decodes first (one
-    token each; beyond the budget the largest-slack ones are left out), then prompts, each chunk
-    cut where the budget ends (a prompt's demand is elastic under dynamic chunking, so cutting it
-    is the smallest way to remove a budget deficit); when KV runs out, running requests with a
-    larger slack are preempted. Decodes whose next token fits now (no new block, or one while
-    blocks are free) join at once; the others (``short``) preempt for theirs."""
+def _add_urgent(cs: st.Candidates, q: st.Queue, par: st.Params, led: st.Ledger, b: st.Batch) -> None:
+    """Step 1 (Algorithm 1): the urgent requests in ascending slack, decodes first (beyond the budget
+    the largest-slack ones are left out), then prompts, a chunk cut where the budget ends (a prompt's
+    demand is elastic: cutting it is the smallest way to remove a deficit), preempting larger slacks for
+    KV. Decodes whose next token fits now join at once; the others (``short``) preempt for theirs."""
     limit, free, seen, with_block, n_short = led.budget_left, led.kv_free, 0, 0, 0
     for s in q.urgent[:led.n_urgent]:
         r, c = cs.req[s], cs.cand[s]
@@ -189,38 +164,36 @@ def _add_urgent(cs: Candidates, q: Queue, par: Params, led: Ledger, b: Batch) ->
 
 
 @jit
-def _oversize_head(cs: Candidates, dq: Dormant, par: Params, led: Ledger) -> int:
-    """/Chunk: a prompt longer than the budget could never run whole within it. When it is the
-    first prompt in queue order it runs whole as the only prompt of the batch (decodes still
-    join), so it cannot starve. Returns its slot, or NO_SLOT."""
+def _oversize_head(cs: st.Candidates, dq: st.Dormant, par: st.Params, led: st.Ledger) -> int:
+    """/Chunk: a prompt longer than the budget could never run within it; the first one in queue order
+    runs whole as the batch's only prompt, so it cannot starve. Returns its slot, or NO_SLOT."""
     if par.chunk:
-        return NO_SLOT
-    h, best = NO_SLOT, math.inf
+        return st.NO_SLOT
+    h, best = st.NO_SLOT, math.inf
     for i in cs.active:
         c = cs.cand[i]
         if not c.eligible or c.is_decode:
             continue
         if c.key != c.key:  # numpy's argmin: the first NaN
-            return i if c.rem > led.budget else NO_SLOT
-        if h == NO_SLOT or c.key < best:
+            return i if c.rem > led.budget else st.NO_SLOT
+        if h == st.NO_SLOT or c.key < best:
             h, best = i, c.key
     if dq.hi > dq.lo:  # (equal keys: the smaller slot first)
         p = dormant.first_eligible(dq, par, led)
         if p < dq.hi:
             e = dq.queue[p]
-            if h == NO_SLOT or e.key < best or (e.key == best and e.slot < h):
+            if h == st.NO_SLOT or e.key < best or (e.key == best and e.slot < h):
                 h = e.slot
                 dormant.wake(cs, dq, h, par, led)
-    return h if h != NO_SLOT and cs.cand[h].rem > led.budget else NO_SLOT
+    return h if h != st.NO_SLOT and cs.cand[h].rem > led.budget else st.NO_SLOT
 
 
 @jit
-def _ensure_progress(cs: Candidates, q: Queue, par: Params, led: Ledger, b: Batch, cost: Cost,
-                     pools: Pools) -> int:
-    """Nothing fits (KV full, every candidate needs a block; decision 7): run the first running
-    request in key order, preempting the largest-key ones for its KV (the first waiting one only
-    when nothing runs), so that the victims, which must then fit whole, cannot swap places with
-    it; then step 2 again with the room made."""
+def _ensure_progress(cs: st.Candidates, q: st.Queue, par: st.Params, led: st.Ledger, b: st.Batch,
+                     cost: st.Cost, pools: st.Pools) -> int:
+    """Decision 7, nothing fits (KV full, every candidate needs a block): the first running request in
+    key order runs (the first waiting one only when nothing runs), preempting the largest keys, which
+    must then fit whole so they cannot swap places with it; then step 2 again with the room made."""
     m = n_running = 0
     for running in (True, False):
         first = m
@@ -252,11 +225,12 @@ def _ensure_progress(cs: Candidates, q: Queue, par: Params, led: Ledger, b: Batc
             break
         if preempt.force(cs, s, -math.inf, not par.chunk, par, led, b):
             return batch.select(cs, q, par, led, b, cost, pools)
-    return NO_ASK
+    return st.NO_ASK
 
 
 @jit
-def _diagnostics(cs: Candidates, step: Step, led: Ledger, b: Batch, ora: Oracle, info: Info) -> None:
+def _diagnostics(cs: st.Candidates, step: st.Step, led: st.Ledger, b: st.Batch, ora: st.Oracle,
+                 info: st.Info) -> None:
     n_late = n_lost = step.n_dormant  # (late and lost, all of them)
     n_dec = max_chunk = 0
     for i in cs.active:
@@ -275,16 +249,15 @@ def _diagnostics(cs: Candidates, step: Step, led: Ledger, b: Batch, ora: Oracle,
     info.n_decode, info.n_prefill = n_dec, led.n_sched - n_dec
     info.n_decode_skipped = led.n_decodes - n_dec
     info.max_chunk, info.n_cut_chunks, info.n_groups = max_chunk, led.n_cut, led.n_groups
-    info.era_active, info.progress_fallback = led.era_owner != NO_SLOT, led.fallback
+    info.era_active, info.progress_fallback = led.era_owner != st.NO_SLOT, led.fallback
     info.chunk_mean, info.kv_free_blocks = cs.chunk_mean, led.kv_free
     info.oracle_reforms, info.oracle_excluded = ora.counts.reforms, ora.counts.excluded
     info.oracle_admissible = led.oracle_admissible
 
 
 @jit
-def _finish(led: Ledger, b: Batch, out: Outcome) -> None:
-    """The outcome; whether the batch is the previous decision's and nothing else happens (no
-    preemption), then kept as the one the next decision compares with."""
+def _finish(led: st.Ledger, b: st.Batch, out: st.Outcome) -> None:
+    """The outcome; whether the batch is the previous decision's with nothing else (no preemption)."""
     n = led.n_sched
     same = n == led.last_n_sched and led.n_preempted == 0
     for j in range(n):

@@ -1,38 +1,19 @@
-"""The dormant queue (``docs/accelgen.md``, *A long queue*): waiting online requests whose deadline
-passed, lost prompts ordered last by arrival. Nothing the decision reads from them changes until
-they run, so it derives what it needs once per entry, keeps per block of DORMANT_BLOCK positions
-the smallest admission need, and passes over whole blocks in which nothing could start; a dormant
-request gets its columns only when the decision looks at it (``wake``)."""
+"""The dormant queue of lost prompts and its per-block minima (``docs/accelgen.md``, *A long
+queue*)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from accelgen.policies.accelgen import era, kv, rank
+from accelgen.policies.accelgen import state as st
 from accelgen.policies.accelgen.jit import jit
-from accelgen.policies.accelgen.state import (
-    DORMANT_BLOCK,
-    HIDDEN,
-    NO_LIMIT,
-    NO_SLOT,
-    STALE,
-    UNCOUNTED,
-        Candidate,
-    Candidates,
-    Dormant,
-    Ledger,
-    Params,
-    RequestRow,
-    Step,
-)
 
 
 @jit
-def index(dq: Dormant, req: np.ndarray, par: Params, step: Step) -> None:
-    """Take in the queue's changes: for its new entries (every entry with ``reindex``) the
-    admission need, final KV and length class, and their blocks' minima stale; for the Oracle, the
-    count of their final KV without the entries gone. (A dormant request's columns do not change
-    while it waits.)"""
+def index(dq: st.Dormant, req: np.ndarray, par: st.Params, step: st.Step) -> None:
+    """Take in the queue's changes (every entry with ``reindex``): new entries' admission need, final KV
+    and length class, their blocks' minima stale, and (Oracle) the count of final KV."""
     full = step.reindex
     if full:
         dq.finals[:] = 0
@@ -43,36 +24,35 @@ def index(dq: Dormant, req: np.ndarray, par: Params, step: Step) -> None:
             count_final(dq, dq.gone[k], -1)
     # Only the changed blocks: a block outside them holds the same entries (or fewer, at the
     # queue's ends: its minima are then lower bounds, which only means looking inside it).
-    for blk in range(a // DORMANT_BLOCK, (b - 1) // DORMANT_BLOCK + 1 if a < b else 0):
-        for q in range(max(blk * DORMANT_BLOCK, dq.lo), min((blk + 1) * DORMANT_BLOCK, dq.hi)):
+    for blk in range(a // st.DORMANT_BLOCK, (b - 1) // st.DORMANT_BLOCK + 1 if a < b else 0):
+        for q in range(max(blk * st.DORMANT_BLOCK, dq.lo), min((blk + 1) * st.DORMANT_BLOCK, dq.hi)):
             e = dq.queue[q]
-            if full or e.final == UNCOUNTED:
+            if full or e.final == st.UNCOUNTED:
                 r = req[e.slot]
                 e.need = need(r, par)
                 e.final = kv.final_blocks(r, par.block_size) if par.exact_kv else 0
                 e.long = era.is_long(par, r.prompt + r.n_out, False)
                 if par.exact_kv:
                     count_final(dq, e.final, 1)
-        dq.minima[blk].final_max = STALE
+        dq.minima[blk].final_max = st.STALE
     step.reindex = False
     step.dirty_lo = step.dirty_hi = step.n_gone = 0
 
 
 @jit
-def need(r: RequestRow, par: Params) -> int:
+def need(r: st.RequestRow, par: st.Params) -> int:
     """Blocks a dormant request needs to start (all its pending tokens and the growth reserve)."""
     return kv.admission_blocks(r, par, r.prompt + r.n_out - r.computed)
 
 
 @jit
-def _block_need(dq: Dormant, blk: int, final_max: int, allow_long: bool) -> int:
-    """The smallest admission need in block ``blk`` among its entries holding at most
-    ``final_max`` blocks at the end, and not long unless ``allow_long`` (the block's minima are
-    kept until it changes or another ``final_max``)."""
+def _block_need(dq: st.Dormant, blk: int, final_max: int, allow_long: bool) -> int:
+    """The smallest admission need in block ``blk`` among entries with at most ``final_max`` final
+    blocks, not long unless ``allow_long`` (kept until the block changes or another ``final_max``)."""
     mb = dq.minima[blk]
     if mb.final_max != final_max:
-        mb.final_max, mb.need, mb.need_short = final_max, HIDDEN, HIDDEN
-        for e in dq.queue[max(blk * DORMANT_BLOCK, dq.lo):min((blk + 1) * DORMANT_BLOCK, dq.hi)]:
+        mb.final_max, mb.need, mb.need_short = final_max, st.HIDDEN, st.HIDDEN
+        for e in dq.queue[max(blk * st.DORMANT_BLOCK, dq.lo):min((blk + 1) * st.DORMANT_BLOCK, dq.hi)]:
             if e.final <= final_max:
                 mb.need = min(mb.need, e.need)
                 if not e.long:
@@ -81,9 +61,9 @@ def _block_need(dq: Dormant, blk: int, final_max: int, allow_long: bool) -> int:
 
 
 @jit
-def count_final(dq: Dormant, final: int, delta: int) -> None:
-    """(Oracle) Add ``delta`` dormant requests holding ``final`` blocks at the end (a Fenwick tree
-    over final KV, clipped to the cache's size plus one)."""
+def count_final(dq: st.Dormant, final: int, delta: int) -> None:
+    """(Oracle) Add ``delta`` entries holding ``final`` blocks at the end (a Fenwick tree over final KV,
+    clipped to the cache's size plus one)."""
     tree = dq.finals
     i = min(max(final, 0), tree.size - 2) + 1
     while i < tree.size:
@@ -92,7 +72,7 @@ def count_final(dq: Dormant, final: int, delta: int) -> None:
 
 
 @jit
-def count_over(dq: Dormant, admissible: int) -> int:
+def count_over(dq: st.Dormant, admissible: int) -> int:
     """(Oracle) Dormant requests whose final KV exceeds ``admissible`` blocks."""
     n = dq.hi - dq.lo
     if n == 0 or admissible < 0:
@@ -106,13 +86,14 @@ def count_over(dq: Dormant, admissible: int) -> int:
 
 
 @jit
-def next_entry(dq: Dormant, q: int, need_max: int, final_max: int, allow_long: bool) -> int:
-    """The first position from ``q`` on whose request needs at most ``need_max`` blocks to start,
-    holds at most ``final_max`` at the end and is not long unless ``allow_long`` (``dq.hi`` if
-    none): necessary conditions of joining, tested on a block's minima before its entries."""
+def next_entry(dq: st.Dormant, q: int, need_max: int, final_max: int, allow_long: bool) -> int:
+    """The first position from ``q`` on (``dq.hi`` if none) whose request needs at most ``need_max``
+    blocks, ends with at most ``final_max`` and is not long unless ``allow_long``: necessary conditions
+    of joining, tested on a block's minima before its entries."""
     while q < dq.hi:
-        if q % DORMANT_BLOCK == 0 and _block_need(dq, q // DORMANT_BLOCK, final_max, allow_long) > need_max:
-            q += DORMANT_BLOCK
+        blk = q // st.DORMANT_BLOCK
+        if q % st.DORMANT_BLOCK == 0 and _block_need(dq, blk, final_max, allow_long) > need_max:
+            q += st.DORMANT_BLOCK
             continue
         e = dq.queue[q]
         if e.need <= need_max and e.final <= final_max and (allow_long or not e.long):
@@ -122,32 +103,30 @@ def next_entry(dq: Dormant, q: int, need_max: int, final_max: int, allow_long: b
 
 
 @jit
-def final_max(par: Params, led: Ledger) -> int:
-    """Final KV a dormant request may hold to be eligible (the Oracle's exact plan)."""
-    return led.oracle_admissible if par.exact_kv else NO_LIMIT
+def final_max(par: st.Params, led: st.Ledger) -> int:
+    return led.oracle_admissible if par.exact_kv else st.NO_LIMIT
 
 
 @jit
-def queue_end(dq: Dormant, led: Ledger) -> int:
+def queue_end(dq: st.Dormant, led: st.Ledger) -> int:
     """The end of the dormant entries in step 2's queue: none once an oversized prompt runs."""
-    return dq.hi if led.oversize == NO_SLOT else dq.lo
+    return dq.hi if led.oversize == st.NO_SLOT else dq.lo
 
 
 @jit
-def first_eligible(dq: Dormant, par: Params, led: Ledger) -> int:
-    """Position of the first eligible dormant request (``dq.hi`` if none)."""
-    return next_entry(dq, dq.lo, NO_LIMIT, final_max(par, led), era.allows_long(led))
+def first_eligible(dq: st.Dormant, par: st.Params, led: st.Ledger) -> int:
+    return next_entry(dq, dq.lo, st.NO_LIMIT, final_max(par, led), era.allows_long(led))
 
 
 @jit
-def before_entry(cs: Candidates, s: int, dq: Dormant, q: int) -> bool:
-    """Active candidate ``s`` comes before dormant entry ``q`` in queue order (key, then slot)."""
+def before_entry(cs: st.Candidates, s: int, dq: st.Dormant, q: int) -> bool:
+    """Active ``s`` comes before dormant entry ``q`` in queue order (key, then slot)."""
     a, b = cs.cand[s].key, dq.queue[q].key
     return rank.before(a, b) or (a == b and s < dq.queue[q].slot)
 
 
 @jit
-def wake(cs: Candidates, dq: Dormant, s: int, par: Params, led: Ledger) -> None:
+def wake(cs: st.Candidates, dq: st.Dormant, s: int, par: st.Params, led: st.Ledger) -> None:
     """The columns of dormant ``s`` for this pass, once (at the plan's T_max)."""
     r, c = cs.req[s], cs.cand[s]
     if c.stamp == led.pass_id:
@@ -162,15 +141,14 @@ def wake(cs: Candidates, dq: Dormant, s: int, par: Params, led: Ledger) -> None:
 
 
 @jit
-def set_available(c: Candidate, led: Ledger) -> None:
-    """Whether a candidate may join (ERA aside: ``era.available``): eligible, and not shut out by
-    an oversized head prompt (/Chunk)."""
-    c.available = c.eligible and (led.oversize == NO_SLOT or c.is_decode)
+def set_available(c: st.Candidate, led: st.Ledger) -> None:
+    """Eligible, and not shut out by an oversized head prompt (/Chunk); ERA aside."""
+    c.available = c.eligible and (led.oversize == st.NO_SLOT or c.is_decode)
 
 
 @jit
-def position(dq: Dormant, key: float, s: int) -> int:
-    """Position of dormant ``s`` (queue key ``key``) in the queue, by bisection."""
+def position(dq: st.Dormant, key: float, s: int) -> int:
+    """Position of dormant ``s`` (queue key ``key``), by bisection."""
     lo, hi = dq.lo, dq.hi
     while lo < hi:
         mid = (lo + hi) // 2
@@ -184,4 +162,4 @@ def position(dq: Dormant, key: float, s: int) -> int:
     for q in range(dq.lo, dq.hi):  # (never: keys are exact)
         if dq.queue[q].slot == s:
             return q
-    return NO_SLOT
+    return st.NO_SLOT

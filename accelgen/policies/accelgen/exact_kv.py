@@ -1,31 +1,15 @@
-"""The Oracle's exact KV plan (``kv_plan: exact``): a waiting request is eligible only if its
-final KV fits in the free KV not promised to the running requests' final KV, so nothing is ever
-preempted; when admissions together exceed the plan, the offenders are excluded and the decision
-runs again (``decide``). The over-admitted dormant requests are hidden from the queue's searches
-for the rest of the decision: under overload a decision re-forms hundreds of times."""
+"""The Oracle's exact KV plan (``kv_plan: exact``; ``docs/accelgen.md``, *One decision* and *A long
+queue*): nothing is ever preempted; over-admissions re-form the batch."""
 
 from __future__ import annotations
 
 from accelgen.policies.accelgen import dormant, kv
+from accelgen.policies.accelgen import state as st
 from accelgen.policies.accelgen.jit import jit
-from accelgen.policies.accelgen.state import (
-    DORMANT_BLOCK,
-    HIDDEN,
-    LOST_OFFSET,
-    NO_SLOT,
-    STALE,
-    Batch,
-    Candidates,
-    Dormant,
-    Ledger,
-    Oracle,
-    Params,
-    Step,
-)
 
 
 @jit
-def admissible(cs: Candidates, step: Step, par: Params) -> int:
+def admissible(cs: st.Candidates, step: st.Step, par: st.Params) -> int:
     """Free blocks not promised to the running requests' final KV."""
     promised = 0
     for i in cs.active:
@@ -36,9 +20,10 @@ def admissible(cs: Candidates, step: Step, par: Params) -> int:
 
 
 @jit
-def over_admitted(cs: Candidates, dq: Dormant, par: Params, led: Ledger, b: Batch, ora: Oracle) -> bool:
-    """Fresh admissions, in batch order, whose final KV no longer fits after the earlier ones:
-    noted (and hidden) for the next pass, which excludes them. False if there are none."""
+def over_admitted(cs: st.Candidates, dq: st.Dormant, par: st.Params, led: st.Ledger, b: st.Batch,
+                  ora: st.Oracle) -> bool:
+    """Fresh admissions, in batch order, whose final KV no longer fits after the earlier ones, noted
+    (and hidden) for the next pass to exclude. False if there are none."""
     left, n_before = led.oracle_admissible, ora.counts.n_over
     for s in b.slots[:led.n_sched]:
         r = cs.req[s]
@@ -56,26 +41,25 @@ def over_admitted(cs: Candidates, dq: Dormant, par: Params, led: Ledger, b: Batc
 
 
 @jit
-def _hide(cs: Candidates, dq: Dormant, s: int) -> int:
-    """Over-admitted ``s``, if dormant, out of the dormant queue's searches (its need beyond any
-    limit). Returns its position (NO_SLOT: active)."""
+def _hide(cs: st.Candidates, dq: st.Dormant, s: int) -> int:
+    """Over-admitted ``s``, if dormant, out of the queue's searches. Returns its position (NO_SLOT:
+    active)."""
     r = cs.req[s]
     if not r.dormant:
-        return NO_SLOT
-    q = dormant.position(dq, r.arrival + LOST_OFFSET, s)
-    dq.queue[q].need = HIDDEN
-    dq.minima[q // DORMANT_BLOCK].final_max = STALE
+        return st.NO_SLOT
+    q = dormant.position(dq, r.arrival + st.LOST_OFFSET, s)
+    dq.queue[q].need = st.HIDDEN
+    dq.minima[q // st.DORMANT_BLOCK].final_max = st.STALE
     return q
 
 
 @jit
-def unhide(cs: Candidates, dq: Dormant, par: Params, ora: Oracle) -> None:
-    """When a decision ends: its over-admitted requests eligible again (the next starts from
-    none), the hidden entries' needs and their blocks' minima back."""
+def unhide(cs: st.Candidates, dq: st.Dormant, par: st.Params, ora: st.Oracle) -> None:
+    """When a decision ends: its over-admitted requests eligible again, hidden entries restored."""
     for k in range(ora.counts.n_over):
         cs.cand[ora.over[k]].over = False
         q = ora.over_at[k]
-        if q != NO_SLOT:
+        if q != st.NO_SLOT:
             e = dq.queue[q]
             e.need = dormant.need(cs.req[e.slot], par)
-            dq.minima[q // DORMANT_BLOCK].final_max = STALE
+            dq.minima[q // st.DORMANT_BLOCK].final_max = st.STALE

@@ -1,18 +1,9 @@
-"""The Oracle: CLAIRVOYANT AccelGen (an upper reference, not a deployable scheduler).
-
-It reads what no real scheduler can know: every request's true output length and the arrival
-times of the whole trace (``clairvoyant = True``: the simulator fills ``view.true_output_len`` and
-``view.next_arrivals``; vLLM grants neither, so the Oracle refuses to run there). Two parts, as in
-the paper (the authors searched schedules with the Vidur simulator):
-
-1. ``OraclePolicy``: AccelGen's one decision (``decide``) with exact inputs:
-   - exact KV planning (``kv_plan: exact``): a request is admitted only if its *final* KV
-     (prompt + true output - 1 tokens) fits in the free KV not promised to the final KV of the
-     running requests, so running requests always grow to completion and none is preempted;
-   - exact JCT estimates: the offline JCT plan uses the true output length as S_g.
-2. The search over AccelGen's parameters for the best goodput on the real trace (so it knows
-   every arrival): ``accelgen.experiments.oracle_search``, an experiment above the simulator it drives.
-"""
+"""The Oracle: CLAIRVOYANT AccelGen, an upper reference, not a deployable scheduler. It reads every
+request's true output length (the simulator grants ``view.true_output_len``; vLLM does not, so it
+refuses to run there): AccelGen's one decision with exact KV planning (``kv_plan: exact``: a request
+is admitted only if its final KV fits beside the running requests' final KV, so none is ever
+preempted) and exact JCT estimates (the true output length as S_g). The search over AccelGen's
+parameters on the real trace is ``accelgen.experiments.oracle_search``."""
 
 from __future__ import annotations
 
@@ -31,9 +22,8 @@ class OracleParams(AccelGenParams):
 
 
 class OraclePolicy(AccelGenPolicy):
-    """CLAIRVOYANT: AccelGen's decision with the true output lengths as inputs (see the module
-    docstring): in the table (``true_out``, and as S_g with ``exact_lengths``) and, with
-    ``kv_plan: exact``, the decision's exact KV plan (``exact_kv``)."""
+    """CLAIRVOYANT: AccelGen's decision with the true output lengths as inputs (the module
+    docstring)."""
 
     name = "oracle"
     Params = OracleParams
@@ -43,6 +33,10 @@ class OraclePolicy(AccelGenPolicy):
     def __init__(self, params: PolicyParams | None = None, **overrides: object) -> None:
         super().__init__(params, **overrides)
         self._true: dict[int, int] | None = None
+        self._exact = self.params.kv_plan == "exact"
+        # AccelGen's diagnostics and the Oracle's own (``oracle_admissible`` with the exact plan)
+        keys = ORACLE_INFO_KEYS if self._exact else ORACLE_INFO_KEYS[:-1]
+        self._info_names = {**INFO_INDEX, **{key: len(INFO_INDEX) + i for i, key in enumerate(keys)}}
         self._ws.info_values[len(INFO_INDEX)] = 1.0  # clairvoyant (the decision leaves it be)
 
     def on_arrival(self, req: Request, now: float) -> None:
@@ -51,17 +45,13 @@ class OraclePolicy(AccelGenPolicy):
             self._patch([self._table.slot_of[req.req_id]])
 
     def _patch(self, slots: Iterable[int]) -> None:
-        """Store the true output lengths in the table (and, with ``exact_lengths``, where
-        AccelGen keeps its predicted one, S_g, so its offline JCT plan becomes exact)."""
+        """The true output lengths into the table (and with ``exact_lengths`` as S_g, the predicted one)."""
         t, true = self._table, self._true
         assert true is not None
         for s in slots:
             t.true_out[s] = true[t.objs[s].req_id]
             if self.params.exact_lengths:
                 t.pred_out[s] = t.true_out[s]
-
-    def _exact_kv(self) -> bool:
-        return self.params.kv_plan == "exact"
 
     def schedule(self, view: SchedulerView) -> Decision:
         if view.true_output_len is None:
@@ -75,15 +65,3 @@ class OraclePolicy(AccelGenPolicy):
     def _sync(self, view: SchedulerView) -> None:
         super()._sync(view)
         self._patch(range(self._table.n))  # (rebuilt from the request objects: the true lengths again)
-
-    def _victims(self, n: int) -> list[Request]:
-        if self._exact:
-            # never: the exact plan has no victims; a violation is a bug, not a choice
-            raise AssertionError("Oracle preempted under an exact KV plan")
-        return super()._victims(n)
-
-    def _info_index(self) -> dict[str, int]:
-        """AccelGen's diagnostics and the Oracle's own: ``clairvoyant``, ``oracle_reforms``,
-        ``oracle_excluded`` and, with the exact plan, ``oracle_admissible``."""
-        keys = ORACLE_INFO_KEYS if self._exact_kv() else ORACLE_INFO_KEYS[:-1]
-        return {**INFO_INDEX, **{key: len(INFO_INDEX) + i for i, key in enumerate(keys)}}

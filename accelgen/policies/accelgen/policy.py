@@ -1,16 +1,13 @@
-"""AccelGen: SLO-guaranteed dynamic chunking, slack ordering and multi-resource batching
-(SPEC section 4, paper sections 4.2-4.4, Algorithms 1-2).
-
-``AccelGenPolicy`` keeps what lives between decisions: the table of live requests (``table``),
-the running mean chunk length L_c, the long prompt holding ERA, the last token budget. The
-decision itself is ``decide.decide``, compiled, the same code in the simulator and in vLLM; every
-variant (ablations, budget rule, ERA, the Oracle's clairvoyant inputs) is a flag or an input of
-it. ``docs/accelgen.md`` describes it as implemented.
-"""
+"""AccelGen: SLO-guaranteed dynamic chunking, slack ordering and multi-resource batching (SPEC
+section 4, paper sections 4.2-4.4). The policy keeps what lives between decisions (the table of live
+requests, L_c, the ERA holder, the last budget); the decision is ``decide.decide``, compiled, the
+same in the simulator and in vLLM; every variant is a flag or an input of it
+(``docs/accelgen.md``)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Literal
 
 import numpy as np
@@ -25,40 +22,25 @@ from accelgen.policies.accelgen.workspace import Workspace
 
 
 class AccelGenParams(PolicyParams):
-    # The three methods (ablation switches).
-    order: bool = True  # slack ordering + urgency (False: FCFS by arrival, nothing urgent)
-    chunk: bool = True  # dynamic chunking (False: a prompt runs whole or not at all)
-    batch: bool = True  # Euclidean multi-resource selection (False: in-order filling)
-    # Multi-resource batching.
+    # Each explained in docs/accelgen.md, *Parameters*.
+    order: bool = True  # the three methods (ablation switches): slack ordering + urgency,
+    chunk: bool = True  # dynamic chunking,
+    batch: bool = True  # Euclidean multi-resource selection
     gamma: NonNegativeFloat = 0.75  # s: head group = slack within s_1 + gamma (paper)
     spill_groups: bool = True  # continue with the next group while budget is left
-    # Token budget.
-    # batch: the largest budget whose batch (decodes, chunk, their contexts) fits SLO_min;
-    # paper: S_pf x SLO_min / T_pf; model: the largest prefill-only forward that fits SLO_min
     budget_rule: Literal["batch", "paper", "model"] = "batch"
     min_budget: PositiveInt | None = None  # tokens; default one KV block
     budget_cap: PositiveFloat = 1.0  # S_b <= S_pf x budget_cap
-    # Exclusive Request Allocation.
     era: bool = True
-    # prefill (SPEC 4.2): a new long prompt starts when the current one's prefill completes;
-    # request: when the current long request completes (the paper's wording, "does not begin
-    # until all currently served long-prompt requests are completed").
-    era_scope: Literal["prefill", "request"] = "prefill"
+    era_scope: Literal["prefill", "request"] = "prefill"  # SPEC 4.2, or the paper's wording
     long_prompt_threshold: PositiveInt = 4096  # tokens
-    # Slack estimation.
     chunk_mean_weight: float = Field(0.05, gt=0.0, le=1.0)  # weight of a new chunk in L_c
-    late_is_urgent: bool = False  # True: late prompts are urgent too (late decodes always are)
-    # Requests whose request-level SLO is lost come after every on-track candidate (FCFS) and are
-    # preempted first (oldest first); their decodes keep their urgency (docs/accelgen.md,
-    # decision 11). False: plain ascending slack.
-    lost_last: bool = True
-    # Offline JCT plan: T_e adds S_g x P_max x P for preemptions (paper; no values given).
-    preempt_prob: float = Field(0.0, ge=0.0, le=1.0)  # P
-    preempt_max_s: NonNegativeFloat = 0.0  # P_max
+    late_is_urgent: bool = False  # late prompts urgent too (late decodes always are)
+    lost_last: bool = True  # decision 11
+    preempt_prob: float = Field(0.0, ge=0.0, le=1.0)  # P and P_max of the offline JCT plan
+    preempt_max_s: NonNegativeFloat = 0.0
     max_num_seqs: PositiveInt | None = None  # running-request cap (None: KV is the only cap)
-    # KV promised to each running request beyond its pending tokens (tokens; default one block):
-    # admissions leave this much room for decode growth.
-    kv_growth_reserve: NonNegativeInt | None = None
+    kv_growth_reserve: NonNegativeInt | None = None  # tokens promised for growth; default a block
 
 
 class AccelGenPolicy(Policy):
@@ -78,13 +60,13 @@ class AccelGenPolicy(Policy):
         self._chunk_mean = math.nan  # L_c, starts at S_pf (the first pivot)
         self._era_owner: int | None = None  # req_id of the long prompt holding ERA
         self._pending_cuts: list[int] = []
-        self._info_names = self._info_index()
-        self._exact = self._exact_kv()
+        self._info_names = INFO_INDEX  # (the diagnostics' positions in the workspace's record)
+        self._exact = False  # the decision plans KV with the true output lengths (the Oracle)
         # The last decision, while its batch is still the workspace's output: the one
         # ``schedule_after_decodes`` takes in and may hand back again.
         self._last: Decision | None = None
-        # Tests switch this on: compare the table with the request objects every decision.
-        self.debug_verify = False
+        # Tests set this: a check of the table against the request objects, every decision.
+        self.verify: Callable[[RequestTable], list[str]] | None = None
 
     # -- hooks ---------------------------------------------------------------------------------
     def on_arrival(self, req: Request, now: float) -> None:
@@ -107,7 +89,7 @@ class AccelGenPolicy(Policy):
         # The step taken in from the table itself (its batch, one token more each), not read
         # back from the request objects; the decision as ``schedule`` makes it; and, when it is
         # the same batch, ``decision`` again rather than a new one.
-        if decision is not self._last or self._pending_cuts or self.debug_verify:
+        if decision is not self._last or self._pending_cuts or self.verify:
             return super().schedule_after_decodes(view, decision, latency)
         self._table.advance_decodes(decision.scheduled, self._ws.slots, view.now)
         return self._schedule(view, decision)
@@ -124,9 +106,8 @@ class AccelGenPolicy(Policy):
         return self._decision(out, last)
 
     def explain(self, view: SchedulerView) -> dict[int, dict[str, float]]:
-        """Per request (by id): slack, urgency, per-iteration SLO, N_ck, whether it counts toward
-        SLO_min, its deadline, whether it is lost, T_max and the token budget: the next decision's
-        own columns after its plan. Read-only; for notebooks, tests and the adapter's logs."""
+        """Per request (by id): the next decision's own columns after its plan (slack, urgency,
+        per-iteration SLO, N_ck, counted, deadline, lost) with T_max and the token budget. Read-only."""
         self._last = None  # (the workspace's output is the plan's now)
         if self._run(view, plan_only=True) is None:
             return {}
@@ -137,13 +118,12 @@ class AccelGenPolicy(Policy):
                                    "t_max": t_max, "token_budget": budget} for s in range(t.n)}
 
     def _run(self, view: SchedulerView, plan_only: bool = False) -> list[int] | None:
-        """One decision (None without requests), after what it reads besides the view: the table
-        in sync with it, the workspace configured for its cost model, pivot and KV, L_c, and the
-        JCT plans still to make."""
+        """One decision (None without requests), after what it reads besides the view: the table in sync,
+        the workspace configured for the cost model, pivot and KV, L_c, the JCT plans still to make."""
         t, ws, p = self._table, self._ws, self.params
         # (the usual case checked inline: this runs every step, and in vLLM right after a
         # forward pass, when every call costs cache misses)
-        if len(view.waiting) + len(view.running) != t.n or self.debug_verify:
+        if len(view.waiting) + len(view.running) != t.n or self.verify:
             self._sync(view)
         if ws.arrays.requests is not t.rows:  # the table grew (and asks for a reindex itself)
             ws.follow(t)
@@ -177,19 +157,15 @@ class AccelGenPolicy(Policy):
         t = self._table
         if len(view.waiting) + len(view.running) != t.n:
             t.rebuild([*view.waiting, *view.running])
-        if self.debug_verify:
-            bad = t.mismatches()
+        if self.verify:
+            bad = self.verify(t)
             if bad:
                 raise AssertionError("AccelGen state out of sync: " + "; ".join(bad[:5]))
 
-    def _exact_kv(self) -> bool:
-        """Whether the decision plans KV with the true output lengths (the Oracle)."""
-        return False
-
     def _decision(self, out: list[int], last: Decision | None) -> Decision:
-        """The decision in the workspace; keeps its ERA owner, cut chunks and budget. ``last``
-        (the previous decision, its batch run since as decode steps alone) itself when the
-        decision schedules the same batch and nothing else."""
+        """The decision in the workspace; keeps its ERA owner, cut chunks and budget. ``last`` (the previous
+        decision, its batch run since as decode steps alone) itself if the batch is the same and nothing
+        else."""
         t, ws = self._table, self._ws
         ns, npre, n_cut, budget, era_owner, same_batch = out  # (``Outcome``'s fields, in order)
         self._era_owner = int(t.req_id[era_owner]) if era_owner != NO_SLOT else None
@@ -204,18 +180,12 @@ class AccelGenPolicy(Policy):
         objs = t.objs
         batch = list(zip(map(objs.__getitem__, ws.slots[:ns].tolist()), ws.tokens[:ns].tolist(),
                          strict=True))
-        preempted = self._victims(npre) if npre else []
+        if npre and self._exact:  # (a bug, not a choice: the exact plan has no victims)
+            raise AssertionError("Oracle preempted under an exact KV plan")
+        preempted = [objs[s] for s in ws.preempted[:npre].tolist()] if npre else []
         self._last = decision = Decision.of_batch(batch, preempted, self._info_names, info)
         return decision
 
-    def _victims(self, n: int) -> list[Request]:
-        """The decision's ``n`` preempted requests."""
-        objs = self._table.objs
-        return [objs[s] for s in self._ws.preempted[:n].tolist()]
-
-    def _info_index(self) -> dict[str, int]:
-        """The names of the decision's diagnostics, by position in the workspace's record."""
-        return INFO_INDEX
 
 
 assert OUTCOME.names == ("n_sched", "n_preempted", "n_cut", "budget", "era_owner", "same_batch")

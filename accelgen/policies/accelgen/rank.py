@@ -1,29 +1,20 @@
-"""Deadlines, slack, urgency and queue order (SPEC 4.1, paper section 4.2): the columns of a
-candidate, its rank at a T_max, sorting slots by a column; and the table's per-step refresh of its
-rows (``read_rows``, ``decode_rows``, ``set_deadlines``: compiled, exported with ``decide``)."""
+"""Deadlines, slack, urgency and queue order (SPEC 4.1, paper section 4.2), sorting slots by a
+column, and the table's compiled per-step refresh (``read_rows``, ``decode_rows``,
+``set_deadlines``)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from accelgen.policies.accelgen import era
+from accelgen.policies.accelgen import state as st
 from accelgen.policies.accelgen.jit import jit
-from accelgen.policies.accelgen.state import (
-    LOST_OFFSET,
-    UNKNOWN,
-    Candidate,
-    Candidates,
-    Ledger,
-    Params,
-    RequestRow,
-)
 
 
 @jit
-def set_deadline(r: RequestRow) -> None:
-    """Deadline of the next output: the first token by arrival + TTFT SLO, a later token (also
-    after a preemption) by the previous token + TBT SLO; offline requests follow their cumulative
-    JCT plan (``RequestTable.plan_offline``), which carries over- and under-use forward."""
+def set_deadline(r: st.RequestRow) -> None:
+    """Deadline of the next output: arrival + TTFT, or the previous token + TBT; offline requests follow
+    their cumulative JCT plan (``RequestTable.plan_offline``)."""
     if r.online:
         r.deadline = r.arrival + r.ttft if r.n_out == 0 else r.last_tok + r.tbt
     else:
@@ -39,10 +30,9 @@ def set_deadlines(rows: np.ndarray, slots: np.ndarray) -> int:
 
 @jit
 def read_rows(rows: np.ndarray, values: np.ndarray, lost_rule: bool, watch: np.ndarray) -> int:
-    """Write the fields read from the request objects (a row each: slot, output tokens, computed
-    tokens, blocks, running, last token time) and the deadlines. ``lost_rule``: a token emitted
-    after its deadline loses an online request's SLO for good. Returns how many of them (in
-    ``watch``) wait or are dormant."""
+    """Write the rows read from the request objects (slot, output tokens, computed tokens, blocks,
+    running, last token time) and the deadlines; with ``lost_rule`` a late token loses an online
+    request's SLO for good. Returns how many of them (in ``watch``) wait or are dormant."""
     k = 0
     for v in values:
         s = int(v[0])
@@ -54,8 +44,7 @@ def read_rows(rows: np.ndarray, values: np.ndarray, lost_rule: bool, watch: np.n
 
 @jit
 def decode_rows(rows: np.ndarray, slots: np.ndarray, n: int, now: float, watch: np.ndarray) -> int:
-    """``read_rows`` after an iteration of decode steps alone: each of the rows ``slots[:n]``
-    computed and emitted one more token at ``now`` (its blocks already written)."""
+    """``read_rows`` after decode steps alone: rows ``slots[:n]`` emitted one more token at ``now``."""
     k = 0
     for s in slots[:n]:
         r = rows[s]
@@ -66,7 +55,7 @@ def decode_rows(rows: np.ndarray, slots: np.ndarray, n: int, now: float, watch: 
 
 
 @jit
-def _read_row(r: RequestRow, n_out: int, computed: int, blocks: int, running: bool,
+def _read_row(r: st.RequestRow, n_out: int, computed: int, blocks: int, running: bool,
               last_tok: float, lost_rule: bool) -> bool:
     emitted, due = n_out > r.n_out, r.deadline
     r.n_out, r.computed, r.blocks = n_out, computed, blocks
@@ -79,19 +68,18 @@ def _read_row(r: RequestRow, n_out: int, computed: int, blocks: int, running: bo
 
 @jit
 def n_chunks(tokens: int, is_decode: bool, chunk_mean: float) -> float:
-    """N_ck: iterations the next output still needs: 1 for a decode, else its tokens in chunks of
-    the running mean chunk length L_c."""
+    """N_ck: 1 for a decode, else the tokens in chunks of the mean chunk length L_c."""
     return 1.0 if is_decode else np.ceil(tokens / chunk_mean)
 
 
 @jit
 def slack(to_deadline: float, chunks: float, t_max: float) -> float:
-    """s = deadline - now - T_e with T_e = N_ck x T_max: how long a request can still wait."""
+    """s = deadline - now - T_e, with T_e = N_ck x T_max."""
     return to_deadline - chunks * t_max
 
 
 @jit
-def columns(cs: Candidates, s: int, par: Params, led: Ledger) -> None:
+def columns(cs: st.Candidates, s: int, par: st.Params, led: st.Ledger) -> None:
     """The columns of candidate ``s`` that hold for the whole pass."""
     r, c = cs.req[s], cs.cand[s]
     c.total = r.prompt + r.n_out
@@ -105,12 +93,12 @@ def columns(cs: Candidates, s: int, par: Params, led: Ledger) -> None:
     c.eligible = era.admits(led.era_owner_start, s, c.is_long)
     c.lost = par.order and par.lost_last and r.online and (r.lost or c.to_deadline < 0.0)
     c.available = c.member = c.urgent = c.counted = False
-    c.next_blocks = c.owed = c.admission_blocks = UNKNOWN
+    c.next_blocks = c.owed = c.admission_blocks = st.UNKNOWN
     c.stamp = led.pass_id
 
 
 @jit
-def rank(r: RequestRow, c: Candidate, par: Params, t_max: float) -> None:
+def rank(r: st.RequestRow, c: st.Candidate, par: st.Params, t_max: float) -> None:
     """Slack, counted, urgency and queue key of a candidate at ``t_max``."""
     c.slack = slack(c.to_deadline, c.n_chunks, t_max)
     # A late prompt cannot be rescued by a smaller batch (its remaining time grows with its
@@ -122,7 +110,7 @@ def rank(r: RequestRow, c: Candidate, par: Params, t_max: float) -> None:
         c.urgent = (c.eligible and c.slack < t_max
                     and (par.late_is_urgent or c.slack >= 0.0 or c.is_decode))
         # Lost prompts after every on-track candidate, first come first served among them.
-        c.key = r.arrival + LOST_OFFSET if c.lost and not c.is_decode else c.slack
+        c.key = r.arrival + st.LOST_OFFSET if c.lost and not c.is_decode else c.slack
     else:
         c.urgent = False
         c.key = r.arrival
@@ -136,8 +124,8 @@ def before(a: float, b: float) -> bool:
 
 @jit
 def _merge_sort(idx: np.ndarray, m: int, keys: np.ndarray, tmp: np.ndarray) -> None:
-    """Sort ``idx[:m]`` by ``keys[idx]``, stably (numpy's ``kind="stable"`` order), in place with
-    ``tmp`` as the merge buffer: insertion-sorted runs of 16, then bottom-up merges."""
+    """Stable sort of ``idx[:m]`` by ``keys[idx]`` (numpy's ``kind="stable"`` order) in place, ``tmp``
+    the buffer: insertion-sorted runs of 16, then bottom-up merges."""
     for lo in range(0, m, 16):
         for i in range(lo + 1, min(lo + 16, m)):
             x, j = idx[i], i - 1
@@ -163,10 +151,9 @@ def _merge_sort(idx: np.ndarray, m: int, keys: np.ndarray, tmp: np.ndarray) -> N
 
 
 @jit
-def sort_slots(cs: Candidates, idx: np.ndarray, m: int, keys: np.ndarray, descending: bool) -> None:
-    """Sort the slots ``idx[:m]`` by ``keys[slot]`` (a candidate column; ``descending``: negated,
-    NaN still last), stably, the keys gathered first: sorting contiguous numbers is about twice
-    as fast as reaching into the candidates' records."""
+def sort_slots(cs: st.Candidates, idx: np.ndarray, m: int, keys: np.ndarray, descending: bool) -> None:
+    """Sort the slots ``idx[:m]`` stably by a candidate column (``descending``: negated, NaN still
+    last), the keys gathered first (contiguous keys sort about twice as fast)."""
     gathered, perm, tmp = cs.sort_keys.view(np.float64), cs.sort_perm, cs.sort_tmp
     for p in range(m):
         gathered[p], perm[p] = -keys[idx[p]] if descending else keys[idx[p]], p

@@ -1,10 +1,7 @@
-"""The records AccelGen's compiled decision reads and writes, and its named constants.
-
-A record that compiled functions take as an argument is a class of annotated fields (numba
-compiles a record's fields as attributes; the class types the arguments) turned into a numpy
-dtype (``record``); the NamedTuples group the arrays that the functions hand on. Nothing here
-imports numba. ``docs/accelgen.md``, *How it runs*.
-"""
+"""The records AccelGen's compiled decision reads and writes, and its named constants. A record that
+compiled functions take is a class of annotated fields turned into a numpy dtype (``record``: numba
+compiles its fields as attributes, the class types the arguments); the NamedTuples group the arrays
+the functions hand on. Nothing here imports numba (``docs/accelgen.md``, *How it runs*)."""
 
 from __future__ import annotations
 

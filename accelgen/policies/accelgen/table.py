@@ -1,57 +1,32 @@
-"""AccelGen's mirror of the live requests: one record per request, read by the compiled decision.
-
-Reading attributes from ~1,256 Python objects per decision would cost hundreds of microseconds,
-so the table keeps what the decision reads in a numpy record array (``REQUEST``; ``table.prompt``
-etc. are views of one field), updated only where the state can change: ``add`` on arrival,
-``refresh`` of the requests a step scheduled or preempted (re-read from the objects: the table
-follows what the executor really did), ``remove`` on finish or rejection. Live requests occupy
-rows ``0..n-1`` (a removal moves the last row into the hole), so a row number (a *slot*) is valid
-within one decision only; across hooks requests are found by ``req_id``.
-
-*Dormant* requests (``dormancy`` on: the policy orders lost prompts last, first come first
-served): waiting online requests whose next deadline has passed. Their order among themselves
-(arrival) and every column the decision reads from them are fixed until they run again, so the
-table keeps them apart, sorted by their queue key (``DORMANT``), and the decision passes over them
-in steps that do not grow with their number (``dormant``: ``docs/accelgen.md``,
-*Cost*). Every other live request is *active*: ``active`` lists their slots in ascending order.
-Under overload nearly the whole queue is dormant: a decision then costs about what the running
-set does.
-"""
+"""AccelGen's mirror of the live requests: the record array the compiled decision reads, kept in
+step by the policy's hooks, its active slots and its dormant queue (``docs/accelgen.md``, *One
+decision*, step 1, and *A long queue*). Live requests occupy rows ``0..n-1`` (a removal moves the
+last row into the hole): a slot is valid within one decision only, ``req_id`` across hooks."""
 
 from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from accelgen.core.request import Request, Status
 from accelgen.policies.accelgen.state import DORMANT, LOST_OFFSET, REQUEST, UNCOUNTED
 
+if TYPE_CHECKING:
+    from accelgen.policies.accelgen.build import Build
+
 _RUNNING = Status.RUNNING
 
+
 def _dynamic(slots: list[int], reqs: list[Request]) -> np.ndarray:
-    """The fields of ``reqs`` that change as they run, a row each (slot, output tokens, computed
-    tokens, blocks, running, last token time), as one float64 array: one array to build and
-    hand to compiled code per step instead of one per field (integers below 2**53 are exact)."""
+    """The fields of ``reqs`` that change as they run, a row each (slot, output tokens, computed tokens,
+    blocks, running, last token time), in one float64 array to hand to compiled code (integers below
+    2**53 are exact)."""
     return np.array([(s, r.num_output_tokens, r.num_computed_tokens, r.num_blocks,
                       r.status is _RUNNING, r.last_token_time) for s, r in zip(slots, reqs, strict=True)],
                     dtype=np.float64).reshape(-1, 6)
-
-
-class TableKernels(Protocol):
-    """The compiled kernels a table runs (``build.Build`` has them)."""
-
-    @property
-    def read_rows(self) -> Callable[..., int]: ...
-
-    @property
-    def decode_rows(self) -> Callable[..., int]: ...
-
-    @property
-    def set_deadlines(self) -> Callable[..., object]: ...
 
 
 class RequestTable:
@@ -64,7 +39,7 @@ class RequestTable:
     if TYPE_CHECKING:  # self.prompt etc.: a view of one field of ``rows`` each (``_alloc``)
         def __getattr__(self, field: str) -> np.ndarray: ...
 
-    def __init__(self, capacity: int = 1024, kernels: TableKernels | None = None) -> None:
+    def __init__(self, capacity: int = 1024, kernels: Build | None = None) -> None:
         # The compiled kernels the table's updates run (``build.load()``, which
         # builds on this module: handed in, not imported). None: a table for its layout only.
         self.kernels = kernels
@@ -119,19 +94,10 @@ class RequestTable:
         self.n += 1
         self.objs.append(r)
         self.slot_of[r.req_id] = s
-        self.req_id[s] = r.req_id
-        self.prompt[s] = r.prompt_len
-        self.pred_out[s] = r.predicted_output_len
-        self.true_out[s] = 0
-        self.arrival[s] = r.arrival
-        self.ttft[s] = r.ttft_slo
-        self.tbt[s] = r.tbt_slo
-        self.jct[s] = r.jct_slo
-        self.online[s] = r.online
-        self.lost[s] = False
-        self.off_first[s] = math.nan
-        self.off_step[s] = math.nan
-        self.dormant[s] = False
+        fixed = {"req_id": r.req_id, "prompt": r.prompt_len, "pred_out": r.predicted_output_len,
+                 "arrival": r.arrival, "ttft": r.ttft_slo, "tbt": r.tbt_slo, "jct": r.jct_slo,
+                 "online": r.online, "off_first": math.nan, "off_step": math.nan}
+        self.rows[s] = tuple(fixed.get(name, 0) for name in REQUEST.names or ())  # (``_read``: the rest)
         if not r.online:
             self.num_unplanned += 1
         self.active[self.n_active] = s  # (the largest slot: the list stays sorted)
@@ -150,18 +116,12 @@ class RequestTable:
         last = self.n - 1
         if s != last:  # move the last live request into the hole
             moved_dormant = bool(self.dormant[last])
-            if moved_dormant:
-                self._dormant_delete(last)
-            else:
-                self._active_delete(last)
+            self._leave(last)
             self.rows[s] = self.rows[last]
             moved = self.objs[last]
             self.objs[s] = moved
             self.slot_of[moved.req_id] = s
-            if moved_dormant:
-                self._dormant_insert(s)
-            else:
-                self._active_insert(s)
+            (self._dormant_insert if moved_dormant else self._active_insert)(s)
         self.objs.pop()
         self.n = last
 
@@ -183,12 +143,11 @@ class RequestTable:
 
     # -- dynamic fields ------------------------------------------------------------------------
     def _read(self, values: np.ndarray, lost_rule: bool = False) -> int:
-        """Write the dynamic fields read from request objects (``_dynamic``'s rows) with their
-        deadlines (and ``lost``, with ``lost_rule``). Returns how many of them wait or are
-        dormant (their slots in ``_watch_slots``)."""
+        """Write ``_dynamic``'s rows and the deadlines (and ``lost``, with ``lost_rule``). Returns how many
+        of them wait or are dormant (their slots in ``_watch_slots``)."""
         return self._kernels().read_rows(self.rows, values, lost_rule, self._watch_slots)
 
-    def _kernels(self) -> TableKernels:
+    def _kernels(self) -> Build:
         if self.kernels is None:
             raise RuntimeError("RequestTable: no compiled kernels; construct it with "
                                "kernels=build.load()")
@@ -207,10 +166,8 @@ class RequestTable:
 
     def advance_decodes(self, batch: list[tuple[Request, int]], slots: np.ndarray,
                         now: float) -> None:
-        """``refresh`` of the requests of ``batch`` (their slots the head of ``slots``) after
-        it ran as decode steps alone and nothing else changed (``Policy.schedule_after_decodes``):
-        each computed and emitted one more token, at ``now``. Only their KV blocks are read from
-        the request objects."""
+        """``refresh`` of ``batch`` (its slots the head of ``slots``) after it ran as decode steps alone
+        (``Policy.schedule_after_decodes``): one more token each at ``now``, only the blocks re-read."""
         blocks, slot_of = self.blocks, self.slot_of
         for r, _ in batch:  # (the backend may have given it a block for this token)
             blocks[slot_of[r.req_id]] = r.num_blocks
@@ -323,13 +280,9 @@ class RequestTable:
         self.reindex = False
 
     def plan_offline(self, chunk_len: float, t_max: float, preempt_term: float) -> None:
-        """Make the JCT plan of offline requests that have none yet (paper section 4.3).
-
-        T_e = N_ck T_max + S_g (T_max + P_max P) and the per-iteration waiting allowance
-        T_r = (SLO_JCT - T_e) / (N_ck + S_g). The k-th iteration is due at
-        arrival + k (T_r + T_max) (+ P_max P for generation steps): a cumulative plan, so running
-        d later (earlier) than allowed shrinks (grows) the next allowance by d, as in the paper.
-        """
+        """The JCT plan of offline requests that have none yet (paper section 4.3; ``docs/accelgen.md``,
+        *One decision*, step 3): the k-th iteration is due at arrival + k (T_r + T_max), cumulative, so
+        running late (early) shrinks (grows) the next allowance, as in the paper."""
         n = self.n
         todo = np.flatnonzero(~self.online[:n] & np.isnan(self.off_first[:n]))
         nck = np.ceil(self.prompt[todo] / chunk_len)
@@ -340,25 +293,3 @@ class RequestTable:
         self.off_step[todo] = t_r + t_max + preempt_term
         self._kernels().set_deadlines(self.rows, todo)
         self.num_unplanned = 0
-
-    def mismatches(self) -> list[str]:
-        """Fields that disagree with the request objects (a debugging aid for tests)."""
-        bad = []
-        for s in range(self.n):
-            r = self.objs[s]
-            want = (r.num_output_tokens, r.num_computed_tokens, r.num_blocks, r.status == Status.RUNNING)
-            got = (int(self.n_out[s]), int(self.computed[s]), int(self.blocks[s]), bool(self.running[s]))
-            if want != got or self.slot_of.get(r.req_id) != s:
-                bad.append(f"req {r.req_id}: table {got} vs request {want}")
-        active = self.active[: self.n_active].tolist()
-        lo, hi = self.dormant_lo, self.dormant_lo + self.n_dormant
-        keys, slots = self.dormant_key[lo:hi].tolist(), self.dormant_slot[lo:hi].tolist()
-        order, dormant = sorted(zip(keys, slots, strict=True)), set(slots)
-        if (sorted(active + slots) != list(range(self.n)) or active != sorted(active)
-                or order != list(zip(keys, slots, strict=True))
-                or any(self.dormant[s] != (s in dormant) for s in range(self.n))):
-            bad.append(f"active {active} and dormant {order} do not partition the table in order")
-        for key, s in order:
-            if key != float(self.arrival[s]) + LOST_OFFSET or self.running[s] or not self.online[s]:
-                bad.append(f"dormant slot {s}: key {key}, running {self.running[s]}")
-        return bad

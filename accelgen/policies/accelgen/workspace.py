@@ -1,7 +1,6 @@
-"""How a policy runs one decision: the arrays the compiled ``decide`` works in, kept between
-decisions so that a decision allocates nothing (in vLLM each step runs right after a forward pass
-has evicted the caches: ``docs/vllm.md``, *Scheduler time*), and the loop that asks the cost model
-what ``decide`` cannot compute itself. Nothing here imports numba."""
+"""The arrays the compiled ``decide`` works in, kept between decisions so that a decision allocates
+nothing (``docs/accelgen.md``, *How it runs*), and the loop that asks the cost model what ``decide``
+cannot compute itself. Nothing here imports numba."""
 
 from __future__ import annotations
 
@@ -34,9 +33,9 @@ def _records(dtype: np.dtype, n: int) -> np.recarray:
 
 
 class Workspace:
-    """One policy's decision arrays, sized for its table (grown with it). The policy reads the
-    outcome, the ask and the diagnostics through plain array views of the state record (a record's
-    attribute access from Python costs a microsecond or two), the batch through rows of the lists."""
+    """One policy's decision arrays, sized for its table. The policy reads the outcome, the ask and the
+    diagnostics through plain array views of the state record (a record's attribute access from Python
+    costs a microsecond or two), the batch through rows of the lists."""
 
     def __init__(self, table: RequestTable) -> None:
         state = np.zeros(1, STATE)
@@ -57,16 +56,14 @@ class Workspace:
 
     @staticmethod
     def _part(state: np.ndarray, name: str, dtype: type) -> np.ndarray:
-        """A sub-record of ``state`` whose fields all have ``dtype``, as a plain array."""
         sub, offset = STATE.fields[name][:2]  # type: ignore[index]
         return state.view(np.uint8)[offset:offset + sub.itemsize].view(dtype)
 
     def configure(self, p: AccelGenParams, view: SchedulerView, exact_kv: bool) -> bool:
-        """The fixed inputs, set again only for a new cost model, pivot or KV (returns whether it
-        did): parameters, KV geometry, the token budget's clamps (``cap`` = S_pf x budget_cap,
-        the minimum), and what the cost model offers compiled code (``CostModel.linear_terms``,
-        followed at every call, or ``roofline_terms``; else forward times of the budgets
-        0..cap + 1, and the cost model is asked for the rest)."""
+        """The fixed inputs, set again only for a new cost model, pivot or KV (returns whether it did):
+        parameters, KV geometry, the budget's clamps, and what the cost model offers compiled code (linear
+        terms, followed at every call; roofline terms; else forward times of the budgets 0..cap + 1, the
+        rest asked)."""
         cost, pivot, kv = view.cost, view.pivot, view.kv
         key = self.configured
         if key and key[0] is cost and key[1] is pivot and key[2] is kv:
@@ -112,7 +109,7 @@ class Workspace:
             par.base_s, par.per_token_s, par.per_ctx_s, par.per_attn_s = terms
 
     def follow(self, table: RequestTable) -> None:
-        """Use the table's current rows (reallocated when it grows) and per-request arrays as large."""
+        """Use the table's current arrays (reallocated when it grows), the per-request ones as large."""
         n = table.capacity
         if n > len(self.arrays.cand):
             lists = np.zeros((len(LISTS), n), np.int64)
@@ -124,10 +121,9 @@ class Workspace:
                                            dormant=table.dormant_queue, gone=table.gone)
 
     def run(self, decide: Any, cost: CostModel, *step: Any) -> list[int]:
-        """Run the compiled ``decide`` on ``step`` (``Step``'s fields, in order) to completion:
-        while it returns a token budget, it needs the latency of the full batch at that budget
-        (``ask``) from the cost model, and runs again from the start with it known. Returns the
-        ``Outcome``'s fields, in order."""
+        """Run ``decide`` on ``step`` (``Step``'s fields, in order) to completion: while it returns a token
+        budget, give it the full batch's latency there (``ask``) and run it again. Returns the ``Outcome``'s
+        fields, in order."""
         if self.exact_kv:
             self._oracle.fill(0)  # the Oracle's counters accumulate over its passes
         self._step[0] = step
