@@ -384,9 +384,9 @@ def predict_round(out_dir: Path, cfg: FidelityConfig, k: int, plan: Deployment, 
               if j != k and (d / "real-stock").exists()]
     if not others:
         raise FileNotFoundError(f"{out_dir}: no other round's stock replay to predict round {k}")
-    # Stock's steps are mostly decodes (8 % with a prompt chunk in the quick run); the AccelGen
-    # replays' steps are mostly mixed (70 %), so with them the fit pins the prefill terms that
-    # decide AccelGen's iterations instead of extrapolating them (docs/profiling.md 3.5).
+    # Stock's steps are mostly decodes (6-8 % carry a prompt chunk in the quick runs); the
+    # AccelGen replays' steps often do (22-71 %), so with them the fit pins the prefill terms
+    # that decide AccelGen's iterations instead of extrapolating them (docs/profiling.md 3.5).
     fit_dirs = others + [d / f"real-{s}" for s in cfg.systems if s != "stock"
                          for j, d in enumerate(round_dirs(out_dir))
                          if j != k and (d / f"real-{s}").exists()]
