@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 
 import pytest
 from hypothesis import settings
@@ -32,8 +32,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 ENGINE_GROUP = "vllm-engine"
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+@pytest.hookimpl(wrapper=True)  # around xdist's own hook, which reads the groups
+def pytest_collection_modifyitems(config: pytest.Config,
+                                  items: list[pytest.Item]) -> Generator[None, None, None]:
     engine = [item for item in items if item.get_closest_marker("vllm") is not None]
     others = [item for item in items if item.get_closest_marker("vllm") is None]
     for item in engine:
@@ -43,6 +44,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module
                                                     else item.nodeid.split("::")[0]))
     items[:] = engine + others
+    result = yield
+    if getattr(config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup
+        for item in items:
+            group_the_node_id(item)
+    return result
+
+
+def group_the_node_id(item: pytest.Item) -> None:
+    """Append ``@<group>`` to the item's node id, which is how xdist's loadgroup scheduler finds
+    the group. xdist 3.8 writes it to ``item._nodeid``, which pytest 9 no longer reads (the id is
+    ``item._id``): without this every test is a group of its own, the engine tests run on both
+    workers at once and a module fixture is built on each worker."""
+    from _pytest.nodeid import NodeId
+
+    groups = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                     for m in item.iter_markers("xdist_group")})
+    if groups and "@" not in item.nodeid.rsplit("]", 1)[-1]:
+        item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(groups)}")
 
 
 class LinearCost(LinearCostModel):
