@@ -43,6 +43,10 @@ def test_a_callers_frozen_objects_stay_frozen() -> None:
     try:
         frozen = gc.get_freeze_count()
         _sim(VLLMPolicy()).run()
-        assert gc.get_freeze_count() == frozen > 0
+        after = gc.get_freeze_count()
+        # A frozen object can still be freed by reference counting (other threads of this test
+        # process drop a few meanwhile); unfreezing the caller's objects would empty the frozen
+        # generation, and freezing the run's own would grow it.
+        assert frozen > 0 and 0.99 * frozen <= after <= frozen
     finally:
         gc.unfreeze()
