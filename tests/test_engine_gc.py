@@ -38,11 +38,17 @@ def test_the_collector_is_restored_after_a_run() -> None:
     assert gc.get_threshold() == before and gc.get_freeze_count() == frozen
 
 
-def test_a_callers_frozen_objects_stay_frozen() -> None:
+def test_a_callers_frozen_objects_stay_frozen(monkeypatch: pytest.MonkeyPatch) -> None:
     gc.freeze()
     try:
         frozen = gc.get_freeze_count()
+        # The run must neither freeze nor thaw anything while the caller has frozen objects.
+        calls: list[str] = []
+        monkeypatch.setattr(gc, "freeze", lambda: calls.append("freeze"))
+        monkeypatch.setattr(gc, "unfreeze", lambda: calls.append("unfreeze"))
         _sim(VLLMPolicy()).run()
+        monkeypatch.undo()
+        assert calls == []
         after = gc.get_freeze_count()
         # A frozen object can still be freed by reference counting (other threads of this test
         # process drop a few meanwhile); unfreezing the caller's objects would empty the frozen
