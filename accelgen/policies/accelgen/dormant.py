@@ -46,18 +46,16 @@ def need(r: st.RequestRow, par: st.Params) -> int:
 
 
 @jit
-def _block_need(dq: st.Dormant, blk: int, final_max: int, allow_long: bool) -> int:
-    """The smallest admission need in block ``blk`` among entries with at most ``final_max`` final
-    blocks, not long unless ``allow_long`` (kept until the block changes or another ``final_max``)."""
-    mb = dq.minima[blk]
-    if mb.final_max != final_max:
-        mb.final_max, mb.need, mb.need_short = final_max, st.HIDDEN, st.HIDDEN
-        for e in dq.queue[max(blk * st.DORMANT_BLOCK, dq.lo):min((blk + 1) * st.DORMANT_BLOCK, dq.hi)]:
-            if e.final <= final_max:
-                mb.need = min(mb.need, e.need)
-                if not e.long:
-                    mb.need_short = min(mb.need_short, e.need)
-    return mb.need if allow_long else mb.need_short
+def _block_minima(queue: np.ndarray, mb: st.DormantMinima, start: int, end: int, final_max: int) -> None:
+    """The minima ``mb`` of the entries ``queue[start:end]`` (one block) with at most ``final_max``
+    final blocks: the smallest admission need of all and of those not long (kept until the block
+    changes or another ``final_max`` is asked)."""
+    mb.final_max, mb.need, mb.need_short = final_max, st.HIDDEN, st.HIDDEN
+    for e in queue[start:end]:
+        if e.final <= final_max:
+            mb.need = min(mb.need, e.need)
+            if not e.long:
+                mb.need_short = min(mb.need_short, e.need)
 
 
 @jit
@@ -90,16 +88,20 @@ def next_entry(dq: st.Dormant, q: int, need_max: int, final_max: int, allow_long
     """The first position from ``q`` on (``dq.hi`` if none) whose request needs at most ``need_max``
     blocks, ends with at most ``final_max`` and is not long unless ``allow_long``: necessary conditions
     of joining, tested on a block's minima before its entries."""
-    while q < dq.hi:
-        blk = q // st.DORMANT_BLOCK
-        if q % st.DORMANT_BLOCK == 0 and _block_need(dq, blk, final_max, allow_long) > need_max:
-            q += st.DORMANT_BLOCK
-            continue
-        e = dq.queue[q]
+    queue, minima, hi = dq.queue, dq.minima, dq.hi  # (the loop passes arrays, not ``dq``: it is hot)
+    while q < hi:
+        if q % st.DORMANT_BLOCK == 0:
+            mb = minima[q // st.DORMANT_BLOCK]
+            if mb.final_max != final_max:
+                _block_minima(queue, mb, max(q, dq.lo), min(q + st.DORMANT_BLOCK, hi), final_max)
+            if (mb.need if allow_long else mb.need_short) > need_max:
+                q += st.DORMANT_BLOCK
+                continue
+        e = queue[q]
         if e.need <= need_max and e.final <= final_max and (allow_long or not e.long):
             return q
         q += 1
-    return dq.hi
+    return hi
 
 
 @jit

@@ -5,7 +5,7 @@ the functions hand on. Nothing here imports numba (``docs/accelgen.md``, *How it
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, get_type_hints
+from typing import NamedTuple, get_type_hints
 
 import numpy as np
 
@@ -190,23 +190,61 @@ class Params:
     cost_roofline: bool  # the analytic model (its constants in ``Cost.roofline``)
 
 
-# A dormant request in queue order (key, then slot): the table writes its key (arrival +
-# LOST_OFFSET) and slot, and ``final`` = UNCOUNTED; the decision derives the rest (``dormant``).
-DORMANT = np.dtype([("key", f8), ("slot", i8), ("need", i8), ("final", i8), ("long", b1)], align=True)
-# Per DORMANT_BLOCK entries: the smallest admission need among those whose final KV is at most
-# ``final_max`` (the Oracle's admissible KV; STALE after a change), of all and of those not long.
-DORMANT_MINIMA = np.dtype([("final_max", i8), ("need", i8), ("need_short", i8)], align=True)
+class DormantEntry:
+    """A dormant request in queue order (key, then slot): the table writes its key (arrival +
+    LOST_OFFSET) and slot, and ``final`` = UNCOUNTED; the decision derives the rest (``dormant``)."""
+
+    key: float
+    slot: int
+    need: int  # blocks it needs to start
+    final: int  # (Oracle) blocks it holds at the end
+    long: bool  # ERA: a long prompt
+
+
+class DormantMinima:
+    """Per DORMANT_BLOCK entries: the smallest admission need among those whose final KV is at most
+    ``final_max`` (the Oracle's admissible KV; STALE after a change), of all and of those not long."""
+
+    final_max: int
+    need: int
+    need_short: int
+
+
+class Info:
+    """The diagnostics, all float64 (``docs/accelgen.md``, *Diagnostics*); the last four the Oracle's."""
+
+    token_budget: float
+    slo_min: float
+    t_max: float
+    budget_clamped_low: float
+    budget_clamped_high: float
+    n_candidates: float
+    n_urgent: float
+    n_late: float
+    n_lost: float
+    n_preempted: float
+    n_scheduled: float
+    n_decode: float
+    n_prefill: float
+    n_decode_skipped: float
+    max_chunk: float
+    n_cut_chunks: float
+    n_groups: float
+    era_active: float
+    progress_fallback: float
+    chunk_mean: float
+    kv_free_blocks: float
+    clairvoyant: float
+    oracle_reforms: float
+    oracle_excluded: float
+    oracle_admissible: float
+
+
 # Per token budget: forward_time (without linear terms), the full batch's latency (NaN: unknown).
 BUDGET_TIME = np.dtype([("forward", f8), ("full_batch", f8)])
-INFO_KEYS = (  # the diagnostics (``docs/accelgen.md``); then the Oracle's own
-    "token_budget", "slo_min", "t_max", "budget_clamped_low", "budget_clamped_high",
-    "n_candidates", "n_urgent", "n_late", "n_lost", "n_preempted", "n_scheduled", "n_decode",
-    "n_prefill", "n_decode_skipped", "max_chunk", "n_cut_chunks", "n_groups", "era_active",
-    "progress_fallback", "chunk_mean", "kv_free_blocks")
-ORACLE_INFO_KEYS = ("clairvoyant", "oracle_reforms", "oracle_excluded", "oracle_admissible")
+INFO_KEYS, ORACLE_INFO_KEYS = (names := tuple(get_type_hints(Info)))[:-4], names[-4:]
 INFO_INDEX = {key: i for i, key in enumerate(INFO_KEYS)}
-INFO = np.dtype([(key, f8) for key in INFO_KEYS + ORACLE_INFO_KEYS])
-Info = Any  # an INFO record (its fields: the keys above)
+INFO, DORMANT, DORMANT_MINIMA = record(Info), record(DormantEntry), record(DormantMinima)
 REQUEST, CANDIDATE, STEP, OUTCOME = record(RequestRow), record(Candidate), record(Step), record(Outcome)
 # Everything that is not per request, one record (one array for the compiled call to take).
 STATE = np.dtype([("step", STEP), ("ledger", record(Ledger)), ("oracle", record(OracleCounts)),
