@@ -79,14 +79,19 @@ def _drop_jit_cache() -> None:
         stale.unlink(missing_ok=True)
 
 
-def _load_jit() -> Build:
-    # numba checks a cached function against its own file only, not the files of the functions
-    # it calls: the cache is dropped whenever any source changed.
+def _fresh_jit_cache() -> None:
+    """Drop the JIT cache unless it was built from the current sources. numba checks a cached function
+    against its own file only, not the files of the functions it calls, and the ahead-of-time build
+    reads the same cache: a caller's cached code would keep an edited callee's old code."""
     stamp, digest = _CACHE / "jit_sources", source_digest()
     if not stamp.exists() or stamp.read_text() != digest:
         _drop_jit_cache()
         _CACHE.mkdir(exist_ok=True)
         stamp.write_text(digest)
+
+
+def _load_jit() -> Build:
+    _fresh_jit_cache()
     entries = []
     for fn, sig in _exports().values():
         _compile(partial(fn.compile, sig))
@@ -137,6 +142,7 @@ def build(out: Path | None = None) -> Path:
 
     out = out or aot_path()
     out.parent.mkdir(parents=True, exist_ok=True)
+    _fresh_jit_cache()
     name = out.name.split(".")[0]
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         cc = CC(name)
