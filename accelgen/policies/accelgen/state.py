@@ -210,8 +210,8 @@ class DormantMinima:
     need_short: int
 
 
-class Info:
-    """The diagnostics, all float64 (``docs/accelgen.md``, *Diagnostics*); the last four the Oracle's."""
+class AccelGenInfo:
+    """The diagnostics, all float64 (``docs/accelgen.md``, *Diagnostics*)."""
 
     token_budget: float
     slo_min: float
@@ -234,6 +234,11 @@ class Info:
     progress_fallback: float
     chunk_mean: float
     kv_free_blocks: float
+
+
+class Info(AccelGenInfo):
+    """The record the decision writes: AccelGen's diagnostics, then the Oracle's own."""
+
     clairvoyant: float
     oracle_reforms: float
     oracle_excluded: float
@@ -242,7 +247,8 @@ class Info:
 
 # Per token budget: forward_time (without linear terms), the full batch's latency (NaN: unknown).
 BUDGET_TIME = np.dtype([("forward", f8), ("full_batch", f8)])
-INFO_KEYS, ORACLE_INFO_KEYS = (names := tuple(get_type_hints(Info)))[:-4], names[-4:]
+INFO_KEYS = tuple(get_type_hints(AccelGenInfo))
+ORACLE_INFO_KEYS = tuple(get_type_hints(Info))[len(INFO_KEYS):]
 INFO_INDEX = {key: i for i, key in enumerate(INFO_KEYS)}
 INFO, DORMANT, DORMANT_MINIMA = record(Info), record(DormantEntry), record(DormantMinima)
 REQUEST, CANDIDATE, STEP, OUTCOME = record(RequestRow), record(Candidate), record(Step), record(Outcome)
