@@ -21,7 +21,7 @@ from accelgen.engine_regime.traces import latency_reference, sweep_trace, tbt_cl
 from accelgen.fidelity.check_spec import engine_deployment
 from accelgen.pipeline import claims as C
 from accelgen.pipeline import config_file as pc
-from accelgen.vllm_integration.replay import ReplayConfig
+from accelgen.vllm_integration.replay import ReplayConfig, engine_token_limit
 from tests.engine_fakes import ENGINE, ENGINE_TERMS, KV_BLOCKS, fake_cfg, fake_engine_runs
 from tests.test_pipeline import QUICK, ROOT, job_counts, quick_dict, snakemake
 
@@ -88,8 +88,22 @@ def test_each_system_runs_the_same_scheduler_in_the_engine_and_the_simulator(dep
                                                           "max_num_seqs": 128}
     plug = SystemSpec(runs="plugin", policy="sarathi", budget="tuned")
     rc = sysmod.replay_config(cfg, plug, 192, dep, "/tmp/m")
-    assert rc["system"] == "accelgen" and rc["engine"]["max_num_batched_tokens"] == 2048
+    assert rc["system"] == "accelgen" and "max_num_batched_tokens" not in rc["engine"]
     assert rc["adapter"]["policy"] == {"name": "sarathi", "params": {"token_budget": 192}}
+    # The plugin's engine limit: the policy's largest budget (Sarathi's decodes have none: vLLM's
+    # default), or the one the sweep's engine sets, which caps the policy.
+    limit = engine_token_limit(ReplayConfig.model_validate(rc))
+    assert (limit.tokens, limit.largest_budget, limit.user_set) == (2048, None, False)
+    ours = sysmod.replay_config(cfg, SystemSpec(runs="plugin", policy="accelgen"), None, dep,
+                                "/tmp/m")
+    limit = engine_token_limit(ReplayConfig.model_validate(ours))
+    assert limit.largest_budget is not None and not limit.user_set
+    assert limit.tokens == max(limit.largest_budget, ENGINE["max_num_seqs"])
+    small = {**ENGINE, "max_num_batched_tokens": 64, "max_num_seqs": 16}
+    capped = sysmod.replay_config(fake_cfg(engine=small),
+                                  SystemSpec(runs="plugin", policy="accelgen"), None, dep, "/tmp/m")
+    limit = engine_token_limit(ReplayConfig.model_validate(capped))
+    assert limit.tokens == 64 and limit.user_set and "caps the policy" in limit.describe()
     assert rc["adapter"]["cost"]["deployment"]["cost_model"] == "calibrated"
     assert sysmod.budget_of(plug, 448, 192) == 192
     assert sysmod.budget_of(SystemSpec(runs="stock", budget="paper"), 448, 192) == 448

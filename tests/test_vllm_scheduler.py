@@ -291,6 +291,58 @@ def test_policies_serve_everything_under_scarce_kv(policy: str, params: dict, pr
     assert (timing["policy_time"] > 0).all()
 
 
+@pytest.mark.parametrize("policy, async_scheduling", [
+    ("accelgen", False), ("accelgen", True), *((p, False) for p in (
+        "vllm", "vllm-priority", "sarathi", "edf", "fastgen"))])
+def test_policies_plan_within_the_engines_limits(policy: str, async_scheduling: bool,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """The engine's max_num_batched_tokens and max_num_seqs below the policy's own budget and
+    running cap: the policy plans within them (its view carries them), so nothing is trimmed
+    and vLLM runs exactly the policy's decisions."""
+    cfg = {"policy": {"name": policy, "params": {}}, "s_pf": 512,
+           "cost": {"base_s": 0.01, "per_token_s": 1e-5}}
+    with caplog.at_level("INFO", logger="vllm.accelgen"):
+        s = make_scheduler(AccelGenScheduler, num_blocks=200, max_model_len=1024,
+                           max_num_batched_tokens=128, max_num_seqs=3,
+                           async_scheduling=async_scheduling, accelgen=cfg)
+    line = next(r.getMessage() for r in caplog.records if "engine limits" in r.getMessage())
+    assert "max_num_batched_tokens=128" in line and "max_num_seqs=3" in line
+    if policy != "sarathi":  # (Sarathi's decodes are not bounded by its budget)
+        assert "caps the policy's token budget (its own largest: 512)" in line
+    assert (s.view.max_num_batched_tokens, s.view.max_num_seqs) == (128, 3)
+    s.reset_records(time.time())
+    prompts = [300, 40, 200, 90, 500, 20, 150, 260, 75, 33, 128, 64]
+    for i, p in enumerate(prompts):
+        add(s, i, p, 12, ttft_slo=2.0, tbt_slo=0.5)
+    run_to_completion(s)
+    assert {r.status for r in s.all_requests()} == {Status.FINISHED}
+    its = s.iterations_frame()
+    assert (its["forward_size"] <= 128).all() and (its["forward_size"] == 128).any()
+    assert its["num_running"].max() <= 3
+    assert s.trimmed_steps == 0 and (its["info_adapter_trimmed_tokens"] == 0).all()
+    assert s.mismatch_steps == 0
+    assert not [r for r in caplog.records if "trimming" in r.getMessage()]
+
+
+def test_a_decision_over_the_engines_token_limit_is_trimmed_and_counted(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The guarded error path: a policy that ignores the view's limit gets its decision's tail
+    cut (the engine's buffers hold no more), with a warning, counted per step."""
+    s = make_scheduler(AccelGenScheduler, num_blocks=40, max_model_len=1024,
+                       max_num_batched_tokens=256,
+                       accelgen={"policy": {"name": "scripted", "params": {}}, "s_pf": 256})
+    for i in range(3):
+        add(s, i, 200)
+    plan(lambda v: Decision(scheduled=[(by_id(v, i), 120) for i in range(3)]))
+    with caplog.at_level("WARNING", logger="vllm.accelgen"):
+        got = run_step(s)
+    assert got == {vid_of(s, 0): 120, vid_of(s, 1): 120, vid_of(s, 2): 16}
+    assert s.trimmed_steps == 1 and s.mismatch_steps == 0
+    assert s.iterations_frame().iloc[-1]["info_adapter_trimmed_tokens"] == 104
+    assert any("trimming" in r.getMessage() and "'scripted'" in r.getMessage()
+               for r in caplog.records)
+
+
 @MODES
 @pytest.mark.parametrize("policy", ["fcfs-test", "accelgen"])
 def test_the_view_is_always_the_engine_queues(policy: str, async_scheduling: bool) -> None:

@@ -55,6 +55,25 @@ class SchedulerView:
     # Clairvoyant hooks, present only when the backend grants them (the Oracle).
     true_output_len: dict[int, int] | None = None
     next_arrivals: list[Request] | None = None
+    # The engine's limits (None: none binds, as in the simulator): the most tokens one iteration
+    # may schedule (vLLM's ``max_num_batched_tokens``, the size of its batch buffers) and the
+    # most requests that may run (``max_num_seqs``, counting ``running`` and the admissions of
+    # the decision). A decision stays within them; the executor does not repair one that does
+    # not (``engine_token_budget``, ``engine_seats``).
+    max_num_batched_tokens: int | None = None
+    max_num_seqs: int | None = None
+
+
+def engine_token_budget(view: SchedulerView, budget: int) -> int:
+    """``budget`` clamped to the engine's ``max_num_batched_tokens``, where one is set."""
+    limit = view.max_num_batched_tokens
+    return budget if limit is None or budget <= limit else limit
+
+
+def engine_seats(view: SchedulerView, max_num_seqs: int) -> int:
+    """A policy's ``max_num_seqs`` clamped to the engine's, where one is set."""
+    limit = view.max_num_seqs
+    return max_num_seqs if limit is None or max_num_seqs <= limit else limit
 
 
 class InfoRow(MutableMapping[str, float]):
@@ -177,6 +196,12 @@ class Policy(ABC):
     @abstractmethod
     def schedule(self, view: SchedulerView) -> Decision:
         """Decide the next iteration."""
+
+    def largest_budget(self, pivot: Pivot) -> int | None:
+        """The most tokens one of this policy's decisions can schedule with ``pivot`` and no
+        engine limit, where it has such a bound (None: it has none, e.g. whole prompts). A
+        backend sizes the engine's ``max_num_batched_tokens`` from it when the user did not."""
+        return None
 
     def on_arrival(self, req: Request, now: float) -> None:  # noqa: B027 - optional hook
         """A new request entered the waiting queue."""

@@ -95,13 +95,14 @@ def sim_policy(spec: SystemSpec, budget: int | None, max_num_seqs: int) -> Polic
 def replay_config(cfg: EngineSweepConfig, spec: SystemSpec, budget: int | None,
                   dep: Deployment, tiny_dir: str) -> dict[str, Any]:
     """The ``ReplayConfig`` of a system's replays: stock vLLM with ``max_num_batched_tokens`` =
-    its budget (and its queue mode: FCFS or priority), or the plugin (its budget left to the
-    policy, at most max_model_len) planning with the calibrated deployment ``dep``, as the
-    simulator's policy does."""
+    its budget (and its queue mode: FCFS or priority), or the plugin planning with the
+    calibrated deployment ``dep``, as the simulator's policy does (the engine's
+    ``max_num_batched_tokens`` the policy's largest token budget unless the sweep's engine sets
+    one, which then caps the policy's budget: ``replay.engine_token_limit``)."""
     engine = cfg.engine_spec()
     engine["tiny_dir"] = tiny_dir
-    max_len = int(engine.get("max_model_len", 2048))
-    engine["max_num_batched_tokens"] = budget if spec.runs == "stock" else max_len
+    if spec.runs == "stock":
+        engine["max_num_batched_tokens"] = budget
     engine["async_scheduling"] = cfg.async_scheduling
     adapter: dict[str, Any] = {"cost": {"kind": "deployment",
                                         "deployment": dep.model_dump(mode="json")}}

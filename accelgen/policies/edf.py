@@ -17,7 +17,15 @@ from bisect import bisect_left
 
 from pydantic import PositiveInt
 
-from accelgen.core.policy import Decision, Policy, PolicyParams, SchedulerView
+from accelgen.core.iteration import Pivot
+from accelgen.core.policy import (
+    Decision,
+    Policy,
+    PolicyParams,
+    SchedulerView,
+    engine_seats,
+    engine_token_budget,
+)
 from accelgen.core.request import Request, Status
 from accelgen.policies.common import BatchBuilder, OrderedWaiting
 
@@ -52,12 +60,16 @@ class EDFPolicy(Policy):
     def on_arrival(self, req: Request, now: float) -> None:
         self._waiting.arrived.append(req)
 
+    def largest_budget(self, pivot: Pivot) -> int:
+        return self.params.token_budget or pivot.s_pf
+
     def schedule(self, view: SchedulerView) -> Decision:
         waiting = self._waiting
         if not waiting.sync(view):
             return self._schedule_sorted(view)
         p = self.params
-        budget = p.token_budget or view.pivot.s_pf
+        budget = engine_token_budget(view, p.token_budget or view.pivot.s_pf)
+        seats = engine_seats(view, p.max_num_seqs)
         b = BatchBuilder(view.kv, budget)
         running = sorted((next_deadline(r), r.req_id, r) for r in view.running)
         victims = running[::-1]  # running requests, latest deadline first
@@ -73,7 +85,7 @@ class EDFPolicy(Policy):
                 # may not start or do not fit in the free blocks (the admission test below
                 # would pass over each of them; only a running request can free blocks).
                 free = b.free_blocks
-                if n_live >= p.max_num_seqs or free < min_need:  # none may start, none fits
+                if n_live >= seats or free < min_need:  # none may start, none fits
                     skip_to = nw
                 else:
                     head = queue[wi][2]
@@ -81,7 +93,7 @@ class EDFPolicy(Policy):
                                and free < -(-(head.prompt_len + head.num_output_tokens)
                                             // block_size) else wi)
                 if skip_to > wi:
-                    wi = (skip_to if n_live >= p.max_num_seqs or ri >= nr
+                    wi = (skip_to if n_live >= seats or ri >= nr
                           else min(skip_to, bisect_left(queue, running[ri][:2], wi)))
             if ri < nr and (wi >= nw or running[ri] < queue[wi]):
                 entry = running[ri]
@@ -104,7 +116,8 @@ class EDFPolicy(Policy):
         """The decision by the definition: every candidate sorted by deadline (used when the
         queue cannot be trusted: requests reached it without the hooks)."""
         p = self.params
-        budget = p.token_budget or view.pivot.s_pf
+        budget = engine_token_budget(view, p.token_budget or view.pivot.s_pf)
+        seats = engine_seats(view, p.max_num_seqs)
         b = BatchBuilder(view.kv, budget)
         keyed = sorted(((next_deadline(r), r.req_id, r) for r in (*view.running, *view.waiting)),
                        key=lambda x: (x[0], x[1]))
@@ -118,7 +131,7 @@ class EDFPolicy(Policy):
                 continue
             if r.status == Status.RUNNING:
                 self._add_running(b, victims, (dl, rid, r))
-            elif n_live < p.max_num_seqs and self._admit(b, r):
+            elif n_live < seats and self._admit(b, r):
                 n_live += 1
         return self._finish(b, view, victims, budget)
 

@@ -24,7 +24,15 @@ from typing import Literal
 
 from pydantic import PositiveInt
 
-from accelgen.core.policy import Decision, Policy, PolicyParams, SchedulerView
+from accelgen.core.iteration import Pivot
+from accelgen.core.policy import (
+    Decision,
+    Policy,
+    PolicyParams,
+    SchedulerView,
+    engine_seats,
+    engine_token_budget,
+)
 from accelgen.policies.common import BatchBuilder, is_prefilling
 
 
@@ -39,13 +47,17 @@ class FastGenPolicy(Policy):
     Params = FastGenParams
     params: FastGenParams
 
+    def largest_budget(self, pivot: Pivot) -> int:
+        return self.params.token_budget or pivot.s_pf
+
     def schedule(self, view: SchedulerView) -> Decision:
         p = self.params
-        budget = p.token_budget or view.pivot.s_pf
+        budget = engine_token_budget(view, p.token_budget or view.pivot.s_pf)
+        seats = engine_seats(view, p.max_num_seqs)
         b = BatchBuilder(view.kv, budget)
         running = view.running
         for r in running:
-            if b.budget_left <= 0 or b.num_scheduled >= p.max_num_seqs:
+            if b.budget_left <= 0 or b.num_scheduled >= seats:
                 break
             if not is_prefilling(r) and b.fits(r, 1):
                 b.add(r, 1)
@@ -55,7 +67,7 @@ class FastGenPolicy(Policy):
         prompts = chain([r for r in running if is_prefilling(r)], view.waiting)
         gated = 0
         for r in prompts:
-            if b.budget_left <= 0 or b.num_scheduled >= p.max_num_seqs:
+            if b.budget_left <= 0 or b.num_scheduled >= seats:
                 break
             if not b.fits(r, r.num_new_tokens):
                 gated = 1  # the whole remaining prompt does not fit: the queue stops here

@@ -18,7 +18,14 @@ from typing import Literal
 
 from pydantic import Field, PositiveFloat, PositiveInt
 
-from accelgen.core.policy import Decision, Policy, PolicyParams, SchedulerView
+from accelgen.core.policy import (
+    Decision,
+    Policy,
+    PolicyParams,
+    SchedulerView,
+    engine_seats,
+    engine_token_budget,
+)
 from accelgen.core.request import Request
 from accelgen.policies.common import BatchBuilder, OrderedWaiting, is_prefilling
 
@@ -50,19 +57,23 @@ class SarathiPolicy(Policy):
     def token_budget(self, view: SchedulerView) -> int:
         p = self.params
         if p.system_slo is not None:
-            return system_slo_budget(view.pivot.s_pf, view.pivot.t_pf, p.system_slo,
-                                     view.kv.block_size)
-        return p.token_budget or view.pivot.s_pf
+            return engine_token_budget(view, system_slo_budget(
+                view.pivot.s_pf, view.pivot.t_pf, p.system_slo, view.kv.block_size))
+        return engine_token_budget(view, p.token_budget or view.pivot.s_pf)
 
     def schedule(self, view: SchedulerView) -> Decision:
         budget = self.token_budget(view)
         b = BatchBuilder(view.kv, budget)
         running = view.running
         blocks_needed = view.kv.blocks_needed
-        # Decodes first: never stalled, preempting the newest request when KV runs out.
+        # Decodes first: never stalled (within the engine's batch limit, where one is set),
+        # preempting the newest request when KV runs out.
+        decode_room = view.max_num_batched_tokens
         for i, r in enumerate(running):
             if r.req_id in b.preempted_ids or is_prefilling(r):
                 continue
+            if decode_room is not None and b.num_scheduled >= decode_room:
+                break
             need = blocks_needed(r, 1)  # (preempting others frees blocks, not r's need)
             while need > b.free_blocks:
                 if b.preempt_newest(running, i + 1) is None:
@@ -97,8 +108,9 @@ class SarathiPolicy(Policy):
         else:
             queue = sorted(view.waiting, key=lambda r: (r.arrival + r.ttft_slo - view.now,
                                                         r.req_id))
+        seats = engine_seats(view, self.params.max_num_seqs)
         for r in queue:
-            if b.budget_left <= 0 or n_live >= self.params.max_num_seqs:
+            if b.budget_left <= 0 or n_live >= seats:
                 break
             if view.kv.blocks_needed(r, r.num_new_tokens) > b.free_blocks - watermark:
                 break

@@ -12,7 +12,15 @@ from __future__ import annotations
 
 from pydantic import PositiveInt
 
-from accelgen.core.policy import Decision, Policy, PolicyParams, SchedulerView
+from accelgen.core.iteration import Pivot
+from accelgen.core.policy import (
+    Decision,
+    Policy,
+    PolicyParams,
+    SchedulerView,
+    engine_seats,
+    engine_token_budget,
+)
 from accelgen.policies.common import BatchBuilder
 
 
@@ -26,8 +34,11 @@ class VLLMPolicy(Policy):
     Params = VLLMParams
     params: VLLMParams
 
+    def largest_budget(self, pivot: Pivot) -> int:
+        return self.params.token_budget or pivot.s_pf
+
     def schedule(self, view: SchedulerView) -> Decision:
-        budget = self.params.token_budget or view.pivot.s_pf
+        budget = engine_token_budget(view, self.params.token_budget or view.pivot.s_pf)
         b = BatchBuilder(view.kv, budget)
         running = view.running
         blocks_needed = view.kv.blocks_needed
@@ -47,8 +58,9 @@ class VLLMPolicy(Policy):
             b.add(r, n, need)
         if not b.decision.preempted:
             n_running = len(running)
+            seats = engine_seats(view, self.params.max_num_seqs)
             for r in view.waiting:
-                if b.budget_left <= 0 or n_running + b.num_scheduled >= self.params.max_num_seqs:
+                if b.budget_left <= 0 or n_running + b.num_scheduled >= seats:
                     break
                 if not b.fits(r, r.num_new_tokens):
                     break

@@ -37,7 +37,15 @@ import math
 
 from pydantic import PositiveInt
 
-from accelgen.core.policy import Decision, Policy, PolicyParams, SchedulerView
+from accelgen.core.iteration import Pivot
+from accelgen.core.policy import (
+    Decision,
+    Policy,
+    PolicyParams,
+    SchedulerView,
+    engine_seats,
+    engine_token_budget,
+)
 from accelgen.core.request import Request
 from accelgen.policies.common import BatchBuilder, OrderedWaiting
 
@@ -83,8 +91,11 @@ class VLLMPriorityPolicy(Policy):
     def on_arrival(self, req: Request, now: float) -> None:
         self._waiting.arrived.append(req)
 
+    def largest_budget(self, pivot: Pivot) -> int:
+        return self.params.token_budget or pivot.s_pf
+
     def schedule(self, view: SchedulerView) -> Decision:
-        budget = self.params.token_budget or view.pivot.s_pf
+        budget = engine_token_budget(view, self.params.token_budget or view.pivot.s_pf)
         waiting = self._waiting
         in_order = waiting.sync(view)  # False: requests reached the queue without the hooks
         b = BatchBuilder(view.kv, budget)
@@ -117,8 +128,9 @@ class VLLMPriorityPolicy(Policy):
         if not b.decision.preempted:
             queue = ((e[2] for e in waiting.entries) if in_order
                      else sorted(view.waiting, key=lambda r: (*_heap_key(r), r.req_id)))
+            seats = engine_seats(view, self.params.max_num_seqs)
             for r in queue:
-                if b.budget_left <= 0 or len(live) >= self.params.max_num_seqs:
+                if b.budget_left <= 0 or len(live) >= seats:
                     break
                 if not b.fits(r, r.num_new_tokens):
                     break  # head-of-line: the whole remaining prompt must fit

@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from pydantic import Field, PositiveInt
 
-from accelgen.core.policy import Decision, Policy, PolicyParams, SchedulerView
+from accelgen.core.iteration import Pivot
+from accelgen.core.policy import (
+    Decision,
+    Policy,
+    PolicyParams,
+    SchedulerView,
+    engine_seats,
+    engine_token_budget,
+)
 from accelgen.policies.common import BatchBuilder
 
 
@@ -25,14 +33,19 @@ class VLLMV0Policy(Policy):
     Params = VLLMV0Params
     params: VLLMV0Params
 
+    def largest_budget(self, pivot: Pivot) -> int | None:
+        return self.params.max_num_batched_tokens
+
     def schedule(self, view: SchedulerView) -> Decision:
-        budget = self.params.max_num_batched_tokens or max(view.max_model_len, 2048)
+        budget = engine_token_budget(view, self.params.max_num_batched_tokens
+                                     or max(view.max_model_len, 2048))
+        seats = engine_seats(view, self.params.max_num_seqs)
         b = BatchBuilder(view.kv, budget)
         watermark = int(self.params.watermark * view.kv.num_total_blocks)
         n_running = len(view.running)
         for r in view.waiting:
             n = r.num_new_tokens
-            if n > b.budget_left or n_running + b.num_scheduled >= self.params.max_num_seqs:
+            if n > b.budget_left or n_running + b.num_scheduled >= seats:
                 break
             if view.kv.blocks_needed(r, n) > b.free_blocks - watermark:
                 break

@@ -164,6 +164,56 @@ def build_pivot(cfg: AdapterConfig, cost: CostModel, *, block_size: int,
     return Pivot(s_pf=p.s_pf, t_pf=cfg.t_pf if cfg.t_pf is not None else p.t_pf)
 
 
+# vLLM's own default max_num_batched_tokens (its OpenAI server on CPU, and the replay's for stock
+# vLLM and for a policy without a token budget of its own).
+VLLM_DEFAULT_BATCHED_TOKENS = 2048
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLimit:
+    """The engine's ``max_num_batched_tokens`` for a plugin configuration, and why."""
+
+    tokens: int
+    largest_budget: int | None  # the policy's own (None: it has none)
+    user_set: bool
+
+    def describe(self) -> str:
+        if self.user_set:
+            if self.largest_budget is not None and self.largest_budget > self.tokens:
+                return (f"max_num_batched_tokens={self.tokens} (set by the user) caps the "
+                        f"policy's token budget (its own largest: {self.largest_budget})")
+            return f"max_num_batched_tokens={self.tokens} (set by the user)"
+        if self.largest_budget is None:
+            return (f"max_num_batched_tokens={self.tokens} (vLLM's default; the policy has no "
+                    "token budget of its own)")
+        return (f"max_num_batched_tokens={self.tokens} (the policy's largest token budget"
+                + (f", {self.largest_budget}, raised to max_num_seqs)"
+                   if self.tokens > self.largest_budget else ")"))
+
+
+def policy_largest_budget(cfg: AdapterConfig, *, block_size: int, max_model_len: int
+                          ) -> int | None:
+    """The most tokens the configured policy schedules in one iteration with no engine limit
+    (``Policy.largest_budget`` at the pivot the plugin will compute), before the engine starts."""
+    cost = build_cost_model(cfg.cost)
+    pivot = build_pivot(cfg, cost, block_size=block_size, max_model_len=max_model_len)
+    return make_engine_policy(cfg.policy).largest_budget(pivot)
+
+
+def choose_token_limit(cfg: AdapterConfig | None, user: int | None, *, block_size: int,
+                       max_model_len: int, max_num_seqs: int) -> TokenLimit:
+    """``max_num_batched_tokens`` for an engine running ``cfg``'s policy (None: stock vLLM):
+    ``user``'s where set (the policy then plans within it), else the policy's largest token
+    budget (at least ``max_num_seqs``, which vLLM requires), else vLLM's default."""
+    largest = (policy_largest_budget(cfg, block_size=block_size, max_model_len=max_model_len)
+               if cfg is not None else None)
+    if user is not None:
+        return TokenLimit(user, largest, True)
+    if largest is None:
+        return TokenLimit(max(VLLM_DEFAULT_BATCHED_TOKENS, max_num_seqs), None, False)
+    return TokenLimit(max(largest, max_num_seqs), largest, False)
+
+
 # --------------------------------------------------------------------------------------------
 # per-request SLOs
 #

@@ -17,6 +17,7 @@ GPU pass a real model name or path.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
@@ -36,8 +37,10 @@ from accelgen.results import RunOutput, requests_frame
 from accelgen.vllm_integration import SCHEDULER_CLS, STOCK_SCHEDULER_CLS
 from accelgen.vllm_integration.adapter_config import (
     AdapterConfig,
+    TokenLimit,
     build_cost_model,
     build_pivot,
+    choose_token_limit,
     request_extra_args,
 )
 from accelgen.vllm_integration.tiny_model import TinyModelSpec, write_tiny_model
@@ -45,6 +48,7 @@ from accelgen.workloads.prompts import prompt_token_ids
 from accelgen.workloads.trace import to_requests
 
 T = TypeVar("T")
+logger = logging.getLogger("accelgen.replay")
 
 System = Literal["accelgen", "stock"]
 
@@ -59,7 +63,10 @@ class EngineSpec(StrictModel):
     block_size: PositiveInt = 32
     num_gpu_blocks: PositiveInt | None = None  # KV blocks (incl. vLLM's reserved null block)
     max_model_len: PositiveInt = 2048
-    max_num_batched_tokens: PositiveInt = 2048
+    # None: the policy's largest token budget (at least max_num_seqs), or vLLM's default 2048
+    # for stock vLLM and a policy without a budget of its own; a value set caps the policy's
+    # budget (``adapter_config.choose_token_limit``).
+    max_num_batched_tokens: PositiveInt | None = None
     max_num_seqs: PositiveInt = 256
     cpu_kvcache_space_gb: PositiveFloat = 1.0  # VLLM_CPU_KVCACHE_SPACE
     dtype: str = "auto"
@@ -134,6 +141,18 @@ def _prepare_env(spec: EngineSpec) -> None:
     engine_env_defaults()
 
 
+def engine_token_limit(cfg: ReplayConfig) -> TokenLimit:
+    """The engine's ``max_num_batched_tokens`` for ``cfg`` and why (``choose_token_limit``; a
+    value in ``engine.extra_args`` counts as set by the user)."""
+    spec = cfg.engine
+    user = spec.extra_args.get("max_num_batched_tokens", spec.max_num_batched_tokens)
+    return choose_token_limit(cfg.adapter if cfg.system == "accelgen" else None,
+                              None if user is None else int(user), block_size=spec.block_size,
+                              max_model_len=spec.max_model_len,
+                              max_num_seqs=int(spec.extra_args.get("max_num_seqs",
+                                                                   spec.max_num_seqs)))
+
+
 def build_engine(cfg: ReplayConfig, work_dir: Path | None = None) -> Any:
     """An in-process ``LLMEngine`` with the configured scheduler; returns it.
 
@@ -163,6 +182,8 @@ def build_engine(cfg: ReplayConfig, work_dir: Path | None = None) -> Any:
     # process must read the variables set above afresh.
     vllm.envs.disable_envs_cache()
 
+    limit = engine_token_limit(cfg)
+    logger.info("accelgen replay: %s", limit.describe())
     model = spec.model
     if model is None:
         tiny_dir = spec.tiny_dir or Path(work_dir or ".") / "tiny-model"
@@ -175,7 +196,7 @@ def build_engine(cfg: ReplayConfig, work_dir: Path | None = None) -> Any:
         block_size=spec.block_size,
         num_gpu_blocks_override=spec.num_gpu_blocks,
         max_model_len=spec.max_model_len,
-        max_num_batched_tokens=spec.max_num_batched_tokens,
+        max_num_batched_tokens=limit.tokens,
         max_num_seqs=spec.max_num_seqs,
         enable_prefix_caching=False,  # the policies' KV model has no prefix sharing
         enable_chunked_prefill=True,
@@ -344,6 +365,7 @@ def _replay(engine: Any, trace: pd.DataFrame, cfg: ReplayConfig, *,
         "policy": cfg.adapter.policy.name if cfg.system == "accelgen" else "vllm-stock",
         "s_pf": pivot.s_pf, "t_pf": pivot.t_pf, "kv_blocks": kv_blocks,
         "adapter_mismatch_steps": int(getattr(sched, "mismatch_steps", 0)),
+        "adapter_trimmed_steps": int(getattr(sched, "trimmed_steps", 0)),
         "async_scheduling": bool(sched.accelgen_async),
         "overlapped_steps": int(sched.overlapped_steps),
         "idle_steps": int(sched.idle_steps), "refused_requests": len(sched.invalid),
@@ -359,6 +381,9 @@ def _replay(engine: Any, trace: pd.DataFrame, cfg: ReplayConfig, *,
 
     config = {"replay": cfg.model_dump(mode="json"),
               "resolved": {"max_model_len": max_model_len, "kv_blocks": kv_blocks,
+                           "max_num_batched_tokens": int(sched.scheduler_config
+                                                         .max_num_batched_tokens),
+                           "max_num_batched_tokens_why": engine_token_limit(cfg).describe(),
                            "block_size": sched.block_size, "s_pf": pivot.s_pf,
                            "t_pf": pivot.t_pf, "vllm_version": vllm.__version__,
                            "scheduler_cls": type(sched).__module__ + "." + type(sched).__name__,

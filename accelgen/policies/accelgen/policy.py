@@ -13,12 +13,13 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
+from accelgen.core.iteration import Pivot
 from accelgen.core.policy import Decision, InfoRow, Policy, PolicyParams, SchedulerView
 from accelgen.core.request import Request
 from accelgen.policies.accelgen.build import load
 from accelgen.policies.accelgen.state import INFO_INDEX, NO_ADMISSION_CAP, NO_SLOT, OUTCOME
 from accelgen.policies.accelgen.table import RequestTable
-from accelgen.policies.accelgen.workspace import Workspace
+from accelgen.policies.accelgen.workspace import Workspace, largest_budget
 
 
 class AccelGenParams(PolicyParams):
@@ -39,7 +40,8 @@ class AccelGenParams(PolicyParams):
     lost_last: bool = True  # decision 11
     preempt_prob: float = Field(0.0, ge=0.0, le=1.0)  # P and P_max of the offline JCT plan
     preempt_max_s: NonNegativeFloat = 0.0
-    max_num_seqs: PositiveInt | None = None  # running-request cap (None: KV is the only cap)
+    # running-request cap (None: KV and the engine's max_num_seqs, where set, are the only caps)
+    max_num_seqs: PositiveInt | None = None
     kv_growth_reserve: NonNegativeInt | None = None  # tokens promised for growth; default a block
 
 
@@ -69,6 +71,9 @@ class AccelGenPolicy(Policy):
         self.verify: Callable[[RequestTable], list[str]] | None = None
 
     # -- hooks ---------------------------------------------------------------------------------
+    def largest_budget(self, pivot: Pivot) -> int:
+        return largest_budget(self.params, pivot.s_pf)
+
     def on_arrival(self, req: Request, now: float) -> None:
         self._table.add(req)
         self._last = None
@@ -140,8 +145,10 @@ class AccelGenPolicy(Policy):
         if t.n == 0:
             return None
         owner = self._era_owner
-        admissions = (NO_ADMISSION_CAP if p.max_num_seqs is None
-                      else p.max_num_seqs - int(t.running[: t.n].sum()))
+        seats = p.max_num_seqs
+        if view.max_num_seqs is not None and (seats is None or view.max_num_seqs < seats):
+            seats = view.max_num_seqs  # (the engine's own running-request limit)
+        admissions = (NO_ADMISSION_CAP if seats is None else seats - int(t.running[: t.n].sum()))
         # (load: this process's build of the decision, cached; then the Step fields, in order: a
         # NamedTuple per step costs microseconds in vLLM)
         out = ws.run(load().decide, view.cost, t.n, view.now, self._chunk_mean,

@@ -32,6 +32,13 @@ def _records(dtype: np.dtype, n: int) -> np.recarray:
     return np.zeros(n, dtype=dtype).view(np.recarray)
 
 
+def largest_budget(p: AccelGenParams, s_pf: int, limit: int | None = None) -> int:
+    """The token budget's upper clamp (the ``cap``): S_pf x ``budget_cap``, at most the engine's
+    ``max_num_batched_tokens`` (``limit``) where one is set."""
+    cap = max(1, int(s_pf * p.budget_cap))
+    return cap if limit is None or cap <= limit else limit
+
+
 class Workspace:
     """One policy's decision arrays, sized for its table. The policy reads the outcome, the ask and the
     diagnostics through plain array views of the state record (a record's attribute access from Python
@@ -49,7 +56,7 @@ class Workspace:
                                      state.view(np.recarray), times, table.active, table.dormant_queue,
                                      _records(DORMANT_MINIMA, 0), table.gone, np.zeros(1, np.int64))
         self.follow(table)  # (sizes the per-request arrays)
-        self.configured: tuple[object, ...] = ()  # (cost model, pivot, KV) of ``configure``
+        self.configured: tuple[object, ...] = ()  # (cost model, pivot, KV, token limit) of ``configure``
         self.cap = 0
         self.exact_kv = False
         self._terms: LinearTerms | None = None
@@ -60,17 +67,19 @@ class Workspace:
         return state.view(np.uint8)[offset:offset + sub.itemsize].view(dtype)
 
     def configure(self, p: AccelGenParams, view: SchedulerView, exact_kv: bool) -> bool:
-        """The fixed inputs, set again only for a new cost model, pivot or KV (returns whether it did):
+        """The fixed inputs, set again only for a new cost model, pivot, KV or engine token limit (returns
+        whether it did):
         parameters, KV geometry, the budget's clamps, and what the cost model offers compiled code (linear
         terms, followed at every call; roofline terms; else forward times of the budgets 0..cap + 1, the
         rest asked)."""
-        cost, pivot, kv = view.cost, view.pivot, view.kv
+        cost, pivot, kv, limit = view.cost, view.pivot, view.kv, view.max_num_batched_tokens
         key = self.configured
-        if key and key[0] is cost and key[1] is pivot and key[2] is kv:
+        if key and key[0] is cost and key[1] is pivot and key[2] is kv and key[3] == limit:
             self.use_cost(cost)
             return False
-        self.configured = (cost, pivot, kv)
-        self.cap = cap = max(1, int(pivot.s_pf * p.budget_cap))
+        self.configured = (cost, pivot, kv, limit)
+        # (the engine's batch limit is the cap's upper clamp: a budget never exceeds it)
+        self.cap = cap = largest_budget(p, pivot.s_pf, limit)
         par = self.arrays.state[0].params
         par.order, par.chunk, par.batch = p.order, p.chunk, p.batch
         par.gamma, par.spill_groups = p.gamma, p.spill_groups
