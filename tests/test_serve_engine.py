@@ -42,6 +42,8 @@ MALFORMED: list[dict[str, Any]] = [
     {"ttf_slo": 0.5}, {"req_id": -5}, {"tbt_slo": 0},
 ]
 GOOD_IDS = 100_000  # req_ids of the robustness requests (the trace's are 0..n-1)
+BURST_IDS = 200_000  # req_ids of the burst of long prompts
+BURST_N, BURST_PROMPT = 24, 400  # 9,600 prompt tokens at once: more than one budget's worth
 TRACE_N = 60
 VLLM_BENCH_PROMPTS = 16
 
@@ -66,6 +68,22 @@ async def robustness(url: str, model: str, n: int = 200) -> list[tuple[int, Any,
         return list(await asyncio.gather(*(one(session, i) for i in range(n))))
 
 
+async def burst(url: str, model: str) -> list[tuple[int, int]]:
+    """``BURST_N`` long prompts at once: (status, tokens) of each."""
+    import aiohttp
+
+    async def one(session: aiohttp.ClientSession, i: int) -> tuple[int, int]:
+        body = {"model": model, "prompt": [10 + (i + k) % 900 for k in range(BURST_PROMPT)],
+                "max_tokens": 4, "ignore_eos": True,
+                "vllm_xargs": {"req_id": BURST_IDS + i, "ttft_slo": 30.0, "tbt_slo": 1.0}}
+        async with session.post(f"{url}/v1/completions", json=body) as resp:
+            data = await resp.json(content_type=None)
+            return resp.status, data.get("usage", {}).get("completion_tokens", 0)
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
+        return list(await asyncio.gather(*(one(session, i) for i in range(BURST_N))))
+
+
 @dataclass
 class Served:
     server: ServerProcess
@@ -80,9 +98,11 @@ class Served:
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     tmp = tmp_path_factory.mktemp("serve")
     logs = tmp / "plugin-logs"
+    # The tiny model's own context (8192 tokens): AccelGen's largest budget (S_pf, 3648 tokens
+    # here) exceeds vLLM's default max_num_batched_tokens of 2048, which serve then raises.
     server = ServerProcess(["--tiny-dir", str(tmp / "tiny"), "--log-dir", str(logs),
-                            "--log-flush-interval", "1", "--max-model-len", "2048",
-                            "--block-size", "32"], log_path=tmp / "server.log")
+                            "--log-flush-interval", "1", "--block-size", "32"],
+                           log_path=tmp / "server.log")
     with server:
         with urllib.request.urlopen(f"{server.url}/v1/models", timeout=30) as resp:
             model = json.loads(resp.read())["data"][0]["id"]
@@ -240,6 +260,11 @@ def test_bench_serve_then_the_plugin_logs_every_request_and_stops_cleanly(
     assert all(s == 200 and t == 4 for _, s, t in good), good
     served.good_ids |= {GOOD_IDS + i for i, _, _ in good}
 
+    # A burst of long prompts: AccelGen plans batches above vLLM's default limit of 2048 tokens
+    # (serve sized the engine's to the policy's largest budget), none trimmed.
+    assert asyncio.run(burst(url, model)) == [(200, 4)] * BURST_N
+    served.good_ids |= {BURST_IDS + i for i in range(BURST_N)}
+
     logs = served.logs
     assert wait_for_rows(logs / "requests.parquet", served.good_ids, timeout=60.0), \
         "the plugin's log did not catch up within 60 s"
@@ -263,7 +288,15 @@ def test_bench_serve_then_the_plugin_logs_every_request_and_stops_cleanly(
     # The SLOs that reached the engine are the trace's.
     np.testing.assert_allclose(ours["ttft_slo"], theirs["ttft_slo"])
     np.testing.assert_allclose(ours["jct_slo"], theirs["jct_slo"])
-    assert len(read_logs(logs)["iterations"]) > 0
+    its = read_logs(logs)["iterations"]
+    assert len(its) > 0
+    assert its["forward_size"].max() > 2048
+    assert (its["info_adapter_trimmed_tokens"] == 0).all()
+    assert (its["info_adapter_mismatch"] == 0).all()
+    log = served.server.log_path.read_text(errors="replace")
+    assert "max_num_batched_tokens=3648 (the policy's largest token budget)" in log
+    assert "holds the policy's largest token budget (3648)" in log
+    assert "trimming" not in log
 
 
 def wait_for_rows(path: Path, req_ids: set[int], *, timeout: float) -> bool:

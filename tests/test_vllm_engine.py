@@ -43,14 +43,17 @@ def test_accelgen_serves_a_poisson_trace_with_preemption(tmp_path: Path,
     # req/s an idle machine served the trace without ever filling the KV).
     trace = poisson_trace(rate=100.0)
     # kv_growth_reserve=0: admissions leave no room for decode growth, so with 24 blocks the
-    # policy must preempt (with its default reserve it rarely needs to on this trace).
+    # policy must preempt (with its default reserve it rarely needs to on this trace). The
+    # engine's max_num_batched_tokens, set below the policy's budget (S_pf = 256), caps it: the
+    # policy plans within it, nothing is trimmed.
     cfg = ReplayConfig(
         system="accelgen",
         adapter={"policy": {"name": "accelgen", "params": {"kv_growth_reserve": 0}},
                  "s_pf": 256, "cost": {"base_s": 0.005, "per_token_s": 2e-5},
                  "log_dir": str(tmp_path / "logs")},
         engine={"num_gpu_blocks": BLOCKS + 1, "max_model_len": BLOCKS * 32,
-                "max_num_batched_tokens": 1024, "tiny_dir": tmp_path / "model",
+                "max_num_batched_tokens": 192, "max_num_seqs": 64,
+                "tiny_dir": tmp_path / "model",
                 "async_scheduling": async_scheduling},
         max_wall_s=240.0)
     run = replay_to_dir(trace, cfg, tmp_path / "results")
@@ -63,7 +66,9 @@ def test_accelgen_serves_a_poisson_trace_with_preemption(tmp_path: Path,
     assert (reqs["first_token_time"] >= reqs["arrival"]).all()
     assert int(reqs["num_preemptions"].sum()) > 0
     assert summary["adapter_mismatch_steps"] == 0 and not summary["timed_out"]
-    assert (its["forward_size"] <= 256).all() and (its["info_adapter_mismatch"] == 0).all()
+    assert summary["adapter_trimmed_steps"] == 0 and (its["info_adapter_trimmed_tokens"] == 0).all()
+    assert (its["forward_size"] <= 192).all() and (its["forward_size"] == 192).any()
+    assert (its["info_token_budget"] <= 192).all() and (its["info_adapter_mismatch"] == 0).all()
     assert (its["kv_used_blocks"] <= BLOCKS).all()
     assert (its["decision_time"] > 0).all()
     # The results load in the metrics module exactly like a simulator run's.
@@ -75,6 +80,10 @@ def test_accelgen_serves_a_poisson_trace_with_preemption(tmp_path: Path,
     assert {"decision_time", "policy_time", "vllm_schedule_time", "exec_time"} <= set(timing)
     cfg_json = json.loads((tmp_path / "results" / "config.json").read_text())
     assert cfg_json["resolved"]["vllm_version"].startswith("0.32.0")
+    assert cfg_json["resolved"]["max_num_batched_tokens"] == 192
+    assert cfg_json["resolved"]["max_num_batched_tokens_why"] == (
+        "max_num_batched_tokens=192 (set by the user) caps the policy's token budget (its own "
+        "largest: 256)")
     assert cfg_json["resolved"]["async_scheduling"] is async_scheduling
     assert summary["async_scheduling"] is async_scheduling
     # Async scheduling really overlapped: steps were scheduled with an earlier one in flight.
