@@ -994,10 +994,18 @@ class AccelGenScheduler(InstrumentedScheduler):
         self._admit_queues = (create_request_queue(self.policy),
                               create_request_queue(self.policy))
         chosen = set(selected)
-        for v in selected:
-            # Admitted requests leave the queue; the others keep their original place.
-            if v.status == RequestStatus.RUNNING:
-                (kv_waiting if v in kv_waiting else waiting).remove_request(v)
+        # Admitted requests leave the queue; the others keep their original place. One pass
+        # per queue, by identity (a set): removing them one at a time compares every request
+        # ahead of each through vLLM Request's Python-level rich comparison, which cost about
+        # 50 us per admission with a few hundred requests waiting.
+        admitted = {v for v in selected if v.status == RequestStatus.RUNNING}
+        if admitted:
+            for q in (kv_waiting, waiting):
+                if _queue_len(q):
+                    kept = [v for v in _queue_iter(q) if v not in admitted]
+                    if len(kept) != _queue_len(q):
+                        q.clear()
+                        q.extend(kept)
         for tmp, orig in ((tmp_waiting, waiting), (tmp_kv, kv_waiting)):
             # Requests vLLM itself preempted during the call sit in front, as vLLM puts them.
             front = [v for v in tmp if v not in chosen]
