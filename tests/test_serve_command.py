@@ -104,3 +104,26 @@ def test_stock_priority_mode_passes_through(capsys: pytest.CaptureFixture[str],
     assert option(words, "--scheduling-policy") == "priority"
     assert option(words, "--scheduler-cls") == (
         "accelgen.vllm_integration.scheduler.InstrumentedScheduler")
+
+
+def test_the_engines_batch_limit_is_the_policys_budget_or_the_users_cap(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Without --max-num-batched-tokens serve sizes the engine's batch limit to the policy's
+    largest token budget (AccelGen: S_pf x budget_cap, here above vLLM's default 2048, which
+    would have cut its batches); one given caps the policy instead. The startup line says which."""
+    words = dry_run(capsys, tmp_path, "--block-size", "32")
+    assert option(words, "--max-num-batched-tokens") == "3648"
+    main(["serve", "--dry-run", "--tiny-dir", str(tmp_path / "tiny"), "--block-size", "32"])
+    assert ("accelgen serve: max_num_batched_tokens=3648 (the policy's largest token budget)"
+            in capsys.readouterr().err)
+    words = dry_run(capsys, tmp_path, "--block-size", "32", "--param", "budget_cap=0.5")
+    assert option(words, "--max-num-batched-tokens") == "1824"
+    main(["serve", "--dry-run", "--tiny-dir", str(tmp_path / "tiny"), "--block-size", "32",
+          "--max-num-batched-tokens", "1024"])
+    out = capsys.readouterr()
+    assert shlex.split(out.out).count("--max-num-batched-tokens") == 1
+    assert option(shlex.split(out.out), "--max-num-batched-tokens") == "1024"
+    assert ("max_num_batched_tokens=1024 (set by the user) caps the policy's token budget (its "
+            "own largest: 3648)") in out.err
+    # Stock vLLM keeps vLLM's own default.
+    assert "--max-num-batched-tokens" not in dry_run(capsys, tmp_path, "--system", "stock")
