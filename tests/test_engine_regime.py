@@ -90,10 +90,11 @@ def test_each_system_runs_the_same_scheduler_in_the_engine_and_the_simulator(dep
     rc = sysmod.replay_config(cfg, plug, 192, dep, "/tmp/m")
     assert rc["system"] == "accelgen" and "max_num_batched_tokens" not in rc["engine"]
     assert rc["adapter"]["policy"] == {"name": "sarathi", "params": {"token_budget": 192}}
-    # The plugin's engine limit: the policy's largest budget (Sarathi's decodes have none: vLLM's
-    # default), or the one the sweep's engine sets, which caps the policy.
+    # The plugin's engine limit: the policy's largest budget (Sarathi's: its budget or one decode
+    # per running request, at most max_num_seqs), or the one the sweep's engine sets, which caps
+    # the policy.
     limit = engine_token_limit(ReplayConfig.model_validate(rc))
-    assert (limit.tokens, limit.largest_budget, limit.user_set) == (2048, None, False)
+    assert (limit.tokens, limit.largest_budget, limit.user_set) == (192, 192, False)
     ours = sysmod.replay_config(cfg, SystemSpec(runs="plugin", policy="accelgen"), None, dep,
                                 "/tmp/m")
     limit = engine_token_limit(ReplayConfig.model_validate(ours))

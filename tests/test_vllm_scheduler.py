@@ -307,8 +307,7 @@ def test_policies_plan_within_the_engines_limits(policy: str, async_scheduling: 
                            async_scheduling=async_scheduling, accelgen=cfg)
     line = next(r.getMessage() for r in caplog.records if "engine limits" in r.getMessage())
     assert "max_num_batched_tokens=128" in line and "max_num_seqs=3" in line
-    if policy != "sarathi":  # (Sarathi's decodes are not bounded by its budget)
-        assert "caps the policy's token budget (its own largest: 512)" in line
+    assert "caps the policy's token budget (its own largest: 512)" in line
     assert (s.view.max_num_batched_tokens, s.view.max_num_seqs) == (128, 3)
     s.reset_records(time.time())
     prompts = [300, 40, 200, 90, 500, 20, 150, 260, 75, 33, 128, 64]

@@ -108,7 +108,8 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 def from_experiment(data: dict[str, Any]) -> Any:
     """A replay of the simulator's experiment: the same policy, the deployment's cost model and
     pivot for the policy, and an engine with the deployment's KV capacity in tokens, block size
-    and max_model_len (on CPU: the tiny model with that many KV blocks)."""
+    and max_model_len (on CPU: the tiny model with that many KV blocks); its
+    max_num_batched_tokens is the policy's largest token budget (``replay.engine_token_limit``)."""
     from accelgen.core.specs import ExperimentConfig
     from accelgen.costmodel.datasheets import kv_num_blocks
     from accelgen.costmodel.factory import deployment_pivot, effective_max_model_len
@@ -122,8 +123,6 @@ def from_experiment(data: dict[str, Any]) -> Any:
                "cost": {"kind": "deployment", "deployment": dep.model_dump(mode="json")}}
     engine = {"block_size": dep.block_size, "max_model_len": max_model_len,
               "num_gpu_blocks": kv_num_blocks(dep) + 1,  # + vLLM's reserved null block
-              # Room for any policy's budget (vllm-v0 takes max(max_model_len, 2048) tokens).
-              "max_num_batched_tokens": max(max_model_len, 2048, pivot.s_pf),
               "tiny": {"max_position_embeddings": max(8192, max_model_len)},
               "seed": exp.seed}
     return ReplayConfig.model_validate({"system": "accelgen", "adapter": adapter,

@@ -18,6 +18,7 @@ from typing import Literal
 
 from pydantic import Field, PositiveFloat, PositiveInt
 
+from accelgen.core.iteration import Pivot
 from accelgen.core.policy import (
     Decision,
     Policy,
@@ -53,6 +54,14 @@ class SarathiPolicy(Policy):
         # slacks fall at the same rate, so their order is the deadlines' order).
         self._slack_order = (OrderedWaiting(_ttft_deadline) if self.params.order == "slack"
                              else None)
+
+    def largest_budget(self, pivot: Pivot) -> int | None:
+        # Decodes first (at most one per running request, never stalled), then prompts while
+        # the budget lasts: at most max(budget, running requests) tokens, and vLLM's
+        # max_num_batched_tokens is at least its max_num_seqs. (The system-SLO budget needs the
+        # KV block size: none given.)
+        p = self.params
+        return None if p.system_slo is not None else p.token_budget or pivot.s_pf
 
     def token_budget(self, view: SchedulerView) -> int:
         p = self.params

@@ -184,8 +184,8 @@ class TokenLimit:
                         f"policy's token budget (its own largest: {self.largest_budget})")
             return f"max_num_batched_tokens={self.tokens} (set by the user)"
         if self.largest_budget is None:
-            return (f"max_num_batched_tokens={self.tokens} (vLLM's default; the policy has no "
-                    "token budget of its own)")
+            return (f"max_num_batched_tokens={self.tokens} (the policy has no token budget of "
+                    "its own: vLLM's default 2048, at least max_model_len and max_num_seqs)")
         return (f"max_num_batched_tokens={self.tokens} (the policy's largest token budget"
                 + (f", {self.largest_budget}, raised to max_num_seqs)"
                    if self.tokens > self.largest_budget else ")"))
@@ -204,13 +204,17 @@ def choose_token_limit(cfg: AdapterConfig | None, user: int | None, *, block_siz
                        max_model_len: int, max_num_seqs: int) -> TokenLimit:
     """``max_num_batched_tokens`` for an engine running ``cfg``'s policy (None: stock vLLM):
     ``user``'s where set (the policy then plans within it), else the policy's largest token
-    budget (at least ``max_num_seqs``, which vLLM requires), else vLLM's default."""
+    budget (at least ``max_num_seqs``, which vLLM requires), else vLLM's default (for the plugin
+    at least ``max_model_len``, so that a policy scheduling whole prompts is never cut)."""
     largest = (policy_largest_budget(cfg, block_size=block_size, max_model_len=max_model_len)
                if cfg is not None else None)
     if user is not None:
         return TokenLimit(user, largest, True)
-    if largest is None:
+    if cfg is None:
         return TokenLimit(max(VLLM_DEFAULT_BATCHED_TOKENS, max_num_seqs), None, False)
+    if largest is None:
+        return TokenLimit(max(VLLM_DEFAULT_BATCHED_TOKENS, max_model_len, max_num_seqs), None,
+                          False)
     return TokenLimit(max(largest, max_num_seqs), largest, False)
 
 
