@@ -72,6 +72,7 @@ class RequestTable:
             active[: self.n_active] = self.active[: self.n_active]
             dormant[lo: lo + m] = self.dormant_queue[self.dormant_lo: self.dormant_lo + m]
         self.rows, self.active, self.dormant_queue = rows, active, dormant
+        self._rows_plain = rows.view(np.ndarray)  # (a recarray's row access runs Python code)
         self.dormant_lo = lo
         self.gone = np.zeros(capacity, dtype=np.int64)
         self.n_gone, self.reindex = 0, True  # (positions moved: every entry again)
@@ -117,7 +118,8 @@ class RequestTable:
         if s != last:  # move the last live request into the hole
             moved_dormant = bool(self.dormant[last])
             self._leave(last)
-            self.rows[s] = self.rows[last]
+            rows = self._rows_plain
+            rows[s] = rows[last]
             moved = self.objs[last]
             self.objs[s] = moved
             self.slot_of[moved.req_id] = s
@@ -208,7 +210,7 @@ class RequestTable:
 
     def _active_insert(self, s: int) -> None:
         a, n = self.active, self.n_active
-        p = int(np.searchsorted(a[:n], s))
+        p = int(a[:n].searchsorted(s))  # (the method: np.searchsorted's wrapper costs more)
         a[p + 1: n + 1] = a[p:n]
         a[p] = s
         self.n_active = n + 1
@@ -216,7 +218,7 @@ class RequestTable:
 
     def _active_delete(self, s: int) -> None:
         a, n = self.active, self.n_active
-        p = int(np.searchsorted(a[:n], s))
+        p = int(a[:n].searchsorted(s))
         a[p: n - 1] = a[p + 1: n]
         self.n_active = n - 1
 
