@@ -174,9 +174,10 @@ def test_malformed_requests_get_a_4xx_naming_the_field(served: Served) -> None:
          {"X-AccelGen-SLO": "tbt_slo=abc"}, 400, "vllm_xargs.tbt_slo"),
         ({"model": "no-such-model", "prompt": "hi", "max_tokens": 2}, "/v1/completions", None,
          404, "model"),
-        ({"model": model, "prompt": [5] * 3000, "max_tokens": 2}, "/v1/completions", None, 400,
+        # (longer than the tiny model's context, 8192 tokens)
+        ({"model": model, "prompt": [5] * 8300, "max_tokens": 2}, "/v1/completions", None, 400,
          "input_tokens"),
-        ({"model": model, "messages": [{"role": "user", "content": " the" * 2100}],
+        ({"model": model, "messages": [{"role": "user", "content": " the" * 8300}],
           "max_tokens": 2}, "/v1/chat/completions", None, 400, "input_tokens"),
         ({"model": model, "prompt": [5, 99999], "max_tokens": 2}, "/v1/completions", None, 400,
          "prompt"),
