@@ -19,6 +19,7 @@ from accelgen.core.policy import Decision, Policy, SchedulerView
 from accelgen.core.request import Request
 from accelgen.policies.accelgen import AccelGenPolicy
 from accelgen.policies.accelgen.oracle import OraclePolicy
+from accelgen.policies.sarathi import SarathiPolicy
 from accelgen.policies.vllm import VLLMPolicy
 from accelgen.sim.engine import SimulationResult, Simulator
 from tests.conftest import LinearCost, assert_same_results
@@ -35,6 +36,10 @@ class AskingOracle(OraclePolicy):
 
 
 class AskingVLLM(VLLMPolicy):
+    schedule_after_decodes = Policy.schedule_after_decodes
+
+
+class AskingSarathi(SarathiPolicy):
     schedule_after_decodes = Policy.schedule_after_decodes
 
 
@@ -94,18 +99,22 @@ def test_deciding_after_decodes_gives_the_results_of_asking(
           max_iterations=max_iterations, horizon_s=horizon_s)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(specs=_specs, num_blocks=st.integers(min_value=8, max_value=40),
        block_size=st.sampled_from([4, 16]), token_budget=st.sampled_from([None, 3, 64]),
-       max_num_seqs=st.sampled_from([2, 256]), max_iterations=st.sampled_from([None, 9]))
-def test_vllm_after_decodes_gives_the_results_of_asking(
+       max_num_seqs=st.sampled_from([2, 256]), max_iterations=st.sampled_from([None, 9]),
+       sarathi=st.booleans())
+def test_baseline_after_decodes_gives_the_results_of_asking(
         specs: list[Spec], num_blocks: int, block_size: int, token_budget: int | None,
-        max_num_seqs: int, max_iterations: int | None) -> None:
-    """vLLM's decision handed back after decode steps: blocks running short (preemption), a
-    head-of-line request that does not fit, a budget or seat limit cutting the batch."""
+        max_num_seqs: int, max_iterations: int | None, sarathi: bool) -> None:
+    """vLLM's and Sarathi-Serve's decision handed back after decode steps: blocks running
+    short (preemption), a head-of-line request that does not fit, a budget or seat limit
+    cutting the batch, an ongoing prompt left without budget (Sarathi)."""
     kw = {"token_budget": token_budget, "max_num_seqs": max_num_seqs}
-    _same(VLLMPolicy(**kw), AskingVLLM(**kw), specs, num_blocks=num_blocks,
-          block_size=block_size, max_iterations=max_iterations, horizon_s=None)
+    fast, ref = ((SarathiPolicy(**kw), AskingSarathi(**kw)) if sarathi
+                 else (VLLMPolicy(**kw), AskingVLLM(**kw)))
+    _same(fast, ref, specs, num_blocks=num_blocks, block_size=block_size,
+          max_iterations=max_iterations, horizon_s=None)
 
 
 def test_most_decode_iterations_reuse_the_decision(monkeypatch: pytest.MonkeyPatch) -> None:
