@@ -20,7 +20,7 @@ from pydantic import Field, PositiveFloat, PositiveInt
 
 from accelgen.core.policy import Decision, InfoRow, Policy, PolicyParams, SchedulerView
 from accelgen.core.request import Request
-from accelgen.policies.common import BatchBuilder, OrderedWaiting, is_prefilling
+from accelgen.policies.common import BatchBuilder, OrderedWaiting, decode_blocks_fit, is_prefilling
 
 _INFO_INDEX = {"token_budget": 0}
 
@@ -126,14 +126,7 @@ class SarathiPolicy(Policy):
         # keeps its own queue state: asked every time.) ``on_step_end`` is a no-op here.
         if self._slack_order is not None or self.params.order != "fifo":
             return super().schedule_after_decodes(view, decision, latency)
-        block_size = view.kv.block_size
-        need = 0
-        for r, _ in decision.scheduled:
-            if r.num_computed_tokens >= r.num_blocks * block_size:
-                need += 1
-        if need <= view.kv.num_free_blocks:
-            return decision
-        return self.schedule(view)
+        return decision if decode_blocks_fit(view, decision) else self.schedule(view)
 
     def on_arrival(self, req: Request, now: float) -> None:
         if self._slack_order is not None:

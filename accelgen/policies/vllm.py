@@ -13,7 +13,7 @@ from __future__ import annotations
 from pydantic import PositiveInt
 
 from accelgen.core.policy import Decision, InfoRow, Policy, PolicyParams, SchedulerView
-from accelgen.policies.common import BatchBuilder
+from accelgen.policies.common import BatchBuilder, decode_blocks_fit
 
 _INFO_INDEX = {"token_budget": 0}
 
@@ -68,11 +68,4 @@ class VLLMPolicy(Policy):
         # step ago (or the seat or budget limit it met), still does not. So the decision is
         # ``decision`` again unless the blocks run short (a decode step needs a new block
         # exactly when its computed tokens fill its blocks). ``on_step_end`` is a no-op here.
-        block_size = view.kv.block_size
-        need = 0
-        for r, _ in decision.scheduled:
-            if r.num_computed_tokens >= r.num_blocks * block_size:
-                need += 1
-        if need <= view.kv.num_free_blocks:
-            return decision
-        return self.schedule(view)
+        return decision if decode_blocks_fit(view, decision) else self.schedule(view)
