@@ -116,7 +116,12 @@ class IterationLog:
             shape.decode_ctx, kv_used_blocks, kv_total_blocks, kv_used_tokens, num_preempted,
             num_waiting, num_running, num_swapped, swap_time))
         self.decision_time.append(decision_time)
-        self._append_info(info, len(rows))
+        # (``_append_info``'s fast path inline: most rows repeat the last row's InfoRow names)
+        if (type(info) is InfoRow and info._extra is None
+                and info._index is self._fast_index):
+            self._fast_rows.append(info._values)
+        else:
+            self._append_info(info, len(rows))
         if len(rows) >= self.CHUNK_ROWS:
             self._store()
 

@@ -302,6 +302,17 @@ def test_only_long_jobs_go_to_the_cluster(case):
     assert remote_rules(case) == CLUSTER_RULES[case][2]
 
 
+def test_slurm_profile_groups_the_paper_simulations():
+    """The paper config's simulations go to SLURM in groups (a few hundred submissions, not
+    thousands), each group sized as its simulations one after another on one core."""
+    profile = yaml.safe_load((ROOT / "profiles" / "slurm" / "config.yaml").read_text())
+    assert profile["groups"] == {"simulate": "simulations"}
+    assert profile["cores"] == 1
+    size = profile["group-components"]["simulations"]
+    n = len(Grid(pc.load_file(PAPER)).runs())
+    assert n > 4000 and -(-n // size) + 2 <= 500  # + fidelity_run and engine_run
+
+
 @pytest.mark.parametrize("name, cases", [("slurm", ["sim", "vllm"]), ("slurm-gpu", ["gpu"])])
 def test_slurm_profile_resources_apply_to_cluster_rules(name, cases):
     profile = yaml.safe_load((ROOT / "profiles" / name / "config.yaml").read_text())

@@ -36,7 +36,9 @@ def test_full_size_job_gets_more_than_was_measured(policy: str) -> None:
 
 def test_variants_cost_their_base_policy_and_a_search_its_points() -> None:
     assert sim_seconds("accelgen/order", 5000) == sim_seconds("accelgen", 5000)
-    assert sim_seconds("sarathi-slack", 5000) == sim_seconds("sarathi", 5000)
+    assert sim_seconds("accelgen/chunk", 5000) == sim_seconds("accelgen", 5000)
+    # (slack order is asked at every iteration: priced on its own, above FIFO Sarathi-Serve)
+    assert sim_seconds("sarathi-slack", 5000) > sim_seconds("sarathi", 5000)
     assert sim_runtime_min("oracle", 20000, 9) > sim_runtime_min("oracle", 20000, 1)
 
 
@@ -49,3 +51,21 @@ def test_paper_grid_jobs_and_estimate() -> None:
     assert res["mem_mb"] >= 1000 and res["runtime"] >= 10
     text = estimate_measured(ROOT / "config" / "paper.yaml")
     assert "CPU-hours" in text and "by figure" in text and "evaluation" in text
+
+
+def test_scaled_paper_overlay_is_the_paper_grid_with_fewer_requests() -> None:
+    """config/paper-scaled.yaml over config/paper.yaml (scripts/paper_scaled.sh): the same
+    simulations and traces (a capacity sweep's rates are placed by its own traces' capacity
+    estimate: the same points, other names), each of at most 200 requests, priced lower."""
+    from accelgen.pipeline.estimate import estimated_seconds, load_grid
+
+    paper_cfg = ROOT / "config" / "paper.yaml"
+    files = [paper_cfg, ROOT / "config" / "paper-scaled.yaml"]
+    paper, _ = load_grid(paper_cfg)
+    scaled, names = load_grid(files)
+    assert names.endswith("config/paper-scaled.yaml")
+    key = lambda r: (r.variant.split("-rate")[0], r.deployment, r.system, r.seed)  # noqa: E731
+    assert sorted(map(key, scaled.runs())) == sorted(map(key, paper.runs()))
+    assert len(scaled.traces()) == len(paper.traces()) and len(scaled.figures) == len(paper.figures)
+    assert all(run_job(scaled, r.variant, r.system)[1] <= 200 for r in scaled.runs())
+    assert estimated_seconds(files) < estimated_seconds(paper_cfg) / 2

@@ -19,6 +19,10 @@ from accelgen.core.policy import Decision, Policy, SchedulerView
 from accelgen.core.request import Request
 from accelgen.policies.accelgen import AccelGenPolicy
 from accelgen.policies.accelgen.oracle import OraclePolicy
+from accelgen.policies.fastgen import FastGenPolicy
+from accelgen.policies.sarathi import SarathiPolicy
+from accelgen.policies.vllm import VLLMPolicy
+from accelgen.policies.vllm_priority import VLLMPriorityPolicy
 from accelgen.sim.engine import SimulationResult, Simulator
 from tests.conftest import LinearCost, assert_same_results
 
@@ -31,6 +35,29 @@ class AskingAccelGen(AccelGenPolicy):
 
 class AskingOracle(OraclePolicy):
     schedule_after_decodes = Policy.schedule_after_decodes
+
+
+class AskingVLLM(VLLMPolicy):
+    schedule_after_decodes = Policy.schedule_after_decodes
+
+
+class AskingSarathi(SarathiPolicy):
+    schedule_after_decodes = Policy.schedule_after_decodes
+
+
+class AskingFastGen(FastGenPolicy):
+    schedule_after_decodes = Policy.schedule_after_decodes
+
+
+class AskingVLLMPriority(VLLMPriorityPolicy):
+    schedule_after_decodes = Policy.schedule_after_decodes
+
+
+_BASELINES: dict[str, tuple[type[Policy], type[Policy]]] = {
+    "vllm": (VLLMPolicy, AskingVLLM), "sarathi": (SarathiPolicy, AskingSarathi),
+    "fastgen": (FastGenPolicy, AskingFastGen),
+    "vllm-priority": (VLLMPriorityPolicy, AskingVLLMPriority),
+}
 
 
 # (arrival, prompt, output, kind): kind 0 online, tight TTFT; 1 online, loose; 2 offline (JCT)
@@ -87,6 +114,24 @@ def test_deciding_after_decodes_gives_the_results_of_asking(
     fast, ref = (OraclePolicy(), AskingOracle()) if oracle else (AccelGenPolicy(), AskingAccelGen())
     _same(fast, ref, specs, num_blocks=num_blocks, block_size=block_size,
           max_iterations=max_iterations, horizon_s=horizon_s)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(specs=_specs, num_blocks=st.integers(min_value=8, max_value=40),
+       block_size=st.sampled_from([4, 16]), token_budget=st.sampled_from([None, 3, 64]),
+       max_num_seqs=st.sampled_from([2, 256]), max_iterations=st.sampled_from([None, 9]),
+       baseline=st.sampled_from(sorted(_BASELINES)))
+def test_baseline_after_decodes_gives_the_results_of_asking(
+        specs: list[Spec], num_blocks: int, block_size: int, token_budget: int | None,
+        max_num_seqs: int, max_iterations: int | None, baseline: str) -> None:
+    """vLLM's, vLLM priority's, Sarathi-Serve's and FastGen's decision handed back after
+    decode steps: blocks running short (preemption; FastGen skips the decode), a head-of-line
+    request that does not fit, a budget or seat limit cutting the batch, an ongoing prompt
+    left without budget."""
+    kw = {"token_budget": token_budget, "max_num_seqs": max_num_seqs}
+    fast_cls, ref_cls = _BASELINES[baseline]
+    _same(fast_cls(**kw), ref_cls(**kw), specs, num_blocks=num_blocks, block_size=block_size,
+          max_iterations=max_iterations, horizon_s=None)
 
 
 def test_most_decode_iterations_reuse_the_decision(monkeypatch: pytest.MonkeyPatch) -> None:

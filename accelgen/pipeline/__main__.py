@@ -5,7 +5,7 @@
     aggregate   --spec JSON|@FILE|@- --out FILE.csv  a figure's CSV from its results directories
     schema      [--out config/schema.json]    the JSON schema of the pipeline config
     check       CONFIG.yaml                   validate a config and print the grid's size
-    estimate    CONFIG.yaml [--benchmarks DIR] jobs of a config and a runtime estimate
+    estimate    CONFIG.yaml... [--benchmarks DIR] jobs of a config and a runtime estimate
     claims-md   CLAIMS.csv [--update DOC]     the paper's claims beside ours, Markdown (SPEC 11)
     budgets     CONFIG.yaml                   the token budget of every tuned system (SPEC 12)
     capacity-md FIG13.csv                     figure 13's capacities as a Markdown table
@@ -188,7 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("config", type=Path)
     s.set_defaults(func=cmd_budgets)
     s = sub.add_parser("estimate")
-    s.add_argument("config", type=Path)
+    s.add_argument("config", type=Path, nargs="+",
+                   help="config files, each merged over the ones before (as Snakemake's "
+                        "--configfile merges them), e.g. config/paper.yaml config/paper-scaled.yaml")
     s.add_argument("--benchmarks", type=Path,
                    help="benchmarks/<name> of a finished run (per-job times); default: the "
                         "per-job times measured on full-size runs (accelgen.pipeline.resources)")

@@ -12,13 +12,29 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from accelgen.core.specs import load_yaml
-from accelgen.pipeline.config_file import load
+from accelgen.pipeline.config_file import deep_merge, load
 from accelgen.pipeline.grid import SCENARIO_PREFIX, Grid
+
+ConfigFiles = Path | str | Sequence[Path | str]
+
+
+def load_grid(config: ConfigFiles) -> tuple[Grid, str]:
+    """The grid of one config file, or of several merged in order (a later file's keys over the
+    earlier ones', nested mappings merged: Snakemake's ``--configfile A B``); and their names."""
+    files = [config] if isinstance(config, (str, Path)) else list(config)
+    if not files:
+        raise ValueError("no config file given")
+    merged: dict[str, Any] = {}
+    for f in files:
+        merged = deep_merge(merged, load_yaml(f))
+    return Grid(load(merged)), " + ".join(str(f) for f in files)
 
 
 def _num_requests(grid: Grid, variant: str) -> int:
@@ -42,7 +58,16 @@ def measured_times(bench_dir: Path | str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def estimate_measured(config: Path | str, cores: int = 2) -> str:
+def estimated_seconds(config: ConfigFiles) -> float:
+    """The estimate's total (CPU seconds of every simulation), as ``estimate_measured`` prices
+    them: to compare with a finished run's measured times (scripts/paper_scaled.sh)."""
+    from accelgen.pipeline.resources import run_job, sim_seconds
+
+    target, _ = load_grid(config)
+    return sum(sim_seconds(*run_job(target, r.variant, r.system)) for r in target.runs())
+
+
+def estimate_measured(config: ConfigFiles, cores: int = 2) -> str:
     """The estimate from the per-job costs measured on full-size runs
     (``accelgen.pipeline.resources``): each simulation's policy, request count and search
     points priced by ``sim_seconds``."""
@@ -54,7 +79,7 @@ def estimate_measured(config: Path | str, cores: int = 2) -> str:
         sim_seconds,
     )
 
-    target = Grid(load(load_yaml(config)))
+    target, names = load_grid(config)
     exp_of_run: dict[tuple[str, str, str, int], str] = {}
     for fig in target.figures.values():
         for ref in fig.runs:
@@ -72,7 +97,7 @@ def estimate_measured(config: Path | str, cores: int = 2) -> str:
         per_policy[policy] += t
     unmeasured = sorted({base_policy(run_job(target, r.variant, r.system)[0]) for r in runs}
                         - set(MEASURED))
-    lines = [f"{config}: {len(runs)} simulations, {len(target.traces())} traces, "
+    lines = [f"{names}: {len(runs)} simulations, {len(target.traces())} traces, "
              f"{len(target.figures)} figures",
              f"estimated simulation time: {total / 3600:.1f} CPU-hours "
              f"(~{total / 3600 / cores:.1f} h on {cores} cores), per-job times measured on "
@@ -88,10 +113,10 @@ def estimate_measured(config: Path | str, cores: int = 2) -> str:
     return "\n".join(lines)
 
 
-def estimate(config: Path | str, bench_dir: Path | str, cores: int = 2, alpha: float = 1.0,
+def estimate(config: ConfigFiles, bench_dir: Path | str, cores: int = 2, alpha: float = 1.0,
              measured_config: Path | str | None = None, startup_s: float = 2.0) -> str:
     """``startup_s``: the fixed part of a job (interpreter and imports), not scaled."""
-    target = Grid(load(load_yaml(config)))
+    target, names = load_grid(config)
     meas = measured_times(bench_dir)
     if meas.empty:
         raise ValueError(f"no benchmark files under {bench_dir}/runs (run the pipeline first)")
@@ -140,7 +165,7 @@ def estimate(config: Path | str, bench_dir: Path | str, cores: int = 2, alpha: f
             t *= points(target, run.system) / points(source, run.system)
         total += t
         per_exp[exp_of_run.get((run.variant, run.deployment, run.system, run.seed), "?")] += t
-    lines = [f"{config}: {len(runs)} simulations, {len(target.traces())} traces, "
+    lines = [f"{names}: {len(runs)} simulations, {len(target.traces())} traces, "
              f"{len(target.figures)} figures",
              f"estimated simulation time: {total / 3600:.1f} CPU-hours "
              f"(~{total / 3600 / cores:.1f} h on {cores} cores), from {len(meas)} measured jobs "

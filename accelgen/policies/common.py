@@ -210,6 +210,19 @@ class NeedIndex:
         return best
 
 
+def decode_blocks_fit(view: SchedulerView, decision: Decision) -> bool:
+    """Whether the KV blocks that the decode steps of ``decision`` need for their next token fit
+    in the free ones (a decode step needs a block exactly when its computed tokens fill its
+    blocks): for a policy's ``schedule_after_decodes`` whose decision after decode steps alone
+    changes only when they do not."""
+    block_size = view.kv.block_size
+    need = 0
+    for r, _ in decision.scheduled:
+        if r.num_computed_tokens >= r.num_blocks * block_size:
+            need += 1
+    return need <= view.kv.num_free_blocks
+
+
 def empty_decision() -> Decision:
     """``Decision()`` without the generated ``__init__`` and its six default factories (a
     baseline decision in the simulator takes a few microseconds; that was a fifth of it)."""

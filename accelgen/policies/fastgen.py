@@ -33,7 +33,7 @@ from accelgen.core.policy import (
     engine_seats,
     engine_token_budget,
 )
-from accelgen.policies.common import BatchBuilder, is_prefilling
+from accelgen.policies.common import BatchBuilder, decode_blocks_fit, is_prefilling
 
 
 class FastGenParams(PolicyParams):
@@ -82,3 +82,13 @@ class FastGenPolicy(Policy):
         d.info["token_budget"] = float(budget)
         d.info["kv_gate_stop"] = float(gated)
         return d
+
+    def schedule_after_decodes(self, view: SchedulerView, decision: Decision,
+                               latency: float) -> Decision:
+        # After decode steps alone with no arrival, finish or flush: ``schedule`` walks the same
+        # decodes under the same budget and seat limit; a decode it skipped (its block did not
+        # fit) finds no more free blocks now, and neither does the prompt that stopped the
+        # queue (or the budget or seats stop it again), so the diagnostics are the same too;
+        # only a scheduled decode whose new block no longer fits changes the decision (it is
+        # skipped). ``on_step_end`` is a no-op here.
+        return decision if decode_blocks_fit(view, decision) else self.schedule(view)

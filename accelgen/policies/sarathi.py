@@ -21,6 +21,7 @@ from pydantic import Field, PositiveFloat, PositiveInt
 from accelgen.core.iteration import Pivot
 from accelgen.core.policy import (
     Decision,
+    InfoRow,
     Policy,
     PolicyParams,
     SchedulerView,
@@ -28,7 +29,9 @@ from accelgen.core.policy import (
     engine_token_budget,
 )
 from accelgen.core.request import Request
-from accelgen.policies.common import BatchBuilder, OrderedWaiting, is_prefilling
+from accelgen.policies.common import BatchBuilder, OrderedWaiting, decode_blocks_fit, is_prefilling
+
+_INFO_INDEX = {"token_budget": 0}
 
 
 class SarathiParams(PolicyParams):
@@ -129,8 +132,23 @@ class SarathiPolicy(Policy):
                 admitted.append(r)
         if self._slack_order is not None:
             self._slack_order.preempted.extend(b.decision.preempted)
-        b.decision.info["token_budget"] = budget
+        # (an InfoRow, not a dict: the iteration log keeps rows of one index without a lookup)
+        b.decision.info = InfoRow(_INFO_INDEX, [float(budget)])
         return b.decision
+
+    def schedule_after_decodes(self, view: SchedulerView, decision: Decision,
+                               latency: float) -> Decision:
+        # FIFO, after decode steps alone with no arrival, finish or preemption: ``schedule``
+        # gives every running decode its token again; the budget left after them is the same,
+        # so an ongoing prompt that got no chunk gets none; the waiting queue's head, which did
+        # not fit in at least as many free blocks a step ago (or met the seat or budget limit),
+        # still does not; and it preempts only where the decodes' new blocks exceed the free
+        # ones. So the decision is ``decision`` again unless the blocks run short (a decode step
+        # needs a new block exactly when its computed tokens fill its blocks). (Slack order
+        # keeps its own queue state: asked every time.) ``on_step_end`` is a no-op here.
+        if self._slack_order is not None or self.params.order != "fifo":
+            return super().schedule_after_decodes(view, decision, latency)
+        return decision if decode_blocks_fit(view, decision) else self.schedule(view)
 
     def on_arrival(self, req: Request, now: float) -> None:
         if self._slack_order is not None:

@@ -15,13 +15,16 @@ from pydantic import PositiveInt
 from accelgen.core.iteration import Pivot
 from accelgen.core.policy import (
     Decision,
+    InfoRow,
     Policy,
     PolicyParams,
     SchedulerView,
     engine_seats,
     engine_token_budget,
 )
-from accelgen.policies.common import BatchBuilder
+from accelgen.policies.common import BatchBuilder, decode_blocks_fit
+
+_INFO_INDEX = {"token_budget": 0}
 
 
 class VLLMParams(PolicyParams):
@@ -65,5 +68,17 @@ class VLLMPolicy(Policy):
                 if not b.fits(r, r.num_new_tokens):
                     break
                 b.add(r, min(r.num_new_tokens, b.budget_left))
-        b.decision.info["token_budget"] = budget
+        # (an InfoRow, not a dict: the iteration log keeps rows of one index without a lookup)
+        b.decision.info = InfoRow(_INFO_INDEX, [float(budget)])
         return b.decision
+
+    def schedule_after_decodes(self, view: SchedulerView, decision: Decision,
+                               latency: float) -> Decision:
+        # After decode steps alone, with no arrival, finish or preemption, ``schedule`` walks
+        # the same running requests (the same prefix, when the budget cut it), one token each,
+        # under the same budget; it preempts only where their new blocks exceed the free ones;
+        # and the waiting queue's head, which did not fit in at least as many free blocks a
+        # step ago (or the seat or budget limit it met), still does not. So the decision is
+        # ``decision`` again unless the blocks run short (a decode step needs a new block
+        # exactly when its computed tokens fill its blocks). ``on_step_end`` is a no-op here.
+        return decision if decode_blocks_fit(view, decision) else self.schedule(view)

@@ -47,7 +47,7 @@ from accelgen.core.policy import (
     engine_token_budget,
 )
 from accelgen.core.request import Request
-from accelgen.policies.common import BatchBuilder, OrderedWaiting
+from accelgen.policies.common import BatchBuilder, OrderedWaiting, decode_blocks_fit
 
 # An offline request's priority: after every online one (vLLM priorities are plain integers).
 OFFLINE_PRIORITY = 1_000_000
@@ -140,6 +140,15 @@ class VLLMPriorityPolicy(Policy):
         waiting.preempted.extend(b.decision.preempted)
         b.decision.info["token_budget"] = budget
         return b.decision
+
+    def schedule_after_decodes(self, view: SchedulerView, decision: Decision,
+                               latency: float) -> Decision:
+        # After decode steps alone with no arrival, finish or preemption (so nothing for the
+        # heap to take in): ``schedule`` walks the same running requests, one token each, under
+        # the same budget, and preempts only where their new blocks exceed the free ones; the
+        # heap's head, which did not fit a step ago (or met the seat or budget limit), fits in
+        # no more free blocks now. ``on_step_end`` is a no-op here.
+        return decision if decode_blocks_fit(view, decision) else self.schedule(view)
 
 
 def _victim_key(r: Request) -> tuple[int, float]:

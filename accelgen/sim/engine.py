@@ -485,15 +485,34 @@ class Simulator:
             self._decide_s = time.perf_counter() - t0
             if decided is not decision:
                 return decided
-            shape = self._decode_shape(scheduled)
-            if shape is None:  # a request's next token needs a new block: allocate it
-                shape = self._form_batch(scheduled)
+            shape = self._decode_batch(scheduled)
             n_done = self._n_done
             latency = self._advance(decision, shape, 0.0)
             if self._n_done != n_done:
                 break
         policy.on_step_end(view, decision, latency)
         return None
+
+    def _decode_batch(self, scheduled: list[tuple[Request, int]]) -> BatchShape:
+        """``_form_batch`` of decode steps of running requests (one token each; what the
+        redecided batch is): a new KV block for each request whose computed tokens fill its
+        blocks, the same checks on KV, the same shape, in one pass."""
+        kv = self.kv
+        block_size = kv.block_size
+        free = kv.num_free_blocks
+        decode_ctx = 0
+        for r, _ in scheduled:
+            ctx = r.num_computed_tokens
+            if ctx >= r.num_blocks * block_size:
+                if free < 1:
+                    kv.num_free_blocks = free
+                    raise PolicyError(f"{self.policy.name}: KV overflow: request {r.req_id} "
+                                      f"needs 1 blocks, {free} free")
+                free -= 1
+                r.num_blocks += 1
+            decode_ctx += ctx
+        kv.num_free_blocks = free
+        return BatchShape(0, 0, 0.0, len(scheduled), decode_ctx)
 
     def _decode_shape(self, scheduled: list[tuple[Request, int]]) -> BatchShape | None:
         """``_form_batch`` of decode steps of running requests that need no new KV block: the
