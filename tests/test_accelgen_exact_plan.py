@@ -1,9 +1,12 @@
 """AccelGen's exact plan (SPEC 13): the token budget and the batch forming price the batch actually
 formed, every prompt chunk with its per-sequence and attention terms, every decode with its context;
 so in a deterministic simulation no iteration takes longer than the SLO it was planned within
-(``info_planned_overrun``, ``summary.json``'s ``num_planned_overruns``)."""
+(``info_planned_overrun``, ``summary.json``'s ``num_planned_overruns``). And the closed loop: with exact
+predictions it plans as the open loop; with a slower engine it learns the ratio and a margin."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
@@ -15,9 +18,11 @@ from accelgen.core.specs import CalibratedTerms, Deployment
 from accelgen.costmodel.base import CostModel
 from accelgen.costmodel.calibrated import CalibratedCostModel
 from accelgen.costmodel.factory import make_cost_model
+from accelgen.policies.accelgen import AccelGenPolicy
 from accelgen.policies.accelgen.budget import compiled_calibrated_time
+from accelgen.policies.accelgen.closed_loop import ClosedLoop
 from accelgen.policies.registry import make_policy
-from tests.conftest import run_sim
+from tests.conftest import assert_same_results, run_sim
 from tests.strategies import mixed_slo_traces, trace_requests
 
 # The shape of regime `engine`'s calibration of vLLM's CPU engine: no weights floor, a per-sequence
@@ -55,7 +60,8 @@ def test_compiled_calibrated_time_is_the_models_latency(terms: CalibratedTerms, 
     assert got == model.iteration_time(shape)
 
 
-@pytest.mark.parametrize("name", ["accelgen", "accelgen/order", "accelgen/batch", "oracle"])
+@pytest.mark.parametrize("name", ["accelgen", "accelgen-closed", "accelgen/order", "accelgen/batch",
+                                  "oracle"])
 @pytest.mark.parametrize("cost_kind", ["linear", "analytic", "engine"])
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(trace=mixed_slo_traces, num_blocks=st.integers(min_value=8, max_value=80))
@@ -92,3 +98,77 @@ def test_the_engine_shape_plans_several_chunks_within_the_slo() -> None:
         late = planned["latency"] > planned["info_plan_slo"]
         assert int(late.sum()) == int((its["info_planned_overrun"] != 0).sum()) == overruns, rule
         assert its["num_prefill_seqs"].max() >= 2  # (several chunks do share iterations)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(trace=mixed_slo_traces, num_blocks=st.integers(min_value=8, max_value=80))
+def test_the_closed_loop_plans_as_the_open_loop_when_predictions_are_exact(trace, num_blocks: int) -> None:
+    reqs, outs = trace_requests(trace)
+    open_loop = run_sim(reqs, outs, make_policy("accelgen"), num_blocks=num_blocks, block_size=16,
+                        s_pf=128, cost=_cost("engine"))
+    reqs, outs = trace_requests(trace)
+    closed = make_policy("accelgen-closed")
+    res = run_sim(reqs, outs, closed, num_blocks=num_blocks, block_size=16, s_pf=128,
+                  cost=_cost("engine"))
+    assert_same_results(open_loop, res)
+    assert isinstance(closed, AccelGenPolicy) and closed.loop is not None
+    assert closed.loop.scale == 1.0
+
+
+def test_the_closed_loop_learns_a_slower_engine_and_its_spread() -> None:
+    loop = ClosedLoop(target=0.9, weight=0.05, window=256)
+    for _ in range(600):  # (the window forgets the errors made while the correction climbed)
+        loop.observe(0.010, 0.013)
+    assert loop.correction == pytest.approx(1.3, rel=1e-3)
+    assert loop.margin < 1e-3  # a constant ratio: no spread left once corrected
+    rng = np.random.default_rng(0)
+    spread = ClosedLoop(target=0.9, weight=0.05, window=256)
+    errors = rng.lognormal(0.0, 0.1, 2000)
+    for e in errors:
+        spread.observe(0.010, 0.010 * e)
+    # about the lognormal's p90 (1.137) relative to its corrected mean (~1.005)
+    assert 0.06 < spread.margin < 0.2
+    assert spread.scale == pytest.approx(spread.correction * (1 + spread.margin))
+    assert not spread.observe(math.nan, 0.01) and not spread.observe(0.01, 0.0)
+
+
+def test_the_closed_loop_follows_a_slower_simulated_engine() -> None:
+    """The simulator charges 1.3x the policy's model, a 15 ms decode beside 600-token prompts: the open
+    loop's iterations planned to the SLO overrun it, the closed loop's correction follows the engine
+    (its margin still holds the errors made while the correction climbed) and it overruns far less."""
+    class Slower(CalibratedCostModel):
+        def iteration_time(self, shape: BatchShape) -> float:
+            return 1.3 * super().iteration_time(shape)
+
+    trace = [(0.0, 64, 200, 0.015, 2.0, None)] + [(0.05 + 0.1 * i, 600, 8, 0.2, 5.0, None)
+                                                  for i in range(1, 30)]
+    late = {}
+    for name in ("accelgen", "accelgen-closed"):
+        reqs, outs = trace_requests(trace)
+        policy = make_policy(name)
+        assert isinstance(policy, AccelGenPolicy)
+        res = run_sim(reqs, outs, policy, num_blocks=200, block_size=16, s_pf=512, cost=Slower(ENGINE))
+        its = res.iterations.to_frame()
+        planned = its[np.isfinite(its["info_plan_slo"])]
+        late[name] = float((planned["latency"] > planned["info_plan_slo"]).mean())
+        if policy.loop is None:
+            assert (its["info_time_scale"] == 1.0).all()
+        else:  # (the margin still holds the errors made while the correction climbed)
+            assert policy.loop.correction == pytest.approx(1.3, rel=0.01)
+            assert its["info_time_scale"].iloc[-1] >= 1.28
+    assert late["accelgen-closed"] < late["accelgen"] / 2, late
+
+
+def test_the_closed_loop_prices_the_batch_of_a_model_it_asks() -> None:
+    """A model the decision asks (not compiled): the policy prices its batch itself, exactly as the
+    simulator charges it, so the closed loop learns there too (here: nothing to correct)."""
+    from tests.test_accelgen_decision import Opaque
+
+    trace = [(0.0, 64, 40, 0.015, 2.0, None)] + [(0.05 + 0.01 * i, 300, 8, 0.2, 5.0, None)
+                                                 for i in range(1, 7)]
+    policy = make_policy("accelgen-closed")
+    assert isinstance(policy, AccelGenPolicy) and policy.loop is not None
+    res = run_sim(*trace_requests(trace), policy, num_blocks=200, block_size=16, s_pf=512,
+                  cost=Opaque(CalibratedCostModel(ENGINE)))
+    assert policy.loop.observed == len(res.iterations.to_frame()) > 0
+    assert policy.loop.scale == 1.0
