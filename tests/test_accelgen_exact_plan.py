@@ -172,3 +172,19 @@ def test_the_closed_loop_prices_the_batch_of_a_model_it_asks() -> None:
                   cost=Opaque(CalibratedCostModel(ENGINE)))
     assert policy.loop.observed == len(res.iterations.to_frame()) > 0
     assert policy.loop.scale == 1.0
+
+
+def test_a_backend_that_measures_steps_itself_feeds_the_closed_loop() -> None:
+    """The vLLM plugin under async scheduling tells ``on_step_end`` a prediction: the loop ignores it
+    and takes the measured step from ``observe_step``."""
+    trace = [(0.0, 64, 40, 0.015, 2.0, None), (0.05, 300, 8, 0.2, 5.0, None)]
+    policy = make_policy("accelgen-closed")
+    assert isinstance(policy, AccelGenPolicy) and policy.loop is not None
+    policy.measured_by_backend = True
+    run_sim(*trace_requests(trace), policy, num_blocks=200, block_size=16, s_pf=512,
+            cost=CalibratedCostModel(ENGINE))
+    assert policy.loop.observed == 0
+    for _ in range(100):
+        policy.observe_step(0.010, 0.012)
+    assert policy.loop.observed == 100 and policy.loop.correction > 1.15
+    assert policy._ws.time_scale == policy.loop.scale

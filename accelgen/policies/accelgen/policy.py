@@ -80,6 +80,9 @@ class AccelGenPolicy(Policy):
         self.loop = (ClosedLoop(p.attainment_target, p.correction_weight, p.error_window)
                      if p.closed_loop else None)
         self._planned = math.nan
+        # The backend reports measured iterations itself (``observe_step``; the vLLM plugin under
+        # async scheduling, whose ``on_step_end`` latency is a prediction).
+        self.measured_by_backend = False
 
     # -- hooks ---------------------------------------------------------------------------------
     def on_arrival(self, req: Request, now: float) -> None:
@@ -91,7 +94,7 @@ class AccelGenPolicy(Policy):
         self._last = None
 
     def on_step_end(self, view: SchedulerView, decision: Decision, latency: float) -> None:
-        if self.loop is not None:
+        if self.loop is not None and not self.measured_by_backend:
             self._measured(latency)
         self._table.refresh([r for r, _ in decision.scheduled] + decision.preempted)
         w = self.params.chunk_mean_weight
@@ -106,10 +109,16 @@ class AccelGenPolicy(Policy):
         # the same batch, ``decision`` again rather than a new one.
         if decision is not self._last or self._pending_cuts or self.verify:
             return super().schedule_after_decodes(view, decision, latency)
-        if self.loop is not None:
+        if self.loop is not None and not self.measured_by_backend:
             self._measured(latency)
         self._table.advance_decodes(decision.scheduled, self._ws.slots, view.now)
         return self._schedule(view, decision)
+
+    def observe_step(self, predicted: float, measured: float) -> None:
+        """The closed loop takes in a step the backend measured: the cost model's latency of its
+        batch and what it took (no effect in the open loop)."""
+        if self.loop is not None and self.loop.observe(predicted, measured):
+            self._ws.set_time_scale(self.loop.scale)
 
     def _measured(self, latency: float) -> None:
         """The closed loop takes in the iteration of the last decision (it took ``latency``)."""
