@@ -228,6 +228,10 @@ def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, *, s_pf: int,
             del values  # (before the next one is computed)
         if "info_token_budget" in its:
             out.update(_stats(its["info_token_budget"], "token_budget"))
+        if "info_planned_overrun" in its:
+            # AccelGen's exact plan: iterations its own cost model prices above the SLO they
+            # were planned within (none in a deterministic simulation).
+            out["num_planned_overruns"] = int((its["info_planned_overrun"] > 0).sum())
     return out
 
 

@@ -6,7 +6,9 @@ column: names, dtypes and values; independent of the Parquet writer's version).
 
 ``tests/test_accelgen_golden.py`` compares them with ``tests/fixtures/accelgen_golden/digests.json``,
 recorded on the build before AccelGen's decision became one compiled implementation (7d448c9;
-main at 67e41b8 records the same): a change of any decision, diagnostic or timing changes a digest.
+main at 67e41b8 records the same), and again when the exact plan added four diagnostics (the same
+decisions: every digest equal with those columns left out): a change of any decision, diagnostic
+or timing changes a digest. The closed loop's runs have the open loop's digests.
 
     python tests/accelgen_golden.py traces DIR   # the traces (from the workload generator; kept)
     python tests/accelgen_golden.py record       # the digests of this build (a reference build)
@@ -77,6 +79,10 @@ RUNS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "moderate/budget-batch": ("moderate", "accelgen", ()),
     "moderate/cap4-budget-batch": ("moderate", "accelgen", ("budget_cap=4",)),
     "long/budget-batch": ("long", "accelgen", ()),
+    # the closed loop (SPEC 13): with the simulator's exact latencies, the open loop's decisions
+    "overload/closed-loop": ("overload", "accelgen-closed", ()),
+    "moderate/closed-loop": ("moderate", "accelgen-closed", ()),
+    "long/closed-loop": ("long", "accelgen-closed", ()),
 }
 
 

@@ -47,3 +47,9 @@ def test_other_builds_decide_the_same(env: dict[str, str], build: str, names: li
     ran, got = _digests_in_a_fresh_process(env, names)
     assert ran == build
     assert got == {name: WANT[name] for name in names}
+
+
+def test_the_closed_loop_decides_as_the_open_loop_in_the_deterministic_simulator() -> None:
+    """The simulator charges what the cost model predicts: no error, no margin, the same files."""
+    for trace in ("overload", "moderate", "long"):
+        assert WANT[f"{trace}/closed-loop"] == WANT[f"{trace}/budget-batch"]

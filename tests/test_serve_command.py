@@ -74,7 +74,7 @@ def test_user_additional_config_is_kept(capsys: pytest.CaptureFixture[str],
 @pytest.mark.parametrize(("args", "message"), [
     (["--policy", "no-such-policy"], "unknown policy 'no-such-policy'"),
     (["--policy", "oracle"], "clairvoyant"),
-    (["--param", "no_such_param=1"], "bad parameters for policy 'accelgen'"),
+    (["--param", "no_such_param=1"], "bad parameters for policy 'accelgen-closed'"),
     (["--slo", "ttft_slo=-1"], "ttft_slo"),
     (["--system", "stock", "--policy", "sarathi"], "--system stock"),
     (["--scheduler-cls", "x.Y"], "sets --scheduler-cls itself"),

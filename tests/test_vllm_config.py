@@ -78,7 +78,7 @@ def test_every_problem_is_reported_at_once() -> None:
 
 def test_config_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     monkeypatch.delenv(ENV_VAR, raising=False)
-    assert resolve_config({}).policy.name == "accelgen"
+    assert resolve_config({}).policy.name == "accelgen-closed"
     monkeypatch.setenv(ENV_VAR, json.dumps({"policy": {"name": "vllm"}, "s_pf": 128}))
     assert resolve_config({}).policy.name == "vllm"
     # additional_config travels with vLLM's config and wins over the environment.

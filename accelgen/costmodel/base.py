@@ -9,6 +9,7 @@ from accelgen.core.iteration import BatchShape
 
 if TYPE_CHECKING:
     from accelgen.costmodel.analytic import RooflineTerms
+    from accelgen.costmodel.calibrated import CalibratedConsts
     from accelgen.costmodel.linear import LinearTerms
 
 
@@ -30,6 +31,11 @@ class CostModel(ABC):
     def roofline_terms(self) -> RooflineTerms | None:
         """The constants when ``iteration_time`` is exactly ``analytic.roofline_time`` of them (the
         analytic model says so; no other model does): compiled code evaluates it too."""
+        return None
+
+    def calibrated_consts(self) -> CalibratedConsts | None:
+        """The constants when ``iteration_time`` is exactly ``calibrated.calibrated_time`` of them (the
+        calibrated model says so; no other model does): compiled code evaluates it too."""
         return None
 
     def forward_time(self, forward_size: int) -> float:

@@ -34,6 +34,7 @@ path).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -51,6 +52,49 @@ def comm_volume(num_layers: int, tp: int, pp: int) -> float:
     """Activation transfers per token and iteration: 2 all-reduces per layer under TP, each
     moving 2 (tp - 1) / tp of a token's activations, plus (pp - 1) pipeline hops."""
     return 4.0 * num_layers * (tp - 1) / tp + (pp - 1)
+
+
+class CalibratedConsts(NamedTuple):
+    """The per-iteration constants of ``CalibratedCostModel`` on its layout (seconds): all
+    ``calibrated_time`` needs. ``linear``: the model is ``overhead_s + per_token_s x N + ctx_s x decode
+    context`` exactly (no weights floor, one per-token cost, no prefill attention or per-sequence
+    term), computed in that form."""
+
+    overhead_s: float
+    w_s: float  # weights floor / tp
+    p: float
+    inv_p: float
+    pf_s: float  # per prefill token / tp
+    dec_s: float  # per decode sequence / tp
+    seq_s: float  # per prefill chunk
+    causal_s: float  # per causal query-key pair / tp (at least a context pair's)
+    ctx_pair_s: float  # per context query-key pair / tp
+    ctx_s: float  # per context token a decode reads / tp
+    comm_s: float  # per forward token: activation transfers
+    per_token_s: float  # linear form: pf_s + comm_s
+    linear: bool
+
+
+def calibrated_time(k: CalibratedConsts, prefill_tokens: int, prefill_seqs: int, prefill_attn: float,
+                    decode_seqs: int, decode_ctx: int) -> float:
+    """Latency of an iteration with these ``BatchShape`` aggregates. Plain arithmetic, so that numba
+    compiles the same function for AccelGen's decision (``policies.accelgen.budget``), and the two
+    agree to the last bit."""
+    n = prefill_tokens + decode_seqs
+    if n <= 0:
+        return 0.0
+    if k.linear:
+        return k.overhead_s + k.per_token_s * n + k.ctx_s * decode_ctx
+    c = k.pf_s * prefill_tokens + k.dec_s * decode_seqs
+    w = k.w_s
+    t = k.overhead_s + (w * (1.0 + (c / w) ** k.p) ** k.inv_p if w > 0 else c)
+    if prefill_tokens > 0:
+        causal = prefill_tokens * (prefill_tokens + 1) * 0.5
+        if causal > prefill_attn:
+            causal = prefill_attn
+        t += (k.seq_s * prefill_seqs + k.causal_s * causal
+              + k.ctx_pair_s * (prefill_attn - causal))
+    return t + k.ctx_s * decode_ctx + k.comm_s * n
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,10 +148,7 @@ class CalibratedCostModel(CostModel):
 
     name = "calibrated"
 
-    __slots__ = ("_c_causal", "_c_ctx", "_c_ctx_pair", "_c_dec", "_c_pf", "_c_seq", "_comm",
-                 "_inv_p",
-                 "_linear", "_overhead", "_p", "_per_token", "_w", "num_layers", "pp", "terms",
-                 "tp")
+    __slots__ = ("consts", "num_layers", "pp", "terms", "tp")
 
     def __init__(self, terms: CalibratedTerms, num_layers: int = 1, tp: int = 1,
                  pp: int = 1) -> None:
@@ -115,44 +156,28 @@ class CalibratedCostModel(CostModel):
             raise ValueError(f"tp, pp and num_layers must be >= 1, got {tp}, {pp}, {num_layers}")
         self.terms, self.num_layers, self.tp, self.pp = terms, num_layers, tp, pp
         t = terms
-        self._overhead = t.overhead_s
-        self._w = t.weights_s / tp
-        self._p, self._inv_p = t.transition_p, 1.0 / t.transition_p
-        self._c_pf, self._c_dec = t.prefill_token_s / tp, t.decode_token_s / tp
-        self._c_seq = t.prefill_seq_s
-        self._c_causal = max(t.causal_pair_s, t.context_pair_s) / tp
-        self._c_ctx_pair = t.context_pair_s / tp
-        self._c_ctx = t.context_token_s / tp
-        self._comm = t.comm_token_s * comm_volume(num_layers, tp, pp)
+        w, c_pf, c_dec = t.weights_s / tp, t.prefill_token_s / tp, t.decode_token_s / tp
+        c_causal, c_ctx_pair = max(t.causal_pair_s, t.context_pair_s) / tp, t.context_pair_s / tp
+        comm = t.comm_token_s * comm_volume(num_layers, tp, pp)
         # Terms that make T = overhead + per token x N + per ctx x decode context exactly (no
         # weights floor, one per-token cost, no prefill attention): then it is computed in that
         # form, which compiled policy code can reproduce (``linear_coefficients``).
-        self._linear = (self._w == 0 and self._c_pf == self._c_dec and self._c_causal == 0
-                        and self._c_ctx_pair == 0 and self._c_seq == 0)
-        self._per_token = self._c_pf + self._comm
+        linear = (w == 0 and c_pf == c_dec and c_causal == 0 and c_ctx_pair == 0
+                  and t.prefill_seq_s == 0)
+        self.consts = CalibratedConsts(t.overhead_s, w, t.transition_p, 1.0 / t.transition_p, c_pf,
+                                       c_dec, t.prefill_seq_s, c_causal, c_ctx_pair,
+                                       t.context_token_s / tp, comm, c_pf + comm, linear)
 
     def iteration_time(self, shape: BatchShape) -> float:
-        p_tok = shape.prefill_tokens
-        d_seq = shape.decode_seqs
-        n = p_tok + d_seq
-        if n <= 0:
-            return 0.0
-        if self._linear:
-            return self._overhead + self._per_token * n + self._c_ctx * shape.decode_ctx
-        c = self._c_pf * p_tok + self._c_dec * d_seq
-        w = self._w
-        t = self._overhead + (w * (1.0 + (c / w) ** self._p) ** self._inv_p if w > 0 else c)
-        if p_tok > 0:
-            attn = shape.prefill_attn
-            causal = p_tok * (p_tok + 1) * 0.5
-            if causal > attn:
-                causal = attn
-            t += (self._c_seq * shape.prefill_seqs + self._c_causal * causal
-                  + self._c_ctx_pair * (attn - causal))
-        return t + self._c_ctx * shape.decode_ctx + self._comm * n
+        return calibrated_time(self.consts, shape.prefill_tokens, shape.prefill_seqs,
+                               shape.prefill_attn, shape.decode_seqs, shape.decode_ctx)
+
+    def calibrated_consts(self) -> CalibratedConsts:
+        return self.consts
 
     def linear_coefficients(self) -> tuple[float, float, float] | None:
-        return (self._overhead, self._per_token, self._c_ctx) if self._linear else None
+        k = self.consts
+        return (k.overhead_s, k.per_token_s, k.ctx_s) if k.linear else None
 
     def describe(self) -> dict[str, object]:
         return {"tp": self.tp, "pp": self.pp, "num_layers": self.num_layers,

@@ -78,6 +78,8 @@ def default_systems() -> dict[str, SystemSpec]:
         "vllm-priority-tuned": SystemSpec(runs="stock", policy="vllm-priority", budget="tuned",
                                           label="vLLM priority (tuned budget)"),
         "accelgen": SystemSpec(runs="plugin", policy="accelgen", label="AccelGen (plugin)"),
+        "accelgen-closed": SystemSpec(runs="plugin", policy="accelgen-closed",
+                                      label="AccelGen closed loop (plugin, this artifact)"),
     }
 
 

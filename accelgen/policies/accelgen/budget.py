@@ -1,12 +1,15 @@
-"""T_max, SLO_min and the token budget (SPEC 4.2, paper section 4.3): the plan a batch is formed on.
-The linear and analytic cost models are evaluated here with their own functions; for any other the
-decision asks (``Workspace.run``)."""
+"""T_max, SLO_min and the token budget (SPEC 4.2, paper section 4.3): the plan a batch is formed on,
+and the latency of the batch formed (the exact plan: ``chunk_cap``). The linear, analytic and
+calibrated cost models are evaluated here with their own functions; for any other the decision asks
+(``Workspace.run``). Every predicted latency is scaled by ``Params.time_scale`` (the closed loop's
+correction and margin; exactly 1 in the open loop)."""
 
 from __future__ import annotations
 
 import math
 
 from accelgen.costmodel.analytic import roofline_time
+from accelgen.costmodel.calibrated import calibrated_time
 from accelgen.costmodel.linear import linear_time
 from accelgen.policies.accelgen import dormant, rank
 from accelgen.policies.accelgen import state as st
@@ -14,14 +17,77 @@ from accelgen.policies.accelgen.jit import jit
 
 compiled_linear_time = jit(linear_time)
 compiled_roofline_time = jit(roofline_time)
+compiled_calibrated_time = jit(calibrated_time)
 BATCH_FIT_ROUNDS = 4  # T_max's composition changes little between rounds: 1-2 suffice
 
 
 @jit
 def forward_time(par: st.Params, cost: st.Cost, budget: int) -> float:
     if par.cost_linear:
-        return compiled_linear_time(par, budget, 0, budget * (0 + (budget + 1) / 2))
-    return cost.times[budget].forward
+        return compiled_linear_time(par, budget, 0, budget * (0 + (budget + 1) / 2)) * par.time_scale
+    return cost.times[budget].forward * par.time_scale
+
+
+@jit
+def model_time(par: st.Params, cost: st.Cost, prefill_tokens: int, prefill_seqs: int, prefill_attn: float,
+               decode_seqs: int, decode_ctx: int) -> float:
+    """The cost model's latency of a batch of these aggregates (``BatchShape``), unscaled; NaN for a
+    model the decision does not evaluate itself."""
+    if par.cost_linear:
+        return compiled_linear_time(par, prefill_tokens + decode_seqs, decode_ctx, prefill_attn)
+    if par.cost_roofline:
+        return compiled_roofline_time(cost.roofline, prefill_tokens, prefill_seqs, prefill_attn,
+                                      decode_seqs, decode_ctx)
+    if par.cost_calibrated:
+        return compiled_calibrated_time(cost.calibrated, prefill_tokens, prefill_seqs, prefill_attn,
+                                        decode_seqs, decode_ctx)
+    return math.nan
+
+
+@jit
+def formed_time(par: st.Params, led: st.Ledger, cost: st.Cost) -> float:
+    """The cost model's latency of the batch formed so far, unscaled (NaN: asked models)."""
+    return model_time(par, cost, led.pf_tokens, led.pf_seqs, led.pf_attn, led.dec_seqs, led.dec_ctx)
+
+
+@jit
+def _with_chunk(par: st.Params, led: st.Ledger, cost: st.Cost, ctx: int, tokens: int) -> float:
+    return model_time(par, cost, led.pf_tokens + tokens, led.pf_seqs + 1,
+                      led.pf_attn + tokens * (ctx + (tokens + 1) / 2), led.dec_seqs,
+                      led.dec_ctx) * par.time_scale
+
+
+@jit
+def chunk_cap(par: st.Params, led: st.Ledger, cost: st.Cost, ctx: int, tokens: int) -> int:
+    """The exact plan (budget rule ``batch``; the rules ``paper`` and ``model`` plan tokens alone): the
+    largest chunk of at most ``tokens`` (prior context ``ctx``) whose batch, the one formed so far plus
+    it, the cost model prices within ``t_limit`` (0: none). Latency grows with the chunk, so a
+    bisection; one evaluation when it fits whole (the usual case)."""
+    lim = led.t_limit
+    if tokens < 1 or lim == math.inf or not par.budget_batch:
+        return tokens
+    if not _with_chunk(par, led, cost, ctx, tokens) > lim:  # (NaN, an asked model: unchecked)
+        return tokens
+    lo, hi = 0, tokens  # fits at lo (0: nothing added), not at hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _with_chunk(par, led, cost, ctx, mid) > lim:
+            hi = mid
+        else:
+            lo = mid
+    return lo
+
+
+@jit
+def decodes_fit(par: st.Params, led: st.Ledger, cost: st.Cost, n: int, ctx: int) -> bool:
+    """The exact plan: ``n`` more decodes reading ``ctx`` context tokens keep the batch within
+    ``t_limit``."""
+    lim = led.t_limit
+    if n < 1 or lim == math.inf or not par.budget_batch:
+        return True
+    t = model_time(par, cost, led.pf_tokens, led.pf_seqs, led.pf_attn, led.dec_seqs + n,
+                   led.dec_ctx + ctx) * par.time_scale
+    return not t > lim
 
 
 @jit
@@ -33,10 +99,8 @@ def t_max_at(par: st.Params, led: st.Ledger, cost: st.Cost, budget: int) -> floa
     ctx = led.decode_ctx if n == led.n_decodes else led.decode_ctx * n // max(led.n_decodes, 1)
     prefill = budget - n if budget > n else 0
     attn = prefill * (led.prefill_ctx + (prefill + 1) / 2) if prefill > 0 else 0.0
-    if par.cost_linear:
-        full = compiled_linear_time(par, prefill + n, ctx, attn)
-    elif par.cost_roofline:
-        full = compiled_roofline_time(cost.roofline, prefill, 1 if prefill > 0 else 0, attn, n, ctx)
+    if par.cost_linear or par.cost_roofline or par.cost_calibrated:
+        full = model_time(par, cost, prefill, 1 if prefill > 0 else 0, attn, n, ctx) * par.time_scale
     else:
         full = cost.times[budget].full_batch
         if math.isnan(full):
@@ -44,6 +108,7 @@ def t_max_at(par: st.Params, led: st.Ledger, cost: st.Cost, budget: int) -> floa
             ask.prefill_tokens, ask.prefill_seqs, ask.prefill_attn = prefill, prefill > 0, attn
             ask.decode_seqs, ask.decode_ctx = n, ctx
             return math.nan
+        full *= par.time_scale
     fwd = forward_time(par, cost, budget)
     return fwd if fwd > full else full
 

@@ -20,7 +20,8 @@ def decide(a: st.DecisionArrays) -> int:
     ``info``), or a token budget whose full-batch latency the cost model must give first
     (``Workspace.run`` then runs it again: a pure function of its inputs, it repeats the same steps)."""
     rec, x = a.state[0], a.lists
-    step, par, led, cost = rec.step, rec.params, rec.ledger, st.Cost(a.times, rec.roofline, rec.ask)
+    step, par, led = rec.step, rec.params, rec.ledger
+    cost = st.Cost(a.times, rec.roofline, rec.ask, rec.calibrated)
     # The slot lists by name: the rows of ``a.lists``, in ``state.LISTS``' order.
     b = st.Batch(x[0], x[1], x[2], x[3], x[4], x[5], x[6])
     dq = st.Dormant(a.dormant, a.minima, a.gone, a.finals, step.dormant_lo,
@@ -45,7 +46,7 @@ def decide(a: st.DecisionArrays) -> int:
         if not (par.exact_kv and exact_kv.over_admitted(cs, dq, par, led, b, ora)):
             if par.exact_kv:
                 exact_kv.unhide(cs, dq, par, ora)
-            _diagnostics(cs, step, led, b, ora, rec.info)
+            _diagnostics(cs, step, par, led, b, cost, ora, rec.info)
             _finish(led, b, rec.outcome)
             return st.NO_ASK
 
@@ -91,6 +92,10 @@ def _form(cs: st.Candidates, q: st.Queue, par: st.Params, led: st.Ledger, b: st.
     led.n_groups = led.victim_head = led.order_head = 0
     led.n_victims = st.UNKNOWN
     led.fallback = False
+    led.pf_tokens = led.pf_seqs = led.dec_seqs = led.dec_ctx = 0
+    led.pf_attn = 0.0
+    # The exact plan: the batch's latency within SLO_min, unless no batch can be (clamped low)
+    led.t_limit = led.slo_min if not led.clamped_low else math.inf
     led.oversize = oversize = _oversize_head(cs, q.dormant, par, led)
     for s in q.dormant.touched[:led.n_touched]:  # (a dormant head prompt: with the above)
         dormant.set_available(cs.cand[s], led)
@@ -106,11 +111,11 @@ def _form(cs: st.Candidates, q: st.Queue, par: st.Params, led: st.Ledger, b: st.
             c.victim_key = preempt.victim_key(r, c, par, cs.chunk_mean, led.t_max)
     rank.sort_slots(cs, q.urgent, n, cs.cand.slack, False)
     led.n_urgent = n
-    _add_urgent(cs, q, par, led, b)
+    _add_urgent(cs, q, par, led, b, cost)
     if oversize != st.NO_SLOT:  # preempting for it only helps if it can still make its deadline
         c = cs.cand[oversize]
         floor = preempt.victim_min_key(c, cs.req[oversize].running, par, led) if c.urgent else math.inf
-        preempt.force(cs, oversize, floor, True, par, led, b)
+        preempt.force(cs, oversize, floor, True, par, led, b, cost)
     led.n_order = 0
     for i in cs.active:  # step 2's queue: what step 1 left, by key (and the dormant)
         if era.available(cs.cand[i], i, led):
@@ -120,12 +125,14 @@ def _form(cs: st.Candidates, q: st.Queue, par: st.Params, led: st.Ledger, b: st.
     ask = batch.select(cs, q, par, led, b, cost, pools)
     if ask == st.NO_ASK and led.n_sched == 0:
         led.fallback = True
+        led.t_limit = math.inf  # (progress first: the deadlock breaker plans no latency)
         ask = _ensure_progress(cs, q, par, led, b, cost, pools)
     return ask
 
 
 @jit
-def _add_urgent(cs: st.Candidates, q: st.Queue, par: st.Params, led: st.Ledger, b: st.Batch) -> None:
+def _add_urgent(cs: st.Candidates, q: st.Queue, par: st.Params, led: st.Ledger, b: st.Batch,
+                cost: st.Cost) -> None:
     """Step 1 (Algorithm 1): the urgent requests in ascending slack, decodes first (beyond the budget
     the largest-slack ones are left out), then prompts, a chunk cut where the budget ends (a prompt's
     demand is elastic: cutting it is the smallest way to remove a deficit), preempting larger slacks for
@@ -151,7 +158,7 @@ def _add_urgent(cs: st.Candidates, q: st.Queue, par: st.Params, led: st.Ledger, 
         if not cs.cand[s].available:  # preempted for an earlier short decode's block
             continue
         floor = preempt.victim_min_key(cs.cand[s], cs.req[s].running, par, led)
-        preempt.force(cs, s, floor, False, par, led, b)
+        preempt.force(cs, s, floor, False, par, led, b, cost)
     for s in q.urgent[:led.n_urgent]:
         c = cs.cand[s]
         if c.is_decode:
@@ -160,7 +167,7 @@ def _add_urgent(cs: st.Candidates, q: st.Queue, par: st.Params, led: st.Ledger, 
             return
         if era.available(c, s, led):
             floor = preempt.victim_min_key(c, cs.req[s].running, par, led)
-            preempt.force(cs, s, floor, False, par, led, b)
+            preempt.force(cs, s, floor, False, par, led, b, cost)
 
 
 @jit
@@ -205,7 +212,7 @@ def _ensure_progress(cs: st.Candidates, q: st.Queue, par: st.Params, led: st.Led
         if running:
             n_running = m
     for s in q.fallback[:n_running]:
-        if preempt.force(cs, s, -math.inf, not par.chunk, par, led, b):
+        if preempt.force(cs, s, -math.inf, not par.chunk, par, led, b, cost):
             return batch.select(cs, q, par, led, b, cost, pools)
     # The waiting ones, active and dormant in queue order. Without an admission left none can
     # start (``force`` then returns at once, changing nothing).
@@ -223,14 +230,14 @@ def _ensure_progress(cs: st.Candidates, q: st.Queue, par: st.Params, led: st.Led
                 continue
         else:
             break
-        if preempt.force(cs, s, -math.inf, not par.chunk, par, led, b):
+        if preempt.force(cs, s, -math.inf, not par.chunk, par, led, b, cost):
             return batch.select(cs, q, par, led, b, cost, pools)
     return st.NO_ASK
 
 
 @jit
-def _diagnostics(cs: st.Candidates, step: st.Step, led: st.Ledger, b: st.Batch, ora: st.Oracle,
-                 info: st.Info) -> None:
+def _diagnostics(cs: st.Candidates, step: st.Step, par: st.Params, led: st.Ledger, b: st.Batch,
+                 cost: st.Cost, ora: st.Oracle, info: st.Info) -> None:
     n_late = n_lost = step.n_dormant  # (late and lost, all of them)
     n_dec = max_chunk = 0
     for i in cs.active:
@@ -253,6 +260,10 @@ def _diagnostics(cs: st.Candidates, step: st.Step, led: st.Ledger, b: st.Batch, 
     info.chunk_mean, info.kv_free_blocks = cs.chunk_mean, led.kv_free
     info.oracle_reforms, info.oracle_excluded = ora.counts.reforms, ora.counts.excluded
     info.oracle_admissible = led.oracle_admissible
+    info.t_planned = budget.formed_time(par, led, cost)
+    info.plan_slo = led.t_limit if led.t_limit != math.inf else math.nan
+    info.planned_overrun = info.t_planned * par.time_scale > led.t_limit  # (False for NaN)
+    info.time_scale = par.time_scale
 
 
 @jit

@@ -13,10 +13,11 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
-from accelgen.core.iteration import Pivot
+from accelgen.core.iteration import BatchShape, Pivot
 from accelgen.core.policy import Decision, InfoRow, Policy, PolicyParams, SchedulerView
 from accelgen.core.request import Request
 from accelgen.policies.accelgen.build import load
+from accelgen.policies.accelgen.closed_loop import ClosedLoop
 from accelgen.policies.accelgen.state import INFO_INDEX, NO_ADMISSION_CAP, NO_SLOT, OUTCOME
 from accelgen.policies.accelgen.table import RequestTable
 from accelgen.policies.accelgen.workspace import Workspace, largest_budget
@@ -43,6 +44,12 @@ class AccelGenParams(PolicyParams):
     # running-request cap (None: KV and the engine's max_num_seqs, where set, are the only caps)
     max_num_seqs: PositiveInt | None = None
     kv_growth_reserve: NonNegativeInt | None = None  # tokens promised for growth; default a block
+    # The closed loop (docs/accelgen.md, *Closed loop*; system ``accelgen-closed``): measured
+    # iterations correct the cost model and set a margin, the error quantile at the attainment aimed for.
+    closed_loop: bool = False
+    attainment_target: float = Field(0.9, gt=0.0, lt=1.0)
+    correction_weight: float = Field(0.05, gt=0.0, le=1.0)  # a new iteration's weight in the correction
+    error_window: PositiveInt = 256  # iterations whose errors set the margin
 
 
 class AccelGenPolicy(Policy):
@@ -69,6 +76,14 @@ class AccelGenPolicy(Policy):
         self._last: Decision | None = None
         # Tests set this: a check of the table against the request objects, every decision.
         self.verify: Callable[[RequestTable], list[str]] | None = None
+        # The closed loop: the last decision's predicted latency (uncorrected), taken in with the
+        # latency its iteration took (``on_step_end``, ``schedule_after_decodes``).
+        self.loop = (ClosedLoop(p.attainment_target, p.correction_weight, p.error_window)
+                     if p.closed_loop else None)
+        self._planned = math.nan
+        # The backend reports measured iterations itself (``observe_step``; the vLLM plugin under
+        # async scheduling, whose ``on_step_end`` latency is a prediction).
+        self.measured_by_backend = False
 
     # -- hooks ---------------------------------------------------------------------------------
     def largest_budget(self, pivot: Pivot) -> int:
@@ -83,6 +98,8 @@ class AccelGenPolicy(Policy):
         self._last = None
 
     def on_step_end(self, view: SchedulerView, decision: Decision, latency: float) -> None:
+        if self.loop is not None and not self.measured_by_backend:
+            self._measured(latency)
         self._table.refresh([r for r, _ in decision.scheduled] + decision.preempted)
         w = self.params.chunk_mean_weight
         for c in self._pending_cuts:
@@ -96,8 +113,24 @@ class AccelGenPolicy(Policy):
         # the same batch, ``decision`` again rather than a new one.
         if decision is not self._last or self._pending_cuts or self.verify:
             return super().schedule_after_decodes(view, decision, latency)
+        if self.loop is not None and not self.measured_by_backend:
+            self._measured(latency)
         self._table.advance_decodes(decision.scheduled, self._ws.slots, view.now)
         return self._schedule(view, decision)
+
+    def observe_step(self, predicted: float, measured: float) -> None:
+        """The closed loop takes in a step the backend measured: the cost model's latency of its
+        batch and what it took (no effect in the open loop)."""
+        if self.loop is not None and self.loop.observe(predicted, measured):
+            self._ws.set_time_scale(self.loop.scale)
+
+    def _measured(self, latency: float) -> None:
+        """The closed loop takes in the iteration of the last decision (it took ``latency``)."""
+        loop = self.loop
+        assert loop is not None
+        if loop.observe(self._planned, latency):
+            self._ws.set_time_scale(loop.scale)
+        self._planned = math.nan
 
     # -- decision ------------------------------------------------------------------------------
     def schedule(self, view: SchedulerView) -> Decision:
@@ -107,8 +140,9 @@ class AccelGenPolicy(Policy):
         out = self._run(view)
         if out is None:
             self._last = None
+            self._planned = math.nan
             return Decision(info={"token_budget": float(self._prev_budget), "n_candidates": 0.0})
-        return self._decision(out, last)
+        return self._decision(out, last, view)
 
     def explain(self, view: SchedulerView) -> dict[int, dict[str, float]]:
         """Per request (by id): the next decision's own columns after its plan (slack, urgency,
@@ -169,7 +203,7 @@ class AccelGenPolicy(Policy):
             if bad:
                 raise AssertionError("AccelGen state out of sync: " + "; ".join(bad[:5]))
 
-    def _decision(self, out: list[int], last: Decision | None) -> Decision:
+    def _decision(self, out: list[int], last: Decision | None, view: SchedulerView) -> Decision:
         """The decision in the workspace; keeps its ERA owner, cut chunks and budget. ``last`` (the previous
         decision, its batch run since as decode steps alone) itself if the batch is the same and nothing
         else."""
@@ -181,8 +215,11 @@ class AccelGenPolicy(Policy):
         # (the diagnostics as one array copy, wrapped as an InfoRow: a dict would be 21 float
         # objects per step, and the log takes its fast path only for an InfoRow of known names)
         info = ws.info_values.copy()
+        self._planned = float(info[_T_PLANNED])
         if last is not None and same_batch:
             last.info = InfoRow(self._info_names, info)
+            if self._planned != self._planned and self.loop is not None:
+                self._planned = _price(view, last.scheduled)
             return last
         objs = t.objs
         batch = list(zip(map(objs.__getitem__, ws.slots[:ns].tolist()), ws.tokens[:ns].tolist(),
@@ -191,8 +228,24 @@ class AccelGenPolicy(Policy):
             raise AssertionError("Oracle preempted under an exact KV plan")
         preempted = [objs[s] for s in ws.preempted[:npre].tolist()] if npre else []
         self._last = decision = Decision.of_batch(batch, preempted, self._info_names, info)
+        if self._planned != self._planned and self.loop is not None:  # (NaN: a model it asks)
+            self._planned = _price(view, batch)
         return decision
 
 
+def _price(view: SchedulerView, batch: list[tuple[Request, int]]) -> float:
+    """The cost model's latency of ``batch`` (as the simulator forms it), for the closed loop where the
+    decision asks the cost model (it prices its batch only for a model it evaluates itself)."""
+    shape = BatchShape()
+    for r, n in batch:
+        out = r.num_output_tokens
+        if n == 1 and out > 0 and r.prompt_len + out - r.num_computed_tokens == 1:
+            shape.add_decode(r.num_computed_tokens)
+        else:
+            shape.add_prefill(n, r.num_computed_tokens)
+    return view.cost.iteration_time(shape)
 
+
+
+_T_PLANNED = INFO_INDEX["t_planned"]
 assert OUTCOME.names == ("n_sched", "n_preempted", "n_cut", "budget", "era_owner", "same_batch")

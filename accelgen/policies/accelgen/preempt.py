@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from accelgen.policies.accelgen import batch, kv, rank
+from accelgen.policies.accelgen import batch, budget, kv, rank
 from accelgen.policies.accelgen import state as st
 from accelgen.policies.accelgen.jit import jit
 
@@ -68,14 +68,20 @@ def _victims(cs: st.Candidates, par: st.Params, led: st.Ledger, b: st.Batch) -> 
 
 @jit
 def force(cs: st.Candidates, s: int, min_key: float, oversize: bool, par: st.Params, led: st.Ledger,
-          b: st.Batch) -> bool:
-    """Add ``s`` with the largest chunk the budget allows, preempting running requests with the largest
-    victim key above ``min_key`` until its KV fits (``oversize``: a /Chunk prompt longer than the
-    budget, run whole). Returns whether it joined."""
+          b: st.Batch, cost: st.Cost) -> bool:
+    """Add ``s`` with the largest chunk the budget and the batch's latency limit allow (the exact plan;
+    a decode, here an urgent one, is within T_max), preempting running requests with the largest victim
+    key above ``min_key`` until its KV fits (``oversize``: a /Chunk prompt longer than the budget, run
+    whole). Returns whether it joined."""
     r, c = cs.req[s], cs.cand[s]
     tokens = 1 if c.is_decode else (c.rem if oversize or not par.chunk else min(c.rem, led.budget_left))
     if tokens < 1 or (not c.is_decode and not par.chunk and not oversize and c.rem > led.budget_left):
         return False
+    if not (c.is_decode or oversize):
+        capped = budget.chunk_cap(par, led, cost, r.computed, tokens)
+        if capped < 1 or (not par.chunk and capped < tokens):
+            return False
+        tokens = capped
     if not r.running:  # admission: the whole remaining prompt must fit
         if led.admissions < 1:
             return False

@@ -11,6 +11,7 @@ import numpy as np
 
 from accelgen.core.iteration import BatchShape
 from accelgen.costmodel.analytic import RooflineTerms
+from accelgen.costmodel.calibrated import CalibratedConsts
 
 NO_SLOT = -1  # no request (no ERA holder, no oversized prompt), no position in the dormant queue
 UNKNOWN = -1  # a KV need this decision has not derived yet
@@ -138,6 +139,12 @@ class Ledger:
     n_touched: int  # dormant requests woken in this pass
     last_n_sched: int  # the previous decision's batch size (``Batch.last_slots``)
     dormant_head: int  # dormant[:dormant_head] is no longer available
+    t_limit: float  # the latency the batch is planned within: SLO_min (inf: none, or unreachable)
+    pf_tokens: int  # the batch formed so far, as the cost model prices it (``BatchShape``)
+    pf_seqs: int
+    pf_attn: float
+    dec_seqs: int
+    dec_ctx: int
 
 
 class OracleCounts:
@@ -188,6 +195,8 @@ class Params:
     per_ctx_s: float
     per_attn_s: float
     cost_roofline: bool  # the analytic model (its constants in ``Cost.roofline``)
+    cost_calibrated: bool  # the calibrated model (its constants in ``Cost.calibrated``)
+    time_scale: float  # every predicted latency x this (the closed loop's correction and margin; 1)
 
 
 class DormantEntry:
@@ -234,6 +243,10 @@ class AccelGenInfo:
     progress_fallback: float
     chunk_mean: float
     kv_free_blocks: float
+    t_planned: float  # the cost model's latency of the batch formed (NaN: a model the decision asks)
+    plan_slo: float  # the latency it was planned within (NaN: none)
+    planned_overrun: float  # t_planned x time_scale > plan_slo
+    time_scale: float
 
 
 class Info(AccelGenInfo):
@@ -255,7 +268,8 @@ REQUEST, CANDIDATE, STEP, OUTCOME = record(RequestRow), record(Candidate), recor
 # Everything that is not per request, one record (one array for the compiled call to take).
 STATE = np.dtype([("step", STEP), ("ledger", record(Ledger)), ("oracle", record(OracleCounts)),
                   ("outcome", OUTCOME), ("ask", record(BatchShape)), ("params", record(Params)),
-                  ("info", INFO), ("roofline", record(RooflineTerms))], align=True)
+                  ("info", INFO), ("roofline", record(RooflineTerms)),
+                  ("calibrated", record(CalibratedConsts))], align=True)
 
 
 class DecisionArrays(NamedTuple):
@@ -357,6 +371,7 @@ class Cost(NamedTuple):
     times: np.ndarray  # BUDGET_TIME per token budget
     roofline: RooflineTerms  # (a record of its fields)
     ask: BatchShape  # the batch to ask about (a record of its fields)
+    calibrated: CalibratedConsts  # (a record of its fields)
 
 
 # The decision's slot lists: rows of one int64 array (``Workspace``; one array to hand to compiled

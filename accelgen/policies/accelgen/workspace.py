@@ -60,6 +60,13 @@ class Workspace:
         self.cap = 0
         self.exact_kv = False
         self._terms: LinearTerms | None = None
+        self.time_scale = 1.0  # ``Params.time_scale`` (``set_time_scale``)
+
+    def set_time_scale(self, scale: float) -> None:
+        """Every latency the decision predicts x ``scale`` from the next decision on."""
+        if scale != self.time_scale:
+            self.time_scale = scale
+            self.arrays.state[0].params.time_scale = scale
 
     @staticmethod
     def _part(state: np.ndarray, name: str, dtype: type) -> np.ndarray:
@@ -70,8 +77,8 @@ class Workspace:
         """The fixed inputs, set again only for a new cost model, pivot, KV or engine token limit (returns
         whether it did):
         parameters, KV geometry, the budget's clamps, and what the cost model offers compiled code (linear
-        terms, followed at every call; roofline terms; else forward times of the budgets 0..cap + 1, the
-        rest asked)."""
+        terms, followed at every call; roofline or calibrated constants; else forward times of the budgets
+        0..cap + 1, the rest asked)."""
         cost, pivot, kv, limit = view.cost, view.pivot, view.kv, view.max_num_batched_tokens
         key = self.configured
         if key and key[0] is cost and key[1] is pivot and key[2] is kv and key[3] == limit:
@@ -98,6 +105,11 @@ class Workspace:
         par.cost_roofline = roofline is not None
         if roofline is not None:
             self.arrays.state.view(np.ndarray)["roofline"][0] = tuple(roofline)
+        calibrated = cost.calibrated_consts()
+        par.cost_calibrated = calibrated is not None
+        if calibrated is not None:
+            self.arrays.state.view(np.ndarray)["calibrated"][0] = tuple(calibrated)
+        par.time_scale = self.time_scale
         times = _records(BUDGET_TIME, cap + 2)
         self._full_batch = times.view(np.ndarray)["full_batch"]
         self._full_batch[:] = math.nan
