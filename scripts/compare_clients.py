@@ -79,12 +79,17 @@ def ensure_venv(venvs: Path, name: str, spec: str) -> Path:
     return venv
 
 
-def run_logged(cmd: list[str], log: Path, timeout: float) -> None:
+def run_logged(cmd: list[str], log: Path, timeout: float, *, offline: bool = True) -> None:
+    """``cmd`` with its output in ``log``; ``offline``: Hugging Face's offline switches on (AIPerf
+    0.13.0 cannot load a tokenizer from a local directory with them: it then looks the path up
+    in the hub's cache)."""
+    env = {**os.environ, **OFFLINE} if offline else {
+        k: v for k, v in os.environ.items() if k not in OFFLINE}
     with open(log, "w") as f:
         f.write(" ".join(cmd) + "\n")
         f.flush()
         proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout,
-                              env={**os.environ, **OFFLINE}, stdin=subprocess.DEVNULL)
+                              env=env, stdin=subprocess.DEVNULL)
     if proc.returncode != 0:
         tail = log.read_text(errors="replace").splitlines()[-5:]
         raise RuntimeError(f"{cmd[0]} exited {proc.returncode}: {' / '.join(tail)}")
@@ -167,7 +172,7 @@ def aiperf(a: argparse.Namespace, url: str, tiny: Path, out: Path) -> dict[str, 
                 "--arrival-pattern", "constant",
                 "--request-count", str(a.requests), "--random-seed", str(a.seed),
                 "--artifact-dir", str(art), "--ui-type", "none"],
-               out / "aiperf.log", a.client_timeout)
+               out / "aiperf.log", a.client_timeout, offline=False)
     found = sorted(art.rglob("profile_export_aiperf.json"))
     if not found:
         raise RuntimeError(f"AIPerf wrote no profile_export_aiperf.json under {art}")
