@@ -33,6 +33,7 @@ takes the machine's cores for a few minutes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -40,6 +41,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pandas as pd
@@ -239,6 +241,12 @@ def main() -> int:
     p.add_argument("--guidellm", default="0.8.1", help="GuideLLM version")
     p.add_argument("--aiperf", default="0.13.0", help="AIPerf version")
     p.add_argument("--client-timeout", type=float, default=300.0, metavar="SECONDS")
+    p.add_argument("--url", help="an OpenAI-compatible server already running (then no "
+                                 "accelgen serve is started; give --model and --tokenizer), e.g. "
+                                 "tests/fake_openai_server.py")
+    p.add_argument("--model", default=None, help="with --url: the model name (default fake)")
+    p.add_argument("--tokenizer", type=Path, help="with --url: the tokenizer directory "
+                                                  "(default: the tiny model's, written to --out)")
     p.add_argument("--out", type=Path, default=Path("results/clients"))
     a = p.parse_args()
     clients = [c for c in a.clients.split(",") if c]
@@ -248,7 +256,6 @@ def main() -> int:
 
     from accelgen.vllm_integration.serve import TINY_MODEL_NAME, ServerProcess
 
-    a.model = TINY_MODEL_NAME
     out: Path = a.out
     out.mkdir(parents=True, exist_ok=True)
     missing: dict[str, str] = {}
@@ -262,9 +269,17 @@ def main() -> int:
                 clients.remove(client)
     tiny = out / "tiny"
     rows: list[dict[str, Any]] = []
-    server = ServerProcess(["--system", a.system, "--tiny-dir", str(tiny), "--max-model-len",
-                            "2048"], log_path=out / "server.log")
-    with server:
+    if a.url is None:
+        a.model = TINY_MODEL_NAME
+        server: Any = ServerProcess(["--system", a.system, "--tiny-dir", str(tiny),
+                                     "--max-model-len", "2048"], log_path=out / "server.log")
+    else:
+        from accelgen.vllm_integration.tiny_model import write_tiny_model
+
+        a.model = a.model or "fake"
+        tiny = a.tokenizer or write_tiny_model(tiny)
+        server = contextlib.nullcontext(SimpleNamespace(url=a.url))
+    with server as served:
         for rep in range(a.repeats):
             order = clients[rep % len(clients):] + clients[:rep % len(clients)]
             for client in order:
@@ -273,7 +288,7 @@ def main() -> int:
                 load, t = os.getloadavg()[0], time.perf_counter()
                 row: dict[str, Any] = {"client": client, "rep": rep, "load": load, "error": ""}
                 try:
-                    row.update(RUNNERS[client](a, server.url, tiny, run_dir))
+                    row.update(RUNNERS[client](a, served.url, tiny, run_dir))
                 except (RuntimeError, subprocess.TimeoutExpired, KeyError, OSError,
                         ValueError) as exc:
                     row["error"] = f"{type(exc).__name__}: {exc}"[:300]

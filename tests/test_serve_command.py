@@ -54,7 +54,7 @@ def test_the_tiny_model_has_a_short_name_and_whole_word_output(
     words = dry_run(capsys, tmp_path)
     assert option(words, "--served-model-name") == "accelgen-tiny"
     assert option(words, "--logits-processors") == (
-        "accelgen.vllm_integration.tiny_output.WholeWordOutput")
+        "accelgen.vllm_integration.tiny_output:WholeWordOutput")
     # The user's own name (vLLM's option) wins; a model of the user's gets neither.
     words = dry_run(capsys, tmp_path, "--served-model-name", "mine")
     assert words.count("--served-model-name") == 1 and option(words, "--served-model-name") == "mine"

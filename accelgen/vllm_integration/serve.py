@@ -43,7 +43,7 @@ MIDDLEWARE = "accelgen.vllm_integration.slo_http.SLOMiddleware"
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30
 TINY_MODEL_DIR = Path(tempfile.gettempdir()) / "accelgen-tiny-model"
 TINY_MODEL_NAME = "accelgen-tiny"  # what clients name the tiny model (its directory is a path)
-TINY_OUTPUT = "accelgen.vllm_integration.tiny_output.WholeWordOutput"
+TINY_OUTPUT = "accelgen.vllm_integration.tiny_output:WholeWordOutput"
 # vLLM options accelgen serve sets itself; given by the user they would contradict the plugin.
 OWNED_OPTIONS = {
     "--scheduler-cls": "use --system / --policy",

@@ -8,7 +8,7 @@ tokens by re-tokenizing the reply (AIPerf by default) then counts a fifth more t
 server made, and the model ends replies at EOS at random (about one step in a thousand).
 
 ``WholeWordOutput`` (``--logits-processors
-accelgen.vllm_integration.tiny_output.WholeWordOutput``, which ``accelgen serve`` sets for the
+accelgen.vllm_integration.tiny_output:WholeWordOutput``, which ``accelgen serve`` sets for the
 tiny model) lets the model choose only among the ids that are one space and ASCII letters (`` the``,
 `` of``, `` T``, ...) and that the tokenizer gives back as themselves (340 of the 1024 ids). Any
 sequence of them reads as words separated by single spaces, and the tokenizer's pre-tokenizer splits
