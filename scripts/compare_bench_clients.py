@@ -51,12 +51,15 @@ def write_timed_trace(trace: pd.DataFrame, path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def run_vllm(url: str, model: str, timed: Path, n: int, out: Path) -> dict[str, Any]:
-    """vLLM's client, in this process (``serve.run_vllm_bench_serve``: vLLM is imported once)."""
+def run_vllm(url: str, model: str, tokenizer: Path, timed: Path, n: int, out: Path
+             ) -> dict[str, Any]:
+    """vLLM's client, in this process (``serve.run_vllm_bench_serve``: vLLM is imported once);
+    the tiny model's tokenizer from its directory (the served name is not a path)."""
     from accelgen.vllm_integration.serve import run_vllm_bench_serve
 
     res = run_vllm_bench_serve([
-        "--base-url", url, "--model", model, "--dataset-name", "timed_trace",
+        "--base-url", url, "--model", model, "--tokenizer", str(tokenizer),
+        "--dataset-name", "timed_trace",
         "--dataset-path", str(timed), "--num-prompts", str(n), "--ignore-eos",
         "--temperature", "0", "--num-warmups", "2", "--disable-tqdm",
         "--percentile-metrics", ",".join(METRICS), "--metric-percentiles", "50,99",
@@ -146,7 +149,8 @@ def main() -> int:
                 load = os.getloadavg()[0]
                 t = time.perf_counter()
                 if client == "vllm":
-                    res = run_vllm(server.url, model, timed, len(trace), run_dir)
+                    res = run_vllm(server.url, model, out / "tiny", timed, len(trace),
+                                   run_dir)
                     name = "vllm bench serve"
                 else:
                     res = run_ours(server.url, model, trace_path, run_dir)

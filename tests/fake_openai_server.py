@@ -1,12 +1,15 @@
 """A deterministic fake of vLLM's streaming completions endpoint, for comparing serving clients
-(``test_bench_clients.py``): ``python tests/fake_openai_server.py PORT`` serves
-``POST /v1/completions`` (streamed) and ``GET /v1/models`` on 127.0.0.1.
+(``test_bench_clients.py``, ``scripts/compare_clients.py --url``): ``python
+tests/fake_openai_server.py PORT`` serves ``POST /v1/completions`` (streamed), ``GET /v1/models``
+and ``GET /health`` on 127.0.0.1.
 
 Each request gets its first event ``FIRST_S + PER_PROMPT_TOKEN_S x prompt tokens`` after it
 arrived, then one event every ``GAP_S`` until ``max_tokens`` tokens are sent; every fifth event
 carries two tokens (a stream that fell behind its engine). Events carry ``token_ids`` when asked
 (``return_token_ids``) and a running usage with ``continuous_usage_stats``; a final event has the
-usage, then ``[DONE]``. The times are coarse enough that a loaded machine's few milliseconds of
+usage, then ``[DONE]``. Each token's text is `` the`` (one token of GPT-2 and of the tiny
+model's tokenizer), so a client that re-tokenizes the reply counts what was sent. The times
+are coarse enough that a loaded machine's few milliseconds of
 scheduling jitter stay well below the 10 % the clients are compared to.
 """
 
@@ -38,11 +41,12 @@ async def completions(request: web.Request) -> web.StreamResponse:
     while sent < n:
         k = min(2 if event % PACK_EVERY == PACK_EVERY - 1 else 1, n - sent)
         sent += k
-        choice: dict[str, Any] = {"index": 0, "text": "ab"[:k],
+        choice: dict[str, Any] = {"index": 0, "text": " the" * k,
                                   "finish_reason": "length" if sent == n else None}
         if ids:
             choice["token_ids"] = [7] * k
-        chunk: dict[str, Any] = {"choices": [choice]}
+        chunk: dict[str, Any] = {"id": "cmpl-fake", "object": "text_completion",
+                                 "model": body.get("model", "fake"), "choices": [choice]}
         if usage_each:
             chunk["usage"] = {"prompt_tokens": len(prompt), "completion_tokens": sent}
         await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
@@ -50,19 +54,25 @@ async def completions(request: web.Request) -> web.StreamResponse:
         if sent < n:
             await asyncio.sleep(GAP_S)
     usage = {"prompt_tokens": len(prompt), "completion_tokens": n, "total_tokens": n}
-    await resp.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode()
+    await resp.write(b"data: " + json.dumps({"id": "cmpl-fake", "object": "text_completion",
+                                             "choices": [], "usage": usage}).encode()
                      + b"\n\ndata: [DONE]\n\n")
     return resp
 
 
 async def models(request: web.Request) -> web.Response:
-    return web.json_response({"data": [{"id": "fake"}]})
+    return web.json_response({"object": "list", "data": [{"id": "fake", "object": "model"}]})
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.Response(status=200)
 
 
 def make_app() -> web.Application:
     app = web.Application()
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
     return app
 
 

@@ -49,6 +49,19 @@ def test_the_command_has_what_the_plugin_needs(capsys: pytest.CaptureFixture[str
     assert option(words, "--shutdown-timeout") == "30"
 
 
+def test_the_tiny_model_has_a_short_name_and_whole_word_output(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    words = dry_run(capsys, tmp_path)
+    assert option(words, "--served-model-name") == "accelgen-tiny"
+    assert option(words, "--logits-processors") == (
+        "accelgen.vllm_integration.tiny_output:WholeWordOutput")
+    # The user's own name (vLLM's option) wins; a model of the user's gets neither.
+    words = dry_run(capsys, tmp_path, "--served-model-name", "mine")
+    assert words.count("--served-model-name") == 1 and option(words, "--served-model-name") == "mine"
+    words = dry_run(capsys, tmp_path, "--model", "facebook/opt-125m")
+    assert "--served-model-name" not in words and "--logits-processors" not in words
+
+
 def test_stock_runs_the_instrumented_scheduler(capsys: pytest.CaptureFixture[str],
                                                tmp_path: Path) -> None:
     words = dry_run(capsys, tmp_path, "--system", "stock", "--shutdown-timeout", "5")

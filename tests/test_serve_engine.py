@@ -28,7 +28,7 @@ from accelgen.results import read_results
 from accelgen.vllm_integration.adapter_config import AUTO_REQ_ID_BASE
 from accelgen.vllm_integration.logsink import read_log, read_logs
 from accelgen.vllm_integration.sample_trace import mixed_slo_trace
-from accelgen.vllm_integration.serve import ServerProcess, run_vllm_bench_serve
+from accelgen.vllm_integration.serve import TINY_MODEL_NAME, ServerProcess, run_vllm_bench_serve
 from accelgen.workloads.trace import write_trace
 
 # One server for the module: its tests run in this order on one pytest-xdist worker (the marker
@@ -106,6 +106,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     with server:
         with urllib.request.urlopen(f"{server.url}/v1/models", timeout=30) as resp:
             model = json.loads(resp.read())["data"][0]["id"]
+        assert model == TINY_MODEL_NAME
         yield Served(server, model, logs, tmp, set())
 
 
@@ -196,10 +197,61 @@ def test_malformed_requests_get_a_4xx_naming_the_field(served: Served) -> None:
         status, err = post(url, body, path, headers)
         assert status == want, (body if isinstance(body, bytes) else list(body), err)
         assert field in (err["error"].get("param") or ""), (field, err)
+        if want == 404:  # the served names, in the message
+            assert err["error"]["message"] == (
+                f"The model `no-such-model` does not exist. This server serves: {model} "
+                "(GET /v1/models lists them)."), err
     # ... and the server still serves.
     status, out = post(url, {"model": model, "prompt": "still here", "max_tokens": 3,
                              "ignore_eos": True})
     assert status == 200 and out["usage"]["completion_tokens"] == 3
+
+
+def test_replies_re_tokenize_to_their_count_and_never_stop_early(served: Served) -> None:
+    """100 replies of 32 tokens (completions and chats, streamed and not) from a client that
+    does not send ignore_eos: each runs to max_tokens, decodes to whole text, and the tiny
+    tokenizer counts 32 tokens in it again."""
+    import aiohttp
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(served.tmp / "tiny"))
+    url, model = served.server.url, served.model
+
+    async def one(session: aiohttp.ClientSession, i: int) -> tuple[str, int, str | None]:
+        chat, stream = i % 2 == 1, i % 4 >= 2
+        body: dict[str, Any] = {"model": model, "max_tokens": 32, "stream": stream,
+                                "temperature": 1.0, "seed": i}
+        if chat:
+            body["messages"] = [{"role": "user", "content": f"Tell me story {i}."}]
+        else:
+            body["prompt"] = f"Once upon a time, number {i},"
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        path = "/v1/chat/completions" if chat else "/v1/completions"
+        async with session.post(f"{url}{path}", json=body) as resp:
+            assert resp.status == 200, await resp.text()
+            if not stream:
+                data = await resp.json()
+                choice = data["choices"][0]
+                text = choice["message"]["content"] if chat else choice["text"]
+                return text, data["usage"]["completion_tokens"], choice["finish_reason"]
+            events = [json.loads(line[5:]) for line in (await resp.text()).splitlines()
+                      if line.startswith("data:") and line.strip() != "data: [DONE]"]
+        parts = [(c["delta"].get("content") or "") if chat else c["text"]
+                 for e in events for c in e["choices"]]
+        finish = [c["finish_reason"] for e in events for c in e["choices"] if c["finish_reason"]]
+        return "".join(parts), events[-1]["usage"]["completion_tokens"], finish[-1]
+
+    async def all_of_them() -> list[tuple[str, int, str | None]]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
+            return list(await asyncio.gather(*(one(session, i) for i in range(100))))
+
+    replies = asyncio.run(all_of_them())
+    served.auto_sent += len(replies)
+    assert [(n, f) for _, n, f in replies] == [(32, "length")] * 100
+    counts = [len(tok.encode(text, add_special_tokens=False)) for text, _, _ in replies]
+    assert all("\ufffd" not in text for text, _, _ in replies)
+    assert counts == [32] * 100, counts
 
 
 def test_vllm_bench_serve_against_it(served: Served) -> None:
@@ -208,6 +260,7 @@ def test_vllm_bench_serve_against_it(served: Served) -> None:
     server names."""
     res = run_vllm_bench_serve([
         "--base-url", served.server.url, "--model", served.model,
+        "--tokenizer", str(served.tmp / "tiny"),
         "--dataset-name", "random", "--random-input-len", "48", "--random-output-len", "8",
         "--num-prompts", str(VLLM_BENCH_PROMPTS), "--request-rate", "20", "--ignore-eos",
         "--seed", "0", "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl,e2el",

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 from aiohttp import web
 
@@ -362,9 +363,10 @@ def test_result_json_matches_a_hand_computation(tmp_path: Path,
     url, _ = fake_server
     trace = mixed_slo_trace(n=12, rate=40.0, seed=5)
     trace["output_len"] = trace["output_len_natural"] = np.arange(12) % 5 + 2  # 2..6 tokens
-    # --no-slos: no req_id reaches the fake, which fails some ids on purpose.
+    # req_ids past the ones the fake fails on purpose.
     assert main(["bench-serve", "--url", url, "--trace", str(_write(trace, tmp_path)),
-                 "--out", str(tmp_path / "out"), "--no-progress", "--save-detailed", "--no-slos",
+                 "--out", str(tmp_path / "out"), "--no-progress", "--save-detailed",
+                 "--req-id-offset", "100",
                  "--request-rate", "50", "--burstiness", "0.5", "--seed", "3",
                  "--metric-percentiles", "50,90,99.5", "--goodput", "ttft:1000", "tpot:6",
                  "--percentile-metrics", "ttft,tpot,itl,e2el,client_queue_time"]) == 0
@@ -536,3 +538,193 @@ def test_req_id_offset_changes_only_the_ids_sent() -> None:
     reqs, _ = to_requests(mixed_slo_trace(n=3, seed=1))
     body = request_body(reqs[2], 4, BenchConfig(url="u", req_id_offset=1000), "m")
     assert body["vllm_xargs"]["req_id"] == 1002 and reqs[2].req_id == 2
+
+
+class NotFoundApp:
+    """vLLM's answer to a request naming a model it does not serve (0.32's message, after its
+    error filter turned a path into ``<path>``), sent in two body parts."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        body = json.dumps({"error": {"message": "The model `gpt-4` does not exist. Valid "
+                                                "aliases: <path>.", "type": "NotFoundError",
+                                     "param": "model", "code": 404}}).encode()
+        await send({"type": "http.response.start", "status": 404,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body[:10], "more_body": True})
+        await send({"type": "http.response.body", "body": body[10:]})
+
+
+def test_a_wrong_model_name_gets_a_404_naming_the_served_models() -> None:
+    from types import SimpleNamespace
+
+    models = SimpleNamespace(base_model_paths=[SimpleNamespace(name="accelgen-tiny"),
+                                               SimpleNamespace(name="/tmp/m")],
+                             lora_requests={"sql-lora": object()})
+    app = SimpleNamespace(state=SimpleNamespace(openai_serving_models=models))
+    code, err = call(SLOMiddleware(NotFoundApp()), {"model": "gpt-4", "prompt": "hi"},
+                     app_object=app)
+    assert code == 404 and err is not None and err["error"]["param"] == "model"
+    assert err["error"]["message"] == ("The model `gpt-4` does not exist. This server serves: "
+                                       "accelgen-tiny, /tmp/m, sql-lora (GET /v1/models lists "
+                                       "them).")
+    # Without the app's model list, vLLM's answer passes unchanged; so does any other 404.
+    code, err = call(SLOMiddleware(NotFoundApp()), {"model": "gpt-4", "prompt": "hi"})
+    assert code == 404 and err is not None and "<path>" in err["error"]["message"]
+
+
+# --------------------------------------------------------------------------------------------
+# request sets besides a trace: vLLM's random dataset, SLOs from a named class set
+
+
+def test_the_random_dataset_draws_lengths_as_vllm_does() -> None:
+    from accelgen.serving.datasets import random_dataset, with_slo_classes
+    from accelgen.workloads.slo_classes import SLO_CLASS_SETS
+
+    df = random_dataset(400, 100, 20, 0.5, seed=3)
+    assert len(df) == 400 and (df["arrival"] == 0).all() and (df["req_id"] == np.arange(400)).all()
+    assert df["prompt_len"].between(50, 150).all() and df["output_len"].between(10, 30).all()
+    assert {df["prompt_len"].min(), df["prompt_len"].max()} == {50, 150}  # both ends reached
+    assert (df["predicted_output_len"] == 20).all() and not df["online"].any()
+    again, other = random_dataset(400, 100, 20, 0.5, seed=3), random_dataset(400, 100, 20, 0.5, 4)
+    assert df.equals(again) and not df["prompt_len"].equals(other["prompt_len"])
+    fixed = random_dataset(5, 7, 3, 0.0, seed=0)
+    assert (fixed["prompt_len"] == 7).all() and (fixed["output_len"] == 3).all()
+    for args, message in (((5, 7, 3, 1.0), r"in \[0, 1\)"), ((5, 1, 3, 0.5), "below 1"),
+                          ((0, 7, 3, 0.0), "--num-prompts")):
+        with pytest.raises(ValueError, match=message):
+            random_dataset(*args, seed=0)  # type: ignore[misc]
+    slod, names = with_slo_classes(df, "tiny-cpu", seed=3)
+    assert with_slo_classes(df, "tiny-cpu", seed=3)[0].equals(slod)
+    classes = {c.name: c for c in SLO_CLASS_SETS["tiny-cpu"]}
+    counts = pd.Series(names).value_counts(normalize=True)
+    for name, c in classes.items():
+        assert counts[name] == pytest.approx(c.share, abs=0.07)
+        rows = slod[[names[i] == name for i in slod["req_id"]]]
+        assert (rows["online"] == c.online).all()
+        if c.online:
+            assert (rows["ttft_slo"] == c.ttft_slo).all() and (rows["tbt_slo"] == c.tbt_slo).all()
+            np.testing.assert_allclose(rows["jct_slo"],
+                                       c.ttft_slo + c.tbt_slo * (rows["output_len"] - 1))
+        else:
+            assert (rows["jct_slo"] == c.jct_slo).all() and np.isinf(rows["ttft_slo"]).all()
+    with pytest.raises(ValueError, match="unknown SLO class set 'nope'"):
+        with_slo_classes(df, "nope", seed=0)
+
+
+def _bench(url: str, tmp_path: Path, name: str, *args: str) -> tuple[int, list[str], Path]:
+    import contextlib
+    import io
+
+    out = tmp_path / name
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = main(["bench-serve", "--url", url, "--out", str(out), "--no-progress",
+                     "--save-result", "--num-warmups", "0", *args])
+    return code, buf.getvalue().splitlines(), out
+
+
+def test_bench_serve_random_dataset_with_each_option(tmp_path: Path,
+                                                     fake_server: tuple[str, list]) -> None:
+    url, seen = fake_server
+    random = ["--dataset-name", "random", "--num-prompts", "40", "--random-input-len", "30",
+              "--random-output-len", "4", "--random-range-ratio", "0.5", "--seed", "5"]
+    # SLOs from a class set (req_ids past the fake's special ones).
+    code, lines, out = _bench(url, tmp_path, "classes", *random, "--slo-classes", "tiny-cpu",
+                              "--req-id-offset", "100")
+    assert code == 0
+    sent = seen[:]
+    assert len(sent) == 40
+    assert all(15 <= len(b["prompt"]) <= 45 and 2 <= b["max_tokens"] <= 6 for b in sent)
+    assert {len(b["prompt"]) for b in sent} != {30}  # the range ratio spreads them
+    assert all(b["vllm_xargs"]["predicted_output_len"] == 4 for b in sent)
+    tbts = {b["vllm_xargs"].get("tbt_slo") for b in sent}
+    assert tbts == {0.05, 0.1, math.inf} or tbts == {0.05, 0.1, None}
+    res = json.loads((out / "result.json").read_text())
+    assert res["completed"] == 40 and res["num_prompts"] == 40 and res["request_rate"] == "inf"
+    assert set(res["slo_attainment_by_class"]) == {"interactive", "standard", "batch"}
+    assert sum(v["requests"] for v in res["slo_attainment_by_class"].values()) == 40
+    config = json.loads((out / "config.json").read_text())
+    assert config["dataset"] == {"name": "random", "seed": 5, "slo_classes": "tiny-cpu",
+                                 "num_prompts": 40, "random_input_len": 30,
+                                 "random_output_len": 4, "random_range_ratio": 0.5}
+    assert "SLO attainment request" in lines[-2] and "interactive" in lines[-2]
+    # The same options, the same requests (a seeded set).
+    seen.clear()
+    assert _bench(url, tmp_path, "again", *random, "--slo-classes", "tiny-cpu",
+                  "--req-id-offset", "100")[0] == 0
+    key = [(b["prompt"], b["max_tokens"], b["vllm_xargs"]) for b in sent]
+    assert sorted(key, key=repr) == sorted([(b["prompt"], b["max_tokens"], b["vllm_xargs"])
+                                            for b in seen], key=repr)
+    # Without a class set: no SLOs sent, no attainment anywhere.
+    seen.clear()
+    code, lines, out = _bench(url, tmp_path, "plain", *random)
+    assert code == 0 and len(seen) == 40 and not any("vllm_xargs" in b for b in seen)
+    res = json.loads((out / "result.json").read_text())
+    assert res["slo_attainment_request"] is None and res["slo_attainment_by_class"] is None
+    assert not any("attainment" in line for line in lines)
+    # Defaults: vLLM's (1000 prompts of 1024 tokens: too many here, so only the lengths).
+    seen.clear()
+    code, _, out = _bench(url, tmp_path, "defaults", "--dataset-name", "random",
+                          "--num-prompts", "2", "--random-output-len", "2")
+    assert code == 0 and [len(b["prompt"]) for b in seen] == [1024, 1024]
+
+
+def test_no_slos_reports_no_attainment_and_lines_stay_short(
+        tmp_path: Path, fake_server: tuple[str, list]) -> None:
+    """A trace with 60 distinct TBT SLOs (60 classes): with SLOs the attainment line gives their
+    count, not each; with --no-slos nothing is judged. Every printed line <= 200 characters."""
+    from accelgen.cli.bench_serve import MAX_LINE
+
+    url, seen = fake_server
+    trace = mixed_slo_trace(n=60, rate=200.0, seed=2, output_range=(3, 5),
+                            online_share=1.0, tbt_choices=list(np.arange(1, 61) * 0.01))
+    path = _write(trace, tmp_path)
+    code, lines, out = _bench(url, tmp_path, "slos", "--trace", str(path),
+                              "--req-id-offset", "100")
+    assert code == 0 and all(len(line) <= MAX_LINE for line in lines), lines
+    summary = json.loads((out / "summary.json").read_text())
+    n_classes = len(summary["slo_attainment_by_class"])
+    assert n_classes > 30 and f"({n_classes} SLO classes" in lines[-2]
+    assert lines[-1].startswith(f"bench-serve: wrote {out} (requests.parquet, summary.json, "
+                                "result.json): ")
+    seen.clear()
+    code, lines, out = _bench(url, tmp_path, "no-slos", "--trace", str(path), "--no-slos")
+    assert code == 0 and all(len(line) <= MAX_LINE for line in lines)
+    assert len(seen) == 60 and not any("vllm_xargs" in b for b in seen)
+    assert not any("attainment" in line for line in lines)
+    res = json.loads((out / "result.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
+    for key in ("slo_attainment_request", "ttft_attainment", "tbt_attainment",
+                "jct_attainment", "slo_attainment_by_class"):
+        assert res[key] is None and summary[key] is None, key
+    assert res["completed"] == 60 and res["median_ttft_ms"] is not None
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ([], "give the requests: --trace FILE or --dataset-name random"),
+    (["--dataset-name", "trace"], "--dataset-name trace needs --trace FILE"),
+    (["--dataset-name", "random", "--trace", "t.parquet"], "leave out --dataset-name random"),
+    (["--dataset-name", "random", "--random-range-ratio", "1"], "must be in [0, 1)"),
+    (["--dataset-name", "random", "--num-prompts", "0"], "--num-prompts must be >= 1"),
+    (["--dataset-name", "random", "--random-input-len", "1", "--random-range-ratio", "0.5"],
+     "below 1"),
+    (["--dataset-name", "random", "--slo-classes", "nope"], "invalid choice: 'nope'"),
+    (["--dataset-name", "random", "--find-capacity"], "--find-capacity searches the rate"),
+    (["--trace", "TRACE", "--random-input-len", "5"], "--random-input-len: options of "
+                                                       "--dataset-name random"),
+])
+def test_bench_serve_refuses_bad_dataset_options(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str],
+                                                 args: list[str], message: str) -> None:
+    trace = _write(mixed_slo_trace(n=3, seed=1), tmp_path)
+    args = [str(trace) if a == "TRACE" else a for a in args]
+    try:
+        code = main(["bench-serve", "--url", "http://127.0.0.1:9", "--out",
+                     str(tmp_path / "out"), *args])
+    except SystemExit as exit_:
+        code = exit_.code
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -53,3 +53,38 @@ def test_the_cut_is_a_prefix_of_gpt2() -> None:
     assert cut["merges.txt"].splitlines() == full["merges.txt"].splitlines()[:1 + 43]
     with pytest.raises(ValueError, match="vocab_size 256"):
         TinyModelSpec(vocab_size=256)
+
+
+def test_the_tiny_models_output_re_tokenizes_to_its_count(tmp_path: Path) -> None:
+    """``tiny_output.WholeWordOutput`` (what ``accelgen serve`` gives the tiny model): the ids it
+    leaves are whole words, any sequence of them decodes to text that the tokenizer gives back
+    as the same ids, and EOS and the byte tokens are masked."""
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("vllm")
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from accelgen.vllm_integration.tiny_output import WholeWordOutput, whole_word_ids
+
+    spec = TinyModelSpec()
+    model = write_tiny_model(tmp_path / "m", spec)
+    tok = transformers.AutoTokenizer.from_pretrained(str(model))
+    allowed = whole_word_ids(tok, spec.vocab_size)
+    assert len(allowed) == 340 and tok.eos_token_id not in allowed
+    assert not set(allowed) & set(range(256))  # no byte token (half a UTF-8 character)
+    rng = np.random.default_rng(0)
+    for _ in range(100):  # 100 replies of 32 tokens
+        ids = rng.choice(allowed, 32).tolist()
+        text = tok.decode(ids)
+        assert "\ufffd" not in text and tok.encode(text, add_special_tokens=False) == ids
+    config = SimpleNamespace(model_config=SimpleNamespace(
+        tokenizer=str(model), get_vocab_size=lambda: spec.vocab_size))
+    proc = WholeWordOutput(config, torch.device("cpu"), False)  # type: ignore[arg-type]
+    logits = torch.randn(3, spec.vocab_size)
+    logits[:, tok.eos_token_id] = 100.0  # EOS the likeliest: still never chosen
+    out = proc.apply(logits.clone())
+    assert torch.isfinite(out).sum(dim=1).tolist() == [len(allowed)] * 3
+    assert set(out.argmax(dim=1).tolist()) <= set(allowed)
+    assert not proc.is_argmax_invariant()

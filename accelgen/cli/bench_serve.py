@@ -1,13 +1,22 @@
-"""``accelgen bench-serve``: replay a trace against an OpenAI-compatible server.
+"""``accelgen bench-serve``: replay a trace, or a random request set, against an
+OpenAI-compatible server.
 
-Sends every request of the trace at its arrival time (or at ``--request-rate``) as a streaming
+The requests: a trace file (``--trace``), or ``--dataset-name random`` (``--num-prompts``
+requests with lengths from ``--random-input-len``, ``--random-output-len`` and
+``--random-range-ratio``, as ``vllm bench serve`` makes them; ``accelgen.serving.datasets``).
+SLOs: the trace's own, or drawn from a named class set (``--slo-classes``:
+``workloads.slo_classes``); a random set without one, or ``--no-slos``, has none, sends none and
+reports no attainment.
+
+Sends every request at its arrival time (or at ``--request-rate``) as a streaming
 completion with ``max_tokens`` = its output length, ``ignore_eos`` and its SLOs in
 ``vllm_xargs``, time-stamps every streamed token, and writes ``requests.parquet``,
 ``summary.json`` (the metrics of ``accelgen simulate``) and ``config.json`` to ``--out``;
 ``--save-result`` adds the result JSON of ``vllm bench serve`` (its keys and definitions, with
-per-request SLO attainment beside them). ``--find-capacity`` searches the highest request rate
-that meets ``--target`` attainment. Options shared with ``vllm bench serve`` are spelt as there.
-See ``accelgen.serving``.
+per-request SLO attainment beside them, per class too). ``--find-capacity`` searches the highest
+request rate that meets ``--target`` attainment. Options shared with ``vllm bench serve`` are
+spelt as there. The closing lines are short whatever the number of SLO classes (per-class
+numbers are in ``summary.json`` and the result JSON). See ``accelgen.serving``.
 """
 
 from __future__ import annotations
@@ -18,6 +27,12 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_RESULT_FILENAME = "result.json"
+MAX_LINE = 200  # characters of a line bench-serve prints
+DATASETS = ("trace", "random")
+# vLLM bench serve's defaults for its random dataset
+DEFAULT_NUM_PROMPTS = 1000
+RANDOM_DEFAULTS: dict[str, Any] = {"random_input_len": 1024, "random_output_len": 128,
+                                   "random_range_ratio": 0.0}
 
 
 def _positive(text: str) -> float:
@@ -87,10 +102,12 @@ def parse_goodput(pairs: list[str] | None) -> dict[str, float]:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench-serve", help="replay a trace against an OpenAI-compatible server",
-                       description=__doc__)
+    from accelgen.cli.options import hidden_alias
+    from accelgen.workloads.slo_classes import SLO_CLASS_SETS
+
+    p = sub.add_parser("bench-serve", help="replay a trace or a random request set against an "
+                       "OpenAI-compatible server", description=__doc__)
     p.add_argument("--url", required=True, help="the server's base URL, e.g. http://127.0.0.1:8000")
-    p.add_argument("--trace", required=True, type=Path, help="trace file (.parquet or .csv)")
     p.add_argument("--out", required=True, type=Path, help="results directory")
     p.add_argument("--model", help="model name to request (default: the server's first model)")
     p.add_argument("--prompt", choices=["tokens", "text"], default="tokens",
@@ -98,25 +115,45 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "per word, for servers that need text)")
     p.add_argument("--vocab-size", type=int, default=1024,
                    help="token-id prompts use ids in [3, VOCAB_SIZE) (default 1024: the tiny model)")
-    p.add_argument("--limit", type=int, help="replay only the first N requests")
     p.add_argument("--label", default="server",
                    help="what the server runs (summary.json 'policy'), e.g. accelgen or stock")
     p.add_argument("--no-slos", action="store_true",
-                   help="send no vllm_xargs (for servers other than vLLM)")
+                   help="send no vllm_xargs (for servers other than vLLM) and judge nothing "
+                        "against SLOs (no attainment reported)")
     p.add_argument("--req-id-offset", type=int, default=0,
                    help="added to every req_id sent, to replay a trace again on one server "
                         "(it refuses a req_id it has served; default 0)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--request-timeout", type=float, default=600.0, metavar="SECONDS")
+    data = p.add_argument_group("requests (as vllm bench serve)")
+    data.add_argument("--dataset-name", choices=DATASETS,
+                      help="trace: the --trace file (the default when --trace is given); random: "
+                           "--num-prompts requests of random lengths")
+    data.add_argument("--trace", type=Path, help="trace file (.parquet or .csv)")
+    data.add_argument("--num-prompts", type=int,
+                      help="random: how many requests (default 1000); trace: replay only the "
+                           "first N")
+    data.add_argument("--random-input-len", type=int,
+                      help="random: mean prompt length in tokens (default 1024)")
+    data.add_argument("--random-output-len", type=int,
+                      help="random: mean output length in tokens (default 128)")
+    data.add_argument("--random-range-ratio", type=float,
+                      help="random: lengths uniform in [L x (1 - r), L x (1 + r)], 0 <= r < 1 "
+                           "(default 0: every length L)")
+    data.add_argument("--slo-classes", choices=list(SLO_CLASS_SETS),
+                      help="SLOs drawn (--seed) from a named class set instead of the trace's; "
+                           "a random set has none without it (docs/vllm.md)")
+    hidden_alias(data, "--limit", "num_prompts")
     traffic = p.add_argument_group("traffic (as vllm bench serve)")
     traffic.add_argument("--request-rate", type=_request_rate, metavar="RATE",
                          help="requests per second, with new arrival times (inf: all at once); "
-                              "default: the trace's own arrival times")
+                              "default: the trace's own arrival times (random: inf)")
     traffic.add_argument("--burstiness", type=_burstiness, default=1.0,
                          help="gamma shape of the inter-arrival times at --request-rate (1: "
                               "Poisson; below 1 burstier)")
     traffic.add_argument("--seed", type=int, default=0,
-                         help="seed of the arrival times at --request-rate (default 0)")
+                         help="seed of the arrival times at --request-rate, of the random "
+                              "lengths and of the SLO classes (default 0)")
     traffic.add_argument("--max-concurrency", type=int, default=256,
                          help="most requests open at once; the others wait (default 256)")
     traffic.add_argument("--num-warmups", type=int, default=2,
@@ -165,7 +202,8 @@ def bench_config(args: argparse.Namespace) -> Any:
                        vocab_size=args.vocab_size, send_slos=not args.no_slos,
                        req_id_offset=args.req_id_offset,
                        max_concurrency=args.max_concurrency,
-                       request_timeout_s=args.request_timeout, limit=args.limit,
+                       request_timeout_s=args.request_timeout,
+                       limit=args.num_prompts if args.dataset_name == "trace" else None,
                        label=args.label, num_warmups=args.num_warmups,
                        request_rate=args.request_rate, burstiness=args.burstiness,
                        seed=args.seed, report=report)
@@ -176,12 +214,15 @@ def run(args: argparse.Namespace) -> int:
         import aiohttp  # noqa: F401
     except ImportError:
         raise ValueError("bench-serve needs aiohttp: pip install 'accelgen[serve]'") from None
-    from accelgen.workloads.trace import load_trace
-
+    trace, classes, dataset = requests_of(args)
     cfg = bench_config(args)
-    trace = load_trace(args.trace)
+    if not cfg.send_slos and args.find_capacity:
+        raise ValueError("--find-capacity searches the rate that meets SLOs: give requests "
+                         "SLOs (a trace without --no-slos, or --slo-classes)")
     if args.find_capacity:
         return _find_capacity(args, cfg, trace)
+    if args.dataset_name == "random" and args.request_rate is None:
+        cfg = cfg.model_copy(update={"request_rate": math.inf})  # vLLM's default
     from accelgen.results import outcome_counts
     from accelgen.serving.bench import bench_to_dir
 
@@ -190,21 +231,82 @@ def run(args: argparse.Namespace) -> int:
         result_path = ((args.result_dir or args.out)
                        / (args.result_filename or DEFAULT_RESULT_FILENAME))
     out = bench_to_dir(trace, cfg, args.out, progress=not args.no_progress,
-                       trace_path=str(args.trace), result_path=result_path,
-                       save_detailed=args.save_detailed)
+                       trace_path=None if args.trace is None else str(args.trace),
+                       result_path=result_path, save_detailed=args.save_detailed,
+                       slo_classes=classes, dataset=dataset)
     s, r = out["summary"], out["result"]
-    print(f"{s['model']} at {s['url']}: {r['completed']} completed, {r['failed']} failed in "
-          f"{r['duration']:.1f} s; {r['request_throughput']:.2f} req/s, "
-          f"{r['output_throughput']:.1f} out tok/s"
-          + (f", goodput {r['request_goodput']:.2f} req/s" if r["request_goodput"] is not None
-             else ""))
-    print("  " + "; ".join(_medians(r)))
-    print(f"  SLO attainment request {_f(s['slo_attainment_request'])} ("
-          + ", ".join(f"{k} {_f(v['slo_attainment'])} of {v['requests']}"
-                      for k, v in s["slo_attainment_by_class"].items()) + ")")
-    wrote = "requests.parquet, summary.json" + (f", {result_path}" if result_path else "")
+    print(_clip(f"{s['model']} at {s['url']}: {r['completed']} completed, {r['failed']} failed "
+                f"in {r['duration']:.1f} s; {r['request_throughput']:.2f} req/s, "
+                f"{r['output_throughput']:.1f} out tok/s"
+                + (f", goodput {r['request_goodput']:.2f} req/s"
+                   if r["request_goodput"] is not None else "")))
+    print(_clip("  " + "; ".join(_medians(r))))
+    if s["slo_attainment_request"] is not None:
+        print(_attainment_line(s["slo_attainment_request"], s["slo_attainment_by_class"]))
+    if result_path is None:
+        wrote = "requests.parquet, summary.json"
+    elif result_path.parent == args.out:
+        wrote = f"requests.parquet, summary.json, {result_path.name}"
+    else:
+        wrote = f"requests.parquet, summary.json; {result_path}"
     print(f"bench-serve: wrote {args.out} ({wrote}): {outcome_counts(s)}")
     return 0
+
+
+def requests_of(args: argparse.Namespace
+                ) -> tuple[Any, dict[int, str] | None, dict[str, Any]]:
+    """The request set of the options: (trace frame, SLO class name by req_id or None, how it
+    was made); ``args.no_slos`` is set for a set without SLOs."""
+    from accelgen.serving.datasets import random_dataset, with_slo_classes
+    from accelgen.workloads.trace import load_trace
+
+    name = args.dataset_name or ("trace" if args.trace is not None else None)
+    if name is None:
+        raise ValueError("give the requests: --trace FILE or --dataset-name random")
+    args.dataset_name = name
+    if name == "trace" and args.trace is None:
+        raise ValueError("--dataset-name trace needs --trace FILE")
+    if name == "random" and args.trace is not None:
+        raise ValueError("--trace is a dataset of its own; leave out --dataset-name random")
+    if args.num_prompts is not None and args.num_prompts < 1:
+        raise ValueError(f"--num-prompts must be >= 1, got {args.num_prompts}")
+    dataset: dict[str, Any] = {"name": name, "seed": args.seed,
+                               "slo_classes": None if args.no_slos else args.slo_classes}
+    given = [f"--{k.replace('_', '-')}" for k in RANDOM_DEFAULTS if getattr(args, k) is not None]
+    if name == "trace":
+        if given:
+            raise ValueError(f"{', '.join(given)}: options of --dataset-name random, not of a "
+                             "trace")
+        trace = load_trace(args.trace)
+        dataset["trace"] = str(args.trace)
+    else:
+        opts = {k: v if getattr(args, k) is None else getattr(args, k)
+                for k, v in RANDOM_DEFAULTS.items()}
+        n = args.num_prompts if args.num_prompts is not None else DEFAULT_NUM_PROMPTS
+        trace = random_dataset(n, opts["random_input_len"], opts["random_output_len"],
+                               opts["random_range_ratio"], args.seed)
+        dataset.update(num_prompts=n, **opts)
+        if args.slo_classes is None:
+            args.no_slos = True  # nothing to send nor to judge
+    classes = None
+    if args.slo_classes is not None and not args.no_slos:
+        trace, classes = with_slo_classes(trace, args.slo_classes, args.seed)
+    return trace, classes, dataset
+
+
+def _clip(line: str) -> str:
+    return line if len(line) <= MAX_LINE else line[:MAX_LINE - 3] + "..."
+
+
+def _attainment_line(overall: float, by_class: dict[str, dict[str, Any]]) -> str:
+    """Overall attainment, and each class's while they fit one short line."""
+    head = f"  SLO attainment request {_f(overall)}"
+    parts = ", ".join(f"{k} {_f(v['slo_attainment'])} of {v['requests']}"
+                      for k, v in by_class.items())
+    line = f"{head} ({parts})"
+    if len(line) <= MAX_LINE:
+        return line
+    return f"{head} ({len(by_class)} SLO classes: slo_attainment_by_class in summary.json)"
 
 
 def _f(x: float | None) -> str:

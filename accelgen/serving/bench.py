@@ -437,22 +437,37 @@ def result_json(df: pd.DataFrame, outcomes: list[Outcome], summary: dict[str, An
     return json_safe({**head, **body, **ours})
 
 
+# Summary keys judged against the requests' SLOs: null in a run without SLOs (``--no-slos``).
+ATTAINMENT_KEYS = ("slo_attainment_iteration", "slo_attainment_request", "jct_attainment",
+                   "ttft_attainment", "tbt_attainment", "slo_attainment_distserve",
+                   "goodput_rps", "slo_classes", "slo_attainment_by_class")
+
+
 def bench_to_dir(trace: pd.DataFrame, cfg: BenchConfig, out: Path | str, *,
                  progress: bool = False, trace_path: str | None = None,
                  result_path: Path | str | None = None,
-                 save_detailed: bool = False) -> dict[str, Any]:
+                 save_detailed: bool = False,
+                 slo_classes: dict[int, str] | None = None,
+                 dataset: dict[str, Any] | None = None) -> dict[str, Any]:
     """Replay ``trace`` against ``cfg.url`` and write the results directory ``out`` (and the
-    result JSON to ``result_path``, if given)."""
+    result JSON to ``result_path``, if given). ``slo_classes``: each request's SLO class name by
+    req_id (per-class attainment by name, else by online/TBT); ``dataset``: how the requests were
+    made (``config.json``). Without SLOs sent (``cfg.send_slos`` false) nothing is judged against
+    SLOs: the attainment keys are null."""
     df = timed_trace(trace, cfg)
     reqs, _ = to_requests(df)
     max_tokens = df["output_len"].to_numpy(np.int64)
     outcomes, model, wall = asyncio.run(run_requests(reqs, max_tokens, cfg, progress=progress))
     req_df = results_frames(reqs, max_tokens, outcomes)
     summary = summarize(req_df, outcomes, cfg, model, wall)
-    summary["slo_attainment_by_class"] = class_attainment(req_df)
-    config = {"bench_serve": cfg.model_dump(mode="json"), "model": model}
+    summary["slo_attainment_by_class"] = class_attainment(req_df, slo_classes)
+    if not cfg.send_slos:
+        summary.update(dict.fromkeys(ATTAINMENT_KEYS))
+    config: dict[str, Any] = {"bench_serve": cfg.model_dump(mode="json"), "model": model}
     if trace_path is not None:
         config["trace"] = trace_path
+    if dataset is not None:
+        config["dataset"] = dataset
     its = pd.DataFrame({c: pd.Series(dtype="float64") for c in ITERATION_COLUMNS})
     result = result_json(req_df, outcomes, summary, cfg, detailed=save_detailed)
     write_results(out, req_df, its, summary, config,

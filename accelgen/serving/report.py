@@ -24,8 +24,10 @@ without values is ``null`` (vLLM writes 0).
 
 Ours, beside them: ``slo_attainment_request`` (every request against its own SLOs from the
 trace, measured from its arrival time, ``accelgen.metrics``), ``ttft_attainment``,
-``tbt_attainment`` and ``slo_attainment_by_class``: the same per SLO class (``offline``, or
-``online tbt_slo=<s>`` for each TBT SLO of the online requests).
+``tbt_attainment`` and ``slo_attainment_by_class``: the same per SLO class (the class names of
+a named class set, ``--slo-classes``; else ``offline``, or ``online tbt_slo=<s>`` for each TBT
+SLO of the online requests). A run without SLOs (``--no-slos``, or a random dataset without a
+class set) has these keys null.
 """
 
 from __future__ import annotations
@@ -190,14 +192,19 @@ def slo_class(online: bool, tbt_slo: float) -> str:
     return f"online tbt_slo={tbt_slo:g}" if online else "offline"
 
 
-def class_attainment(requests: pd.DataFrame) -> dict[str, dict[str, float | int]]:
+def class_attainment(requests: pd.DataFrame, names: dict[int, str] | None = None
+                     ) -> dict[str, dict[str, float | int]]:
     """Per SLO class: its number of requests and the share that met their SLOs (the rule of
-    ``metrics.per_request``: rejected and unfinished requests miss)."""
+    ``metrics.per_request``: rejected and unfinished requests miss). A class is the name
+    ``names`` gives the request's req_id, or else ``slo_class`` of its online flag and TBT SLO."""
     if requests.empty:
         return {}
     pr = metrics.per_request(requests)
-    keys = [slo_class(bool(o), float(t)) for o, t in zip(pr["online"], pr["tbt_slo"],
-                                                          strict=True)]
+    if names is not None:
+        keys = [names[int(r)] for r in pr["req_id"]]
+    else:
+        keys = [slo_class(bool(o), float(t)) for o, t in zip(pr["online"], pr["tbt_slo"],
+                                                              strict=True)]
     met = pr["slo_met"].to_numpy(dtype=bool)
     out: dict[str, dict[str, float | int]] = {}
     for key in sorted(set(keys)):

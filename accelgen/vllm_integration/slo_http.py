@@ -26,6 +26,11 @@ A server started with ``--skip-tokenizer-init`` cannot render a chat; vLLM 0.32 
 completion there with a bare 500 (an ``assert`` in its chat handler). The middleware answers 400
 instead, naming ``messages`` (``input`` for the Responses API), and points to token-id prompts;
 it reads the setting from the app's ``state.vllm_config``, which vLLM's server sets.
+
+A request naming a model the server does not serve gets vLLM's own 404 (``param: model``), with
+its message ending in the names the server answers to (``GET /v1/models``; LoRA adapters
+included): vLLM lists them itself, but its error filter turns a name that is a file path (a
+model served under its directory's name) into ``<path>``.
 """
 
 from __future__ import annotations
@@ -142,6 +147,7 @@ class SLOMiddleware:
         if scope["type"] != "http" or scope.get("method") != "POST":
             await self.app(scope, receive, send)
             return
+        send = _naming_models(send, scope)
         field = TOKENIZER_PATHS.get(str(scope.get("path", "")).rstrip("/"))
         if field is not None and skips_tokenizer(scope):
             await _send_error(send, f"this server runs without a tokenizer "
@@ -202,6 +208,63 @@ class SLOMiddleware:
             await send(message)
 
         return wrapped
+
+
+NOT_FOUND = 404
+
+
+def served_model_names(scope: Scope) -> list[str]:
+    """The names this server answers to (its ``state.openai_serving_models``: base models, then
+    LoRA adapters), or [] where the app has none."""
+    models = getattr(getattr(scope.get("app"), "state", None), "openai_serving_models", None)
+    names = [str(getattr(m, "name", "")) for m in getattr(models, "base_model_paths", None) or []]
+    names += [str(n) for n in (getattr(models, "lora_requests", None) or {})]
+    return [n for n in names if n]
+
+
+def _naming_models(send: Send, scope: Scope) -> Send:
+    """``send`` that rewrites the message of vLLM's "model does not exist" 404 to end with the
+    served names; every other response passes through as it comes."""
+    held: list[Message] = []
+
+    async def wrapped(message: Message) -> None:
+        if message["type"] == "http.response.start" and message.get("status") == NOT_FOUND:
+            held.append(message)
+            return
+        if not held:
+            await send(message)
+            return
+        held.append(message)
+        if message.get("more_body", False):
+            return
+        body = b"".join(m.get("body", b"") for m in held[1:])
+        start = held[0]
+        new = _name_models(body, served_model_names(scope))
+        if new is not None:
+            body = new
+            headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
+            start = {**start, "headers": [*headers, (b"content-length", str(len(body)).encode())]}
+        held.clear()
+        await send(start)
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    return wrapped
+
+
+def _name_models(body: bytes, names: list[str]) -> bytes | None:
+    """The 404 body with its message naming ``names``, or None to leave it as it is."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    err = data.get("error") if isinstance(data, dict) else None
+    if not names or not isinstance(err, dict) or err.get("param") != "model":
+        return None
+    message = str(err.get("message", ""))
+    first = message.split(" Valid aliases:", 1)[0].rstrip()
+    err = {**err, "message": f"{first} This server serves: {', '.join(names)} "
+                             "(GET /v1/models lists them)."}
+    return json.dumps({**data, "error": err}).encode()
 
 
 def _model_config(scope: Scope) -> Any:
