@@ -77,6 +77,9 @@ class AccelGenPolicy(Policy):
         self._table.remove(req.req_id)
         self._last = None
 
+    def live_requests(self) -> int:
+        return self._table.n
+
     def on_step_end(self, view: SchedulerView, decision: Decision, latency: float) -> None:
         self._table.refresh([r for r, _ in decision.scheduled] + decision.preempted)
         w = self.params.chunk_mean_weight
