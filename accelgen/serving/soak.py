@@ -383,7 +383,9 @@ async def run_soak(cfg: SoakConfig, base: str, server_pid: int,
             if now - last_report >= 60.0:
                 last_report = now
                 log(f"soak: {now:.0f} s, {p.index + 1} sent, {len(tasks)} in flight")
-        # SIGTERM with requests in flight; those still waiting for a slot are not sent.
+        # SIGTERM with requests in flight; those still waiting for a slot are not sent (the
+        # ones just created get to start first).
+        await asyncio.sleep(0)
         for task, s in list(tasks.items()):
             if s.sent != s.sent:
                 task.cancel()
