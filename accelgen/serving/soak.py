@@ -73,6 +73,11 @@ ABORT_EXTRA_TOKENS = 200  # an aborted stream asks for this many tokens more: it
 IMPOSSIBLE_SLO = {"ttft_slo": 1e-3, "tbt_slo": 1e-4}  # below any step of any engine
 VOCAB_SIZE = 1024  # the tiny model's
 KINDS = ("normal", "abort", "malformed", "impossible")
+# Every streamed request: token ids and a running usage in each event, so the client counts
+# tokens exactly however the server packs them (as bench-serve does).
+STREAM: dict[str, Any] = {
+    "ignore_eos": True, "temperature": 0.0, "stream": True, "return_token_ids": True,
+    "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
 # The outcomes of the plugin's log a client outcome may pair with (``every_request_logged``).
 MATCHES = {"finished": {"finished"}, "rejected": {"rejected"}, "cut": {"cut"},
            "aborted": {"aborted", "finished"}, "unfinished": {"unfinished", "aborted"}}
@@ -184,10 +189,7 @@ def plan(cfg: SoakConfig, model: str) -> list[Planned]:
             xargs.update(IMPOSSIBLE_SLO, online=True, jct_slo=math.inf)
         if kind == "abort":
             max_tokens += ABORT_EXTRA_TOKENS
-        body = {"model": model, "max_tokens": max_tokens, "ignore_eos": True,
-                "temperature": 0.0, "stream": True, "return_token_ids": True,
-                "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-                "vllm_xargs": xargs}
+        body = {"model": model, **STREAM, "max_tokens": max_tokens, "vllm_xargs": xargs}
         out.append(Planned(i, kind, float(arrival[i]), req_id, max_tokens, body,
                            abort_after=int(abort_after[i]) if kind == "abort" else 0,
                            prompt_len=int(row.prompt_len)))
@@ -335,9 +337,9 @@ async def run_soak(cfg: SoakConfig, base: str, server_pid: int,
         model = await first_model(session, base, {})
         warm = 0
         for w in range(cfg.num_warmups):
-            wp = Planned(-1, "warmup", 0.0, -1, 4, {
-                "model": model, "prompt": prompt_token_ids(10**6 + w, 32, VOCAB_SIZE),
-                "max_tokens": 4, "ignore_eos": True, "stream": True})
+            wp = Planned(-1, "warmup", 0.0, -1, 4, {"model": model, **STREAM, "max_tokens": 4,
+                                                    "prompt": prompt_token_ids(10**6 + w, 32,
+                                                                               VOCAB_SIZE)})
             ws = Seen(-1, "warmup", -1)
             await _send(session, base, wp, ws, time.perf_counter(), cfg)
             if ws.outcome != "finished":
@@ -401,8 +403,8 @@ async def run_soak(cfg: SoakConfig, base: str, server_pid: int,
             await asyncio.sleep(0.2)
             i = len(planned) + k
             lp = Planned(i, "normal", 0.0, cfg.req_id_base + i, 8, {
-                "model": model, "prompt": prompt_token_ids(cfg.req_id_base + i, 32, VOCAB_SIZE),
-                "max_tokens": 8, "ignore_eos": True, "stream": True,
+                "model": model, **STREAM, "max_tokens": 8,
+                "prompt": prompt_token_ids(cfg.req_id_base + i, 32, VOCAB_SIZE),
                 "vllm_xargs": {"req_id": cfg.req_id_base + i}})
             ls = Seen(i, "normal", lp.req_id, phase="late")
             late_seen.append(ls)
@@ -647,7 +649,9 @@ def search_capacity(url: str, out: Path, cfg: SoakConfig, search: CapacitySearch
     res = find_capacity(trace, bench, CapacityConfig(target=search.target,
                                                      tolerance=search.tolerance,
                                                      max_probes=probes), out)
-    if search.estimate == "saturation":
+    if search.estimate == "saturation" or res["capacity_rps"] == "inf":
+        # Every request at once still met the target: the server's capacity is its throughput
+        # under that load (the first probe's), not an arrival rate.
         res["capacity_rps"] = float(res["probes"][0]["request_throughput"])
     res["requests_sent"] = res["num_probes"] * search.requests
     res["warmups_sent"] = res["num_probes"] * bench.num_warmups
