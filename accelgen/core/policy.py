@@ -238,3 +238,9 @@ class Policy(ABC):
 
     def on_finish(self, req: Request, now: float) -> None:  # noqa: B027
         """A request finished or was rejected."""
+
+    def live_requests(self) -> int | None:
+        """How many requests the policy's own state holds (None: it keeps none of its own). A
+        backend reads it after a drain (``vllm_integration.shutdown_summary``), where it must
+        be 0: a request the policy was never told had ended would stay in its state."""
+        return None

@@ -43,6 +43,10 @@ FILES = ("requests", "iterations", "timing")
 # Shortest gap between two writes (s): a server going idle after every request must not rewrite
 # the whole log for each one.
 MIN_GAP_S = 1.0
+# Why a request is written as unfinished: vLLM finished it with FINISHED_ABORTED, or it was
+# still in flight.
+ABORTED_REASON = "aborted by vLLM (the client went away, or the server shut down)"
+IN_FLIGHT_REASON = "in flight when the log was written"
 # Chunks kept per file before they are merged into one (Arrow concatenation is zero-copy, but
 # many small chunks make small Parquet pages).
 MAX_CHUNKS = 64

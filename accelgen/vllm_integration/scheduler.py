@@ -77,6 +77,7 @@ from accelgen.core.request import Request, Status, length_cap_reason, served_out
 from accelgen.costmodel.linear import OnlineLinearCostModel  # noqa: E402
 from accelgen.policies.vllm_priority import slo_priority  # noqa: E402
 from accelgen.results import IterationLog, requests_frame  # noqa: E402
+from accelgen.vllm_integration import shutdown_summary  # noqa: E402
 from accelgen.vllm_integration.adapter_config import (  # noqa: E402
     AUTO_REQ_ID_BASE,
     AdapterConfig,
@@ -87,7 +88,12 @@ from accelgen.vllm_integration.adapter_config import (  # noqa: E402
     parse_request_slo,
     resolve_config,
 )
-from accelgen.vllm_integration.logsink import LogDelta, LogSink  # noqa: E402
+from accelgen.vllm_integration.logsink import (  # noqa: E402
+    ABORTED_REASON,
+    IN_FLIGHT_REASON,
+    LogDelta,
+    LogSink,
+)
 
 # A child of vLLM's logger, so messages show up in vLLM's log stream with its formatting.
 logger = logging.getLogger("vllm.accelgen")
@@ -100,9 +106,6 @@ _queue_iter: Callable[[Any], Iterator[VRequest]] = deque.__iter__
 _queue_len: Callable[[Any], int] = deque.__len__
 
 _NORMAL_FINISH = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)
-# Why a request that ends with vLLM's FINISHED_ABORTED is recorded as unfinished.
-ABORTED_REASON = "aborted by vLLM (the client went away, or the server shut down)"
-IN_FLIGHT_REASON = "in flight when the log was written"
 
 
 class PolicyDecisionError(RuntimeError):
@@ -614,7 +617,11 @@ class InstrumentedScheduler(AsyncScheduler):
         # shutdown, in the engine-core process's exit path (run_engine_core's `finally`).
         if self.log_sink is not None:
             try:
+                drained = shutdown_summary.summary(self)
+                logger.info("accelgen: at shutdown %s", drained)
                 self.log_sink.close()
+                # After the final write: the summary's presence says the logs are complete.
+                shutdown_summary.write_summary(drained, self.log_sink.out_dir)
             except Exception:  # never let logging break vLLM's shutdown
                 logger.exception("accelgen: could not write scheduler logs to %s",
                                  self.log_sink.out_dir)

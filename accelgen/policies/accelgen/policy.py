@@ -97,6 +97,9 @@ class AccelGenPolicy(Policy):
         self._table.remove(req.req_id)
         self._last = None
 
+    def live_requests(self) -> int:
+        return self._table.n
+
     def on_step_end(self, view: SchedulerView, decision: Decision, latency: float) -> None:
         if self.loop is not None and not self.measured_by_backend:
             self._measured(latency)
