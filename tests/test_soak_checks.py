@@ -139,6 +139,22 @@ def test_in_flight_at_shutdown_is_a_logged_outcome(tmp_path: Path) -> None:
     assert report["checks"]["every_request_logged"]["log_outcomes"]["unfinished"] == 1
 
 
+@pytest.mark.parametrize("in_flight, tokens, held", [(True, 0, True), (False, 0, False),
+                                                      (True, 3, False)])
+def test_a_stream_the_stopping_server_closed_before_the_engine_saw_it(
+        tmp_path: Path, in_flight: bool, tokens: int, held: bool) -> None:
+    """Accepted while the server was stopping, no token, not in the plugin's log: counted as
+    never reaching the engine. The same absence is a loss for a request sent earlier or one
+    that got tokens (the engine served it, so it must be logged)."""
+    raw = _run(tmp_path)
+    s = raw["seen"][5]
+    s.outcome, s.tokens, s.in_flight_at_sigterm = "unfinished", tokens, in_flight
+    _edit_log(tmp_path, lambda df: df[df["req_id"] != 5])
+    logged = evaluate(raw, tmp_path / "logs", CFG)["checks"]["every_request_logged"]
+    assert logged["held"] is held
+    assert logged["unfinished_before_the_engine"] == int(held)
+
+
 def test_rss_growth_is_measured_from_the_warmup_on() -> None:
     samples = [Sample(0.0, True, {"engine_core": 100}, {}),
                Sample(5.0, True, {"engine_core": 200}, {}),

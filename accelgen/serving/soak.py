@@ -305,8 +305,10 @@ async def _send(session: Any, base: str, p: Planned, seen: Seen, t0: float,
             seen.outcome, seen.reason = "rejected", parser.stop_reason
         else:
             seen.outcome, seen.reason = out.status, out.reason
-            if out.status == "cut" and out.finish_reason == "abort":
-                seen.outcome = "unfinished"  # vLLM aborted it (the server is stopping)
+            if out.status == "cut" and out.finish_reason in ("abort", None):
+                # vLLM aborted it, or its API server closed the stream with no finish reason
+                # at all: the server is stopping.
+                seen.outcome = "unfinished"
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         seen.outcome = "unfinished"
         seen.reason = f"connection: {type(exc).__name__}: {exc}".rstrip(": ")
@@ -507,9 +509,16 @@ def evaluate(raw: dict[str, Any], log_dir: Path | str, cfg: SoakConfig, *,
     pairs: Counter[str] = Counter()
     bad: list[dict[str, Any]] = []
     raced = 0
+    never_reached = 0
     for s in accepted:
         got = logged.get(s.req_id)
         pairs[f"{s.outcome}->{got}"] += 1
+        if (got is None and s.outcome == "unfinished" and s.tokens == 0
+                and s.in_flight_at_sigterm):
+            # Accepted by the API server while it was stopping, never handed to the engine:
+            # no scheduler saw it (counted, not a loss).
+            never_reached += 1
+            continue
         if got is None or got not in MATCHES.get(s.outcome, set()):
             if len(bad) < 20:
                 bad.append({"req_id": s.req_id, "kind": s.kind, "client": s.outcome,
@@ -552,6 +561,7 @@ def evaluate(raw: dict[str, Any], log_dir: Path | str, cfg: SoakConfig, *,
         "client_outcomes": dict(sorted(client_counts.items())),
         "log_outcomes": dict(sorted(log_counts.items())),
         "client_to_log": dict(sorted(pairs.items())), "abort_raced": raced,
+        "unfinished_before_the_engine": never_reached,
         "mismatches": bad, "refused_but_logged": refused_logged[:20],
         "unanswered_but_logged": len(unanswered_logged), "not_sent_by_client": stray,
         "unknown_req_ids": unknown, "ranges": ranges}
