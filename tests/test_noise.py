@@ -137,3 +137,18 @@ def test_fit_recovers_a_synthetic_replay(tmp_path: Path) -> None:
     write_noise(tmp_path / "noise.yaml", emp, record, "test")
     assert read_noise(tmp_path / "noise.yaml") == emp
     assert read_noise('{"kind": "lognormal", "step_sigma": 0.1}').step_sigma == 0.1
+
+
+def test_engine_regime_fits_the_calibration_replays_noise(tmp_path: Path) -> None:
+    """Regime engine: the noise of the calibration replay, run factor held at its median."""
+    from accelgen.engine_regime.run import CALIBRATION_DIR, NOISE_NAME, fit_calibration_noise
+
+    assert fit_calibration_noise(tmp_path, DEP) is None  # no calibration replay: no noise
+    truth = NoiseSpec(kind="lognormal", step_sigma=0.2, run_mu=math.log(1.1))
+    _run("vllm", truth, 3).write(tmp_path / CALIBRATION_DIR / "real-stock")
+    spec = fit_calibration_noise(tmp_path, DEP)
+    assert spec is not None and spec.kind == "empirical" and spec.run_sigma == 0.0
+    assert math.exp(spec.run_mu) == pytest.approx(1.1, rel=0.03)
+    q = np.asarray(spec.step_quantiles)
+    assert np.log(q[[25, 175]]) == pytest.approx([-0.2 * 1.15, 0.2 * 1.15], abs=0.06)  # p12.5/87.5
+    assert read_noise(tmp_path / CALIBRATION_DIR / NOISE_NAME) == spec
