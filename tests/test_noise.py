@@ -152,3 +152,24 @@ def test_engine_regime_fits_the_calibration_replays_noise(tmp_path: Path) -> Non
     q = np.asarray(spec.step_quantiles)
     assert np.log(q[[25, 175]]) == pytest.approx([-0.2 * 1.15, 0.2 * 1.15], abs=0.06)  # p12.5/87.5
     assert read_noise(tmp_path / CALIBRATION_DIR / NOISE_NAME) == spec
+
+
+def test_fit_noise_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
+
+    from accelgen.cli import main
+
+    _run("vllm", NoiseSpec(kind="lognormal", step_sigma=0.1), 4).write(tmp_path / "replay")
+    (tmp_path / "dep.yaml").write_text(yaml.safe_dump(
+        {"deployment": DEP.model_dump(mode="json", exclude_none=True)}))
+    out = tmp_path / "noise.yaml"
+    assert main(["fit-noise", "--runs", str(tmp_path / "replay"), "--deployment",
+                 str(tmp_path / "dep.yaml"), "--kind", "lognormal", "--out", str(out)]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith(f"wrote {out}: lognormal noise from ") and last.endswith("of 1 replay")
+    assert read_noise(out).step_sigma == pytest.approx(0.1, rel=0.2)
+    # a directory that is no replay: a clear error, nothing written
+    bad = tmp_path / "bad.yaml"
+    assert main(["fit-noise", "--runs", str(tmp_path), "--deployment",
+                 str(tmp_path / "dep.yaml"), "--out", str(bad)]) == 2
+    assert "no iterations.parquet" in capsys.readouterr().err and not bad.exists()

@@ -65,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
           f"p99 {e['p99']:.3f}; log sigma (robust) {record['step_error_log_sigma_robust']:.3f};"
           f" run factor: log mean {spec.run_mu:+.3f}, log sigma {spec.run_sigma:.3f}")
     write_noise(args.out, spec, record, "accelgen fit-noise " + shlex.join(sys.argv[2:]))
-    print(f"wrote {args.out}: {args.kind} noise from {record['steps']} steps of "
-          f"{len(record['replays'])} replays")
+    n = len(record["replays"])
+    print(f"wrote {args.out}: {args.kind} noise from {record['steps']} steps of {n} "
+          f"replay{'s' if n != 1 else ''}")
     return 0
