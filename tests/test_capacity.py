@@ -338,7 +338,9 @@ def test_noise_figure_runs_each_system_at_each_level() -> None:
         if grid.systems[r["noise_of"]].budget == "tuned":  # the same budget as without noise
             want = grid.tuned_budget(r["variant"], r["deployment"], r["noise_of"]).token_budget
             assert args[args.index("--param") + 1] == f"token_budget={want}"
-    assert len(fig.runs) == len(noise.levels) * len(noise.systems) * len(rates)
+    factors = noise.load_factors or grid.cfg.experiments.capacity.load_factors  # type: ignore[union-attr]
+    assert {r["load_factor"] for r in fig.runs} == set(factors)
+    assert len(fig.runs) == len(noise.levels) * len(noise.systems) * len(factors)
     # a system outside `systems:` is named
     import yaml
 
