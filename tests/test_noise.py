@@ -173,3 +173,30 @@ def test_fit_noise_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert main(["fit-noise", "--runs", str(tmp_path), "--deployment",
                  str(tmp_path / "dep.yaml"), "--out", str(bad)]) == 2
     assert "no iterations.parquet" in capsys.readouterr().err and not bad.exists()
+
+
+# Golden digests of noisy runs (``tests/accelgen_golden.results_digest``: every column of
+# requests.parquet and iterations.parquet): a change of the noise's draws or of how they are
+# charged changes them. Recorded on this build; vLLM and Sarathi-Serve, whose decisions no
+# change of AccelGen's moves.
+NOISE_GOLDEN = {
+    "vllm/lognormal": "ed98bfe9ddb5b8278f4efa29f44721f2fa7d3de1a87dacadb6a447c0822c3312",
+    "sarathi/empirical": "5d7969f62bb010fe2995770654b9c8d27a8785579695044442d2a2434b2e050b",
+}
+
+
+def _golden_run(name: str, out: Path) -> str:
+    from tests.accelgen_golden import results_digest
+
+    policy, kind = name.split("/")
+    spec = (NoiseSpec(kind="lognormal", step_sigma=0.1, step_mu=-0.005, run_sigma=0.1)
+            if kind == "lognormal" else
+            NoiseSpec(kind="empirical", step_quantiles=[0.7, 0.95, 1.0, 1.05, 1.2, 3.0],
+                      run_mu=0.05))
+    _run(policy, spec, 3).write(out)
+    return results_digest(out)
+
+
+@pytest.mark.parametrize("name", sorted(NOISE_GOLDEN))
+def test_noisy_runs_match_their_golden_digests(name: str, tmp_path: Path) -> None:
+    assert _golden_run(name, tmp_path / "run") == NOISE_GOLDEN[name]
