@@ -107,6 +107,9 @@ def test_none_is_the_deterministic_simulator() -> None:
     pd.testing.assert_frame_equal(plain.iterations, none.iterations)
     assert plain.summary == none.summary
     assert "noise" not in plain.config["resolved"]
+    # described as a build without noise: the config's dump has no noise section
+    assert "noise" not in plain.config["experiment"]["sim"]
+    assert plain.config == none.config
 
 
 def test_noisy_runs_repeat_per_seed_and_charge_the_noise() -> None:

@@ -18,6 +18,7 @@ from pydantic import (
     Field,
     PositiveFloat,
     PositiveInt,
+    model_serializer,
     model_validator,
 )
 
@@ -224,6 +225,15 @@ class SimOptions(StrictModel):
     swap_overlap: bool = True
     # The engine's noise around the cost model (NoiseSpec); kind none: deterministic.
     noise: NoiseSpec = Field(default_factory=NoiseSpec)
+
+    @model_serializer(mode="wrap")
+    def _without_none_noise(self, handler: Any) -> Any:
+        # Without noise the dump is the one of a build without the field (config.json, the
+        # pipeline's deployment files): a run without noise is described as before.
+        data = handler(self)
+        if isinstance(data, dict) and not self.noise.on:
+            data.pop("noise", None)
+        return data
 
 
 class PolicySpec(StrictModel):
