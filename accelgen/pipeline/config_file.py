@@ -328,6 +328,9 @@ class NoiseSweep(Strict):
     load_factors: list[PosFinite] | None = Field(
         None, description="rates as multiples of the capacity estimate (default: the capacity "
                           "sweep's)")
+    deployments: list[str] | None = Field(
+        None, description="the deployments of the capacity experiment to run it on (default: "
+                          "all of them)")
 
     @field_validator("levels")
     @classmethod
@@ -710,6 +713,10 @@ def _semantic_checks(cfg: PipelineConfig) -> list[str]:
             if s in cfg.systems and cfg.systems[s].search is not None:
                 problems.append(f"experiments.capacity.noise.systems[{i}]: {s!r} runs the "
                                 "Oracle's search, which takes no noise")
+        for i, d in enumerate(cap.noise.deployments or []):
+            if d not in cap.deployments:
+                problems.append(f"experiments.capacity.noise.deployments[{i}]: {d!r} is not "
+                                "a deployment of the capacity experiment")
     if cap is not None and cap.slo_scale is not None:
         for i, s in enumerate(cap.slo_scale.systems):
             need(f"experiments.capacity.slo_scale.systems[{i}]", s, cfg.systems, "system")

@@ -530,7 +530,7 @@ class Grid:
         noise = cap.noise
         seeds = self.cfg.seeds_of(cap)
         refs: list[dict[str, Any]] = []
-        for d in cap.deployments:
+        for d in noise.deployments or cap.deployments:
             est = self.capacity_bound(cap.workload, d, seeds[0]).estimate_rps
             for factor in noise.load_factors or cap.load_factors:
                 rate = sweep_rate(factor, est)
