@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -35,15 +36,15 @@ def main() -> int:
     args = ap.parse_args()
 
     from accelgen import metrics
+    from accelgen.cli import main as accelgen_main
     from accelgen.core.specs import ExperimentConfig, PolicySpec, SimOptions
-    from accelgen.costmodel.factory import effective_max_model_len
     from accelgen.costmodel.noise import sensitivity_noise
     from accelgen.pipeline import config_file
+    from accelgen.pipeline.__main__ import main as pipeline_main
     from accelgen.pipeline.capacity import sweep_rate
     from accelgen.pipeline.grid import Grid
     from accelgen.sim.runner import simulate
-    from accelgen.workloads import WorkloadConfig, build_trace
-    from accelgen.workloads.latency import resolve_latency_reference
+    from accelgen.workloads.trace import load_trace
 
     cfg = config_file.load_file(args.config)
     grid = Grid(cfg)
@@ -59,16 +60,23 @@ def main() -> int:
     seed = args.seed if args.seed is not None else cfg.seeds_of(cap)[0]
     dep = cfg.deployment(d)
     est = grid.capacity_bound(cap.workload, d, cfg.seeds_of(cap)[0]).estimate_rps
-    mml = max(1, effective_max_model_len(dep) - cfg.truncate_margin)
-    ref = resolve_latency_reference(dep.model, dep.hardware, tp=dep.tp, pp=dep.pp)
     noise = sensitivity_noise(args.noise)
     factors = args.load_factors or cap.load_factors
     att: dict[str, list[tuple[float, float]]] = {s: [] for s in args.systems}
+    tmp = Path(tempfile.mkdtemp(prefix="capacity_probe."))
     for f in sorted(factors):
         rate = sweep_rate(f, est)
         v = grid._rate_variant(cap.workload, rate)
-        wl = WorkloadConfig.parse(grid.variants[v]).updated(seed=seed, max_model_len=mml)
-        trace = build_trace(wl, reference=ref).df
+        # The trace as the pipeline's `trace` rule writes it (`accelgen trace` on the variant's
+        # workload file), so that the runs are the pipeline's.
+        wl_yaml, tpath = tmp / f"{v}.yaml", tmp / f"{v}-seed{seed}.parquet"
+        if pipeline_main(["write-yaml", "--spec", grid.workload_spec_json(v), "--out",
+                          str(wl_yaml)]) != 0 or accelgen_main([
+                "trace", "--config", str(wl_yaml), "--out", str(tpath), "--seed", str(seed),
+                *grid.trace_args(v, d), "--quiet"]) != 0:
+            print(f"could not write the trace of {v}", file=sys.stderr)
+            return 1
+        trace = load_trace(tpath)
         for s in args.systems:
             spec = grid.systems[s]
             params = dict(spec.params)
