@@ -18,6 +18,10 @@ wall times side by side. Run it with nothing else busy and quote the load it pri
 
     .venv/bin/python scripts/bench_sim.py \\
         --traces paper bursty [--policies vllm sarathi ...] [--checkout /tmp/base] [--repeats 3]
+
+``--noise JSON`` instead runs this tree twice, alternating, without and with the engine's noise
+(``sim.noise``, e.g. ``'{"kind": "lognormal", "step_sigma": 0.1}'``; docs/simulator.md): the
+``noise/this`` ratio is the noise's cost.
 """
 
 from __future__ import annotations
@@ -49,9 +53,11 @@ from accelgen.core.specs import ExperimentConfig, PolicySpec, SimOptions
 from accelgen.costmodel.datasheets import DEPLOYMENTS
 from accelgen.sim.runner import simulate_to_dir
 from accelgen.workloads.trace import load_trace
-trace_path, policy, out = sys.argv[1:4]
+trace_path, policy, out, noise = sys.argv[1:5]
+sim = SimOptions(progress=False) if noise == "-" else SimOptions.model_validate(
+    {"progress": False, "noise": __import__("json").loads(noise)})
 cfg = ExperimentConfig(deployment=DEPLOYMENTS["opt-13b"], policy=PolicySpec(name=policy),
-                       sim=SimOptions(progress=False), seed=0)
+                       sim=sim, seed=0)
 simulate_to_dir(load_trace(trace_path), cfg, out, trace_path=trace_path)
 """
 
@@ -79,13 +85,14 @@ def build_trace(name: str, out: Path) -> Path:
 
 
 def run_one(tree: Path, label: str, trace_name: str, trace: Path, policy: str,
-            timeout: float) -> Run:
+            timeout: float, noise: str = "-") -> Run:
     run = Run(label, trace_name, policy)
     env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONHASHSEED": "0"}
     with tempfile.TemporaryDirectory(prefix="bench_sim.") as tmp:
         out = Path(tmp) / "out"
         t0 = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(trace), policy, str(out)],
+        proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(trace), policy, str(out),
+                                 noise],
                                 cwd=tree, env=env, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True)
         deadline = t0 + timeout
@@ -129,13 +136,21 @@ def main() -> int:
     ap.add_argument("--traces", nargs="+", choices=list(TRACES), default=["paper", "bursty"])
     ap.add_argument("--trace-dir", type=Path, help="reuse/keep the traces here (default: temp)")
     ap.add_argument("--checkout", type=Path, help="another source tree to run alternately")
+    ap.add_argument("--noise", metavar="JSON",
+                    help="run this tree alternately without and with this noise spec")
     ap.add_argument("--repeats", type=int, default=1, help="runs per tree, policy and trace")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
     ap.add_argument("--json", type=Path, help="also write every run here")
     args = ap.parse_args()
     trees = [(Path(ROOT), "this")]
+    if args.checkout is not None and args.noise is not None:
+        ap.error("--checkout and --noise: one comparison at a time")
     if args.checkout is not None:
         trees.insert(0, (args.checkout.resolve(), "checkout"))
+    if args.noise is not None:
+        trees.append((Path(ROOT), "noise"))
+    other_label = "checkout" if args.checkout is not None else "noise"
+    compared = args.checkout is not None or args.noise is not None
     policies = ["vllm", *[p for p in args.policies if p != "vllm"]]  # vllm: the reference
     print(f"load before: {os.getloadavg()[0]:.2f} (1 min); trees: "
           + ", ".join(f"{label}={tree}" for tree, label in trees), flush=True)
@@ -152,7 +167,8 @@ def main() -> int:
             for policy in policies:
                 for _ in range(args.repeats):
                     for tree, label in trees:  # alternating: the same machine state for both
-                        r = run_one(tree, label, trace_name, trace, policy, args.timeout)
+                        noise = args.noise if label == "noise" else "-"
+                        r = run_one(tree, label, trace_name, trace, policy, args.timeout, noise)
                         runs.append(r)
                         note = f"  {r.error}" if r.error else ""
                         print(f"{trace_name:6} {policy:10} {label:8} {r.wall_s:8.1f} "
@@ -160,7 +176,8 @@ def main() -> int:
                               f"{r.rss_mb:7.0f}{note}", flush=True)
     print(f"load after: {os.getloadavg()[0]:.2f} (1 min)")
     print("\nmedians (wall: the whole process; x vllm: wall / vllm's wall in the same tree"
-          + ("; this/checkout: wall ratio of the two trees)" if args.checkout else ")"))
+          + (f"; this/{other_label} and {other_label}/this: wall ratios of the two)"
+             if compared else ")"))
     for trace_name in args.traces:
         for _, label in trees:
             ref = _median([r for r in runs if (r.trace, r.policy, r.tree)
@@ -171,10 +188,16 @@ def main() -> int:
                 line = (f"{trace_name:6} {policy:10} {label:8} wall {wall:8.1f} s  "
                         f"{_median(sel, 'it_per_s'):8.0f} it/s  RSS {_median(sel, 'rss_mb'):6.0f} MB"
                         f"  {wall / ref:5.2f} x vllm")
-                if args.checkout is not None and label == "this":
+                if compared and label == "this":
                     other = _median([r for r in runs if (r.trace, r.policy, r.tree)
-                                     == (trace_name, policy, "checkout")], "wall_s")
-                    line += f"  this/checkout {wall / other:5.2f}"
+                                     == (trace_name, policy, other_label)], "wall_s")
+                    line += f"  this/{other_label} {wall / other:5.2f}"
+                    if args.noise is not None:
+                        sims = [_median([r for r in runs if (r.trace, r.policy, r.tree)
+                                         == (trace_name, policy, t)], "sim_s")
+                                for t in ("this", "noise")]
+                        line += (f"  noise/this {other / wall:5.2f} (loop {sims[1] / sims[0]:5.2f}"
+                                 ")")
                 print(line)
     if args.json is not None:
         args.json.write_text(json.dumps([{**{k: getattr(r, k) for k in Run.__slots__},

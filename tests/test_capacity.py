@@ -312,3 +312,40 @@ def test_aggregate_reads_a_spec_past_the_argument_limit_from_stdin(tmp_path: Pat
     assert len(pd.read_csv(out)) > 0
     rule = (ROOT / "rules" / "figures.smk").read_text()
     assert "printf '%s' {{params.spec:q}} |" in rule and "--spec @-" in rule
+
+
+# -- capacity against the engine's noise (SPEC 13, figure 18) ----------------------------------
+
+def test_noise_figure_runs_each_system_at_each_level() -> None:
+    import json
+
+    grid = Grid(pc.load_file(ROOT / "config" / "quick.yaml"))
+    noise = grid.cfg.experiments.capacity.noise  # type: ignore[union-attr]
+    assert noise is not None and noise.levels == [0.0, 0.05, 0.1, 0.2]
+    assert REGIMES["fig18"] == "capacity"
+    fig = grid.figures["fig18"]
+    base = {r["dir"] for r in grid.figures["fig13"].runs}
+    rates = {r["x"] for r in grid.figures["fig13"].runs}
+    for r in fig.runs:
+        assert r["noise_of"] in noise.systems and r["x"] in rates
+        args = grid.system_args(r["system"], r["variant"], r["deployment"])
+        if r["noise"] == 0:  # the capacity sweep's own run, no noise option
+            assert r["dir"] in base and r["system"] == r["noise_of"] and "--noise" not in args
+            continue
+        assert r["system"] == f"{r['noise_of']}-noise{r['noise'] * 100:g}"
+        spec = json.loads(args[args.index("--noise") + 1])
+        assert spec["kind"] == "lognormal" and spec["step_sigma"] == r["noise"]
+        if grid.systems[r["noise_of"]].budget == "tuned":  # the same budget as without noise
+            want = grid.tuned_budget(r["variant"], r["deployment"], r["noise_of"]).token_budget
+            assert args[args.index("--param") + 1] == f"token_budget={want}"
+    factors = noise.load_factors or grid.cfg.experiments.capacity.load_factors  # type: ignore[union-attr]
+    assert {r["load_factor"] for r in fig.runs} == set(factors)
+    assert len(fig.runs) == len(noise.levels) * len(noise.systems) * len(factors)
+    # a system outside `systems:` is named
+    import yaml
+
+    data = yaml.safe_load((ROOT / "config" / "quick.yaml").read_text())
+    data["experiments"]["capacity"]["noise"]["systems"] = ["accelgen", "accelgen-closed?"]
+    with pytest.raises(pc.PipelineConfigError,
+                       match=r"experiments\.capacity\.noise\.systems\[1\]: unknown system"):
+        pc.load(data)

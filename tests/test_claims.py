@@ -111,8 +111,20 @@ def test_capacity_below_the_sweep_is_no_value() -> None:
                         "orca": (0.0, "below_sweep"), "accelgen-no-chunk": (0.1, "interpolated")})
     table = C.claims_table({"fig13_capacity": cap}).set_index("id")
     row = table.loc["eval_throughput_requests"]
-    assert row["ours_capacity"] == "2x (1/1 hold; 1 below floor)"
+    # Orca below the sweep (lowest rate 0.1 req/s): AccelGen's 0.3 over it bounds the ratio
+    assert row["ours_capacity"] == ("2 to 3x (2/2 hold; 1 a lower bound (the other system "
+                                    "below the lowest swept rate))")
+    assert "opt-13b-auto/orca (bound)=3" in row["pairs_capacity"]
     assert row["verdict_capacity"] == C.REPRODUCED and row["verdict"] == C.REPRODUCED
+    # AccelGen itself below the sweep: no value, whatever the others'
+    low = capacity_csv({"accelgen": (0.0, "below_sweep"), "vllm": (0.0, "below_sweep")})
+    row = C.claims_table({"fig13_capacity": low}).set_index("id").loc[
+        "eval_throughput_requests"]
+    assert row["ours_capacity"] == "no valid pair; 1 below floor"
+    only = capacity_csv({"accelgen": (0.3, "interpolated"), "vllm": (0.0, "below_sweep")})
+    row = C.claims_table({"fig13_capacity": only}).set_index("id").loc[
+        "eval_throughput_requests"]
+    assert row["ours_capacity"].startswith(">= 3x (1/1 hold")
     abl = table.loc["ablation_goodput_rps_chunk"]
     assert abl["pairs_capacity"] == "opt-13b-auto/accelgen-no-chunk=66.7"
 
@@ -167,8 +179,9 @@ def test_tuned_baselines_are_compared_apart_with_the_strongest() -> None:
     assert row["pairs_capacity"] == "opt-13b-auto/edf=1.5"
     assert row["verdict_capacity"] == C.REPRODUCED  # >= 1.05, within [1.54 / 2, 2 x 10]
     assert table.loc["tuned_capacity_strict", "pairs_capacity"] == "opt-13b-auto/edf=1.5"
-    # at 99 % (halved here) vLLM's 0.075 is below the lowest swept rate (0.1): no value
-    assert table.loc["eval_capacity_strict", "ours_capacity"] == "no valid pair; 1 below floor"
+    # at 99 % (halved here) vLLM's 0.075 is below the lowest swept rate (0.1): AccelGen's
+    # 0.15 over that rate bounds the ratio
+    assert table.loc["eval_capacity_strict", "pairs_capacity"] == "opt-13b-auto/vllm (bound)=1.5"
 
 
 def test_capacity_markdown_names_the_strongest_and_the_ratios() -> None:

@@ -79,7 +79,9 @@ def tiny_grid_config() -> dict:
                      "systems": ["vllm", "accelgen", "sarathi-tuned"],
                      "load_factors": [0.5, 2, 8],
                      "envelope": {"system": "sarathi", "budgets": [128, 512]},
-                     "slo_scale": {"systems": ["vllm", "accelgen"], "ttft_scales": [1, 4]}},
+                     "slo_scale": {"systems": ["vllm", "accelgen"], "ttft_scales": [1, 4]},
+                     "noise": {"systems": ["accelgen", "sarathi-tuned"], "levels": [0, 0.1],
+                               "load_factors": [0.5, 2, 8]}},
     }
     return data
 

@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "trace": "accelgen.cli.trace",
     "pivot": "accelgen.cli.pivot",
     "calibrate": "accelgen.cli.calibrate",
+    "fit-noise": "accelgen.cli.fit_noise",
     "simulate": "accelgen.cli.simulate",
     "profile": "accelgen.cli.profile",
     "replay": "accelgen.cli.replay",

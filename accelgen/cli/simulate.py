@@ -40,6 +40,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     hidden_alias(p, "--kv-gb", "kv_cache_gb")
     p.add_argument("--profile-csv", type=Path, help="use a measured profile table as cost model")
     p.add_argument("--seed", type=int)
+    p.add_argument("--noise", metavar="FILE|JSON",
+                   help="charge the iterations with the engine's noise: `accelgen fit-noise`'s "
+                        "file, or a noise spec as JSON, e.g. '{\"kind\": \"lognormal\", "
+                        "\"step_sigma\": 0.1}' (docs/simulator.md, Noise)")
     p.add_argument("--out", required=True, type=Path, help="results directory")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
@@ -68,6 +72,10 @@ def build_config(args: argparse.Namespace) -> ExperimentConfig:
     sim = cfg.sim.model_dump()
     if args.no_progress:
         sim["progress"] = False
+    if getattr(args, "noise", None):
+        from accelgen.costmodel.noise import read_noise
+
+        sim["noise"] = read_noise(args.noise).model_dump()
     return ExperimentConfig(deployment=Deployment(**dep), policy=PolicySpec(**policy),
                             sim=SimOptions(**sim),
                             seed=args.seed if args.seed is not None else cfg.seed)

@@ -7,6 +7,7 @@ the top-level experiment settings of one simulated run.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -17,6 +18,7 @@ from pydantic import (
     Field,
     PositiveFloat,
     PositiveInt,
+    model_serializer,
     model_validator,
 )
 
@@ -174,6 +176,40 @@ class Deployment(StrictModel):
         return self
 
 
+class NoiseSpec(StrictModel):
+    """The engine's deviation from the cost model, in the simulator (SPEC 13): every iteration
+    is charged ``predicted x run factor x step error``. The run factor is drawn once per run,
+    ``exp(N(run_mu, run_sigma))``; the step error once per iteration, independently:
+    ``lognormal``: ``exp(N(step_mu, step_sigma))``; ``empirical``: from the measured errors'
+    quantiles (``step_quantiles`` at evenly spaced probabilities 0..1, linear between them).
+    Seeded (``seed``, default the run's seed): the same draws for the same run. ``none``: the
+    deterministic simulator, exactly as without this section. The policy never sees the noise:
+    it plans with the cost model. ``accelgen fit-noise`` fits it to real replays
+    (``accelgen.costmodel.noise``; docs/simulator.md)."""
+
+    kind: Literal["none", "lognormal", "empirical"] = "none"
+    step_mu: float = Field(0.0, allow_inf_nan=False)
+    step_sigma: float = Field(0.0, ge=0.0, allow_inf_nan=False)
+    step_quantiles: list[PositiveFloat] | None = None
+    run_mu: float = Field(0.0, allow_inf_nan=False)
+    run_sigma: float = Field(0.0, ge=0.0, allow_inf_nan=False)
+    seed: int | None = None
+    source: str = ""  # what it was fitted on
+
+    @model_validator(mode="after")
+    def _complete(self) -> NoiseSpec:
+        q = self.step_quantiles
+        if self.kind == "empirical" and (q is None or len(q) < 2):
+            raise ValueError("kind 'empirical' needs step_quantiles (at least 2 values)")
+        if q is not None and any(b < a for a, b in itertools.pairwise(q)):
+            raise ValueError("step_quantiles: must not decrease")
+        return self
+
+    @property
+    def on(self) -> bool:
+        return self.kind != "none"
+
+
 class SimOptions(StrictModel):
     """How the simulator runs (not what it simulates)."""
 
@@ -187,6 +223,17 @@ class SimOptions(StrictModel):
     # Host transfers run on copy streams beside the iteration's compute, as FastServe's proactive
     # swapping does (its paper, section 5): an iteration takes max(compute, transfer).
     swap_overlap: bool = True
+    # The engine's noise around the cost model (NoiseSpec); kind none: deterministic.
+    noise: NoiseSpec = Field(default_factory=NoiseSpec)
+
+    @model_serializer(mode="wrap")
+    def _without_none_noise(self, handler: Any) -> Any:
+        # Without noise the dump is the one of a build without the field (config.json, the
+        # pipeline's deployment files): a run without noise is described as before.
+        data = handler(self)
+        if isinstance(data, dict) and not self.noise.on:
+            data.pop("noise", None)
+        return data
 
 
 class PolicySpec(StrictModel):

@@ -37,9 +37,10 @@ from accelgen.results import read_results
 
 # engine: the replays; sim: the simulator's prediction (the calibrated model); sim-speed: the
 # simulator charging the model at the host's speed measured during the replays (run.host_speed).
-SOURCES = ("engine", "sim", "sim-speed")
-PREDICTIONS = ("sim", "sim-speed")
-_DIRS = {"engine": "real", "sim": "sim", "sim-speed": "sim-speed"}
+# sim-noise: the simulator charging the engine's noise fitted on the calibration replay.
+SOURCES = ("engine", "sim", "sim-speed", "sim-noise")
+PREDICTIONS = ("sim", "sim-speed", "sim-noise")
+_DIRS = {"engine": "real", "sim": "sim", "sim-speed": "sim-speed", "sim-noise": "sim-noise"}
 # Per point, from the summary (metrics.summarize): SPEC 11's attainments and latencies.
 POINT_METRICS = ("slo_attainment_request", "slo_attainment_distserve", "ttft_attainment",
                  "tbt_attainment", "jct_attainment", "goodput_rps", "throughput_rps",
@@ -216,10 +217,11 @@ class Report:
                  self.machine_line(), "",
                  self.speed_line(), "",
                  f"capacity (req/s, request-level attainment >= {self.target:g}), median "
-                 "[min..max] over repeats; the simulator as calibrated (sim) and charged at the"
-                 " host's measured speed (sim-speed):",
+                 "[min..max] over repeats; the simulator as calibrated (sim), charged at the"
+                 " host's measured speed (sim-speed) and with the engine's noise fitted on the"
+                 " calibration replay (sim-noise):",
                  f"{'system':<14} {'engine':>22} {'sim':>22} {'error':>8} {'sim-speed':>22} "
-                 f"{'error':>8}"]
+                 f"{'error':>8} {'sim-noise':>22} {'error':>8}"]
         s = self.summary.set_index(["source", "system"])
         for system in dict.fromkeys(self.summary["system"]):
             cells = []

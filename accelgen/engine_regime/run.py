@@ -17,6 +17,8 @@
    model, median over the stock replays) and the same simulations charged at that speed, the
    policies still planning with the calibrated model as the plugin did (``sim-speed/``): what
    the prediction would have been had the calibration caught the host's speed of the sweep.
+   And the simulations charged with the engine's noise fitted on the calibration replay's steps
+   (``calibration/noise.yaml``, ``sim-noise/``; SPEC 13): the prediction with the noise.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import Any
 
 import pandas as pd
 
-from accelgen.core.specs import Deployment, ExperimentConfig, SimOptions
+from accelgen.core.specs import Deployment, ExperimentConfig, NoiseSpec, SimOptions
 from accelgen.engine_regime import systems as sysmod
 from accelgen.engine_regime.sweep_spec import EngineSweepConfig
 from accelgen.engine_regime.traces import (
@@ -44,6 +46,7 @@ CONFIG_NAME = "engine_sweep.json"
 PLAN_NAME = "plan.json"
 POINT_NAME = "point.json"
 SPEED_NAME = "speed.json"
+NOISE_NAME = "noise.yaml"  # calibration/noise.yaml: the engine's noise (fit_calibration_noise)
 CALIBRATION_DIR = "calibration"
 Say = Callable[[str], None]
 
@@ -253,17 +256,39 @@ def scaled(dep: Deployment, factor: float) -> Deployment:
         update={t: getattr(terms, t) * factor for t in TERMS})})
 
 
+def fit_calibration_noise(out: Path, dep: Deployment) -> NoiseSpec | None:
+    """The engine's noise around the calibrated model, fitted on the calibration replay's
+    steps (``accelgen.costmodel.noise``; written to ``calibration/noise.yaml``). One replay
+    gives no spread of the run factor: the prediction charges the step noise around the
+    calibrated model's level."""
+    from accelgen.costmodel.factory import make_cost_model
+    from accelgen.costmodel.noise import fit_replays, fixed_run, write_noise
+
+    cdir = out / CALIBRATION_DIR
+    if not (cdir / "real-stock" / "iterations.parquet").exists():
+        return None  # no calibration replay's steps (a sweep from elsewhere): no noise
+    spec, record = fit_replays([cdir / "real-stock"], make_cost_model(dep), "empirical")
+    spec = fixed_run(spec)
+    write_noise(cdir / NOISE_NAME, spec, record,
+                f"accelgen.engine_regime.run.fit_calibration_noise({out})")
+    return spec
+
+
 def simulate_all(cfg: EngineSweepConfig, plan: dict[str, Any], dep: Deployment, out: Path,
                  traces: dict[tuple[int, float], pd.DataFrame] | None = None,
-                 say: Say | None = None, speed: float | None = None) -> None:
+                 say: Say | None = None, speed: float | None = None,
+                 noise: NoiseSpec | None = None) -> None:
     """Every point on the calibrated deployment, each system's simulated policy (step 4). With
     ``speed``: the iterations charged at ``speed`` x the calibrated model while the policies
-    still plan with it (as the real plugin did), into ``sim-speed/``."""
+    still plan with it (as the real plugin did), into ``sim-speed/``. With ``noise``: charged
+    with the engine's noise (seeded by the point's seed), into ``sim-noise/``."""
     from accelgen.costmodel.factory import make_cost_model
     from accelgen.sim.runner import simulate
     from accelgen.workloads.trace import load_trace
 
     source = "sim" if speed is None else "sim-speed"
+    if noise is not None:
+        source = "sim-noise"
     charge = None if speed is None else make_cost_model(scaled(dep, speed))
     max_seqs = int(cfg.engine.get("max_num_seqs", 256))
     for name, spec in cfg.systems.items():
@@ -274,7 +299,10 @@ def simulate_all(cfg: EngineSweepConfig, plan: dict[str, Any], dep: Deployment, 
         for seed, rate in points(cfg, plan):
             tpath = trace_path(out, seed, rate)
             trace = traces[(seed, rate)] if traces is not None else load_trace(tpath)
-            run = simulate(trace, ecfg, charge_cost=charge)
+            pcfg = ecfg if noise is None else ecfg.model_copy(update={"sim": SimOptions(
+                progress=False, swap_space_gb=0.0,
+                noise=noise.model_copy(update={"seed": seed}))})
+            run = simulate(trace, pcfg, charge_cost=charge)
             run.config["trace"] = str(tpath)
             if speed is not None:
                 run.config["charged_at_speed"] = speed
@@ -295,6 +323,14 @@ def simulate_sweep(cfg: EngineSweepConfig, plan: dict[str, Any], dep: Deployment
         say(f"host speed during the replays: steps {speed['factor']:.2f} x the calibrated "
             f"model (median over the {speed['basis']})")
     simulate_all(cfg, plan, dep, out, traces, say, speed=speed["factor"])
+    noise = fit_calibration_noise(out, dep)
+    if noise is None:
+        return
+    if say is not None:
+        say(f"noise fitted on the calibration replay ({NOISE_NAME}): step errors p10-p90 "
+            f"{noise.step_quantiles[20]:.2f}-{noise.step_quantiles[180]:.2f}"  # type: ignore[index]
+            " x the model")
+    simulate_all(cfg, plan, dep, out, traces, say, noise=noise)
 
 
 def run_sweep(cfg: EngineSweepConfig, out: Path, say: Say | None = None) -> Path:
@@ -303,7 +339,7 @@ def run_sweep(cfg: EngineSweepConfig, out: Path, say: Say | None = None) -> Path
 
     say = say or (lambda _m: None)
     out.mkdir(parents=True, exist_ok=True)
-    for old in ("real", "sim", "sim-speed", "traces", CALIBRATION_DIR, PLAN_NAME, SPEED_NAME):
+    for old in ("real", "sim", "sim-speed", "sim-noise", "traces", CALIBRATION_DIR, PLAN_NAME, SPEED_NAME):
         p = out / old
         if p.is_dir():
             shutil.rmtree(p)

@@ -26,6 +26,7 @@ from accelgen.fidelity.run import (
     CALIBRATION_DIR,
     LEVEL_NAME,
     MACHINE_NAME,
+    NOISE_PREFIX,
     PREDICT_DIR,
     ROUND_NAME,
     SPEED_NAME,
@@ -46,6 +47,9 @@ class Report:
     # (run.host_speed; None: not recorded) and those speeds.
     table_speed: pd.DataFrame | None = None
     speed: dict = field(default_factory=dict)
+    # The prediction charged with the engine's noise fitted on the same replays as the model
+    # (round-<k>/sim-noise-*; None: not made).
+    table_noise: pd.DataFrame | None = None
     files: list[Path] = field(default_factory=list)  # what was written
 
     @property
@@ -82,6 +86,16 @@ class Report:
                         f"{len(fast)} target(s) missed: " + ", ".join(
                             f"{r.system}/{r.metric}" for r in fast.itertuples()) if len(fast)
                         else "every target met"), ""]
+        if self.table_noise is not None:
+            noisy_missed = _missed(self.table_noise)
+            out += ["the prediction with the engine's noise (each round's model charged with "
+                    "the step errors of the replays it was fitted on, round-<k>/predict/"
+                    "noise.yaml):",
+                    format_table(self.table_noise),
+                    "verdict with the noise: " + (
+                        f"{len(noisy_missed)} target(s) missed: " + ", ".join(
+                            f"{r.system}/{r.metric}" for r in noisy_missed.itertuples())
+                        if len(noisy_missed) else "every target met"), ""]
         missed = self.missed
         if len(missed):
             out.append(f"verdict: {len(missed)} target(s) missed: "
@@ -226,8 +240,10 @@ def build_report(runs: Path | str) -> Report:
     speed_path = runs / SPEED_NAME
     speed = json.loads(speed_path.read_text()) if speed_path.exists() else {}
     table_speed = compare_all(runs, sim=SPEED_PREFIX) if speed else None
+    noisy = any(runs.glob(f"round-*/{NOISE_PREFIX}-*"))
+    table_noise = compare_all(runs, sim=NOISE_PREFIX) if noisy else None
     return Report(runs, compare_all(runs), per, replay_steps(runs), replay_load(runs),
-                  table_speed, speed)
+                  table_speed, speed, table_noise)
 
 
 def report_frame(rep: Report) -> pd.DataFrame:
@@ -238,6 +254,9 @@ def report_frame(rep: Report) -> pd.DataFrame:
         parts.insert(1, rep.table_speed.assign(round="median", out_of_sample=True,
                                                comparison="at_host_speed",
                                                host_speed=rep.speed["factor"]))
+    if rep.table_noise is not None:
+        parts.insert(1, rep.table_noise.assign(round="median", out_of_sample=True,
+                                               comparison="with_noise"))
     return pd.concat(parts, ignore_index=True)
 
 

@@ -34,7 +34,13 @@ from typing import Any
 
 import pandas as pd
 
-from accelgen.core.specs import CalibratedTerms, Deployment, ExperimentConfig, SimOptions
+from accelgen.core.specs import (
+    CalibratedTerms,
+    Deployment,
+    ExperimentConfig,
+    NoiseSpec,
+    SimOptions,
+)
 from accelgen.fidelity.check_spec import (
     FidelityConfig,
     accelgen_adapter,
@@ -53,6 +59,8 @@ MACHINE_NAME = "machine.json"
 
 SPEED_NAME = "speed.json"  # the host's speed in the out-of-sample rounds (host_speed)
 SPEED_PREFIX = "sim-speed"  # simulations charged at that speed
+NOISE_PREFIX = "sim-noise"  # predictions charged with the engine's noise (predict_round)
+NOISE_NAME = "noise.yaml"  # round-<k>/predict/noise.yaml: that noise
 PREDICT_DIR = "predict"  # round-<k>/predict/: the model that predicts round k (predict_round)
 LEVEL_NAME = "level.json"  # its level factor (step_level) and the replays it was fitted on
 
@@ -60,17 +68,21 @@ LEVEL_NAME = "level.json"  # its level factor (step_level) and the replays it wa
 def simulate_run(trace: pd.DataFrame, system: str, dep: Deployment, engine: dict[str, Any],
                  out: Path, trace_path: str | None = None,
                  speed: float | None = None,
-                 charge: Deployment | None = None) -> dict[str, Any]:
+                 charge: Deployment | None = None,
+                 noise: NoiseSpec | None = None) -> dict[str, Any]:
     """Simulate ``trace`` as ``system`` on ``dep`` (its cost model plans and charges). With
     ``charge``, iterations are charged with that deployment's model while the policy still plans
-    with ``dep``'s; with ``speed``, the charging model's terms are multiplied by ``speed``."""
+    with ``dep``'s; with ``speed``, the charging model's terms are multiplied by ``speed``; with
+    ``noise``, every charged iteration carries the engine's noise (``sim.noise``)."""
     from accelgen.costmodel.factory import make_cost_model
     from accelgen.sim.runner import simulate
 
     # vLLM V1 recomputes preempted requests and never swaps, so the simulated host has no swap
     # space (only FastServe swaps; the stock and AccelGen models would not use it either).
-    cfg = ExperimentConfig(deployment=dep, policy=sim_policy(system, engine),
-                           sim=SimOptions(progress=False, swap_space_gb=0.0))
+    sim = SimOptions(progress=False, swap_space_gb=0.0)
+    if noise is not None:
+        sim = SimOptions(progress=False, swap_space_gb=0.0, noise=noise)
+    cfg = ExperimentConfig(deployment=dep, policy=sim_policy(system, engine), sim=sim)
     charged = charge if charge is not None else dep
     if speed is not None:
         charged = scaled_terms(charged, speed)
@@ -412,9 +424,20 @@ def predict_round(out_dir: Path, cfg: FidelityConfig, k: int, plan: Deployment, 
         "level": level, "fit_replays": [str(d.relative_to(out_dir)) for d in fit_dirs],
         "level_replays": [str(d.relative_to(out_dir)) for d in others]},
         indent=2) + "\n")
+    # The engine's noise around this model, on the same replays (SPEC 13): the step errors,
+    # the run factor at their median (a prediction cannot know round k's own speed).
+    from accelgen.costmodel.factory import make_cost_model
+    from accelgen.costmodel.noise import fit_replays, fixed_run, write_noise
+
+    noise, record = fit_replays(fit_dirs, make_cost_model(dep), "empirical")
+    noise = fixed_run(noise).model_copy(update={"seed": k})
+    write_noise(pdir / NOISE_NAME, noise, record,
+                f"accelgen.fidelity.run.predict_round({out_dir}, {k})")
     for system in cfg.systems:
         sim = simulate_run(trace, system, plan, cfg.engine, rdir / f"sim-{system}", trace_path,
                            charge=dep)
+        simulate_run(trace, system, plan, cfg.engine, rdir / f"{NOISE_PREFIX}-{system}",
+                     trace_path, charge=dep, noise=noise)
         if say is not None:
             say(f"round {k} predicted ({system}): {sim['num_finished']} finished, "
                 f"{sim['num_iterations']} iterations")

@@ -38,6 +38,8 @@ FIGURES: tuple[tuple[str, str, str, str, str], ...] = (
      "capacity"),
     ("fig16", "fig16_classes", "capacity", "SLO attainment per SLO class vs arrival rate",
      "capacity"),
+    ("fig18", "fig18_capacity_noise", "capacity",
+     "Capacity against the engine's per-step noise", "capacity"),
 )
 GROUPS: tuple[str, ...] = ("measurement", "scenarios", "workload", "evaluation", "ablation",
                            "sensitivity", "capacity")

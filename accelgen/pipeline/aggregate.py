@@ -571,6 +571,37 @@ def fig_capacity_regime(spec: dict[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def fig_capacity_noise(spec: dict[str, Any]) -> pd.DataFrame:
+    """Figure 18 (SPEC 13): capacity at the target (90 %) and the strict target (99 %) per
+    (deployment, system, noise level), the simulator charging every iteration the cost model's
+    prediction times a per-step error (lognormal, mean 1, log standard deviation ``noise``);
+    with the request-level attainment per rate behind it. ``noise_of``: the system without
+    noise, ``system``: the run's own (``<system>-noise<percent>``)."""
+    opts = spec["options"]
+    targets = _targets(opts)
+    runs = spec["runs"]
+    noise_keys = ("noise", "noise_of", "noise_of_label")
+    attainment: dict[tuple[str, str, int, float], dict[str, float]] = {}
+    rows: list[dict[str, Any]] = []
+    for _, refs in group_refs(runs, ("deployment", "system", "x")):
+        data = [load_run(r) for r in refs]
+        for rd in data:
+            ref = rd.ref
+            attainment[(ref["deployment"], ref["system"], ref["seed"], ref["x"])] = {
+                a: METRICS[a][1](rd) for a, _ in CAPACITIES.values()}
+        lab = labels(refs[0], (*SETTING_KEYS, *noise_keys))
+        for row in metric_rows(data, ["slo_attainment_request"]):
+            rows.append({**lab, "rate": refs[0]["x"], "load_factor": refs[0]["load_factor"],
+                         "token_budget": _budgets(refs), **row})
+    first = {r["system"]: r for r in runs}
+    for row in capacity_rows(runs, targets, attainment):
+        if row["metric"] == "capacity_distserve_rps":
+            continue
+        ref = first[row["system"]]
+        rows.append({**row, **{k: ref[k] for k in noise_keys}})
+    return pd.DataFrame(rows)
+
+
 def fig_classes(spec: dict[str, Any]) -> pd.DataFrame:
     """Figure 16: attainment per SLO class (``summary.json``'s ``slo_classes``: online requests
     by TBT SLO, offline apart) vs arrival rate per (deployment, system): which classes a system
@@ -653,6 +684,7 @@ AGGREGATORS: dict[str, Callable[[dict[str, Any]], pd.DataFrame]] = {
     "fig14_slo_scale": fig_slo_scale,
     "fig15_latency": fig_latency,
     "fig16_classes": fig_classes,
+    "fig18_capacity_noise": fig_capacity_noise,
 }
 
 

@@ -78,7 +78,9 @@ FLOORS: dict[str, float] = {
 }
 FLOOR_TEXT = ("throughput >= 1 output token/s or >= 0.01 req/s; goodput >= 0.01 req/s; "
               "attainments >= 5 % for relative changes; GPU utilisation >= 1 %; capacity above "
-              "the lowest swept rate (a capacity below the sweep has no value)")
+              "the lowest swept rate (AccelGen's below the sweep has no value; another "
+              "system's below it bounds the ratio from below: AccelGen's capacity over the "
+              "lowest swept rate)")
 
 
 @dataclass
@@ -88,6 +90,7 @@ class Measure:
     pairs: list[tuple[str, float]] = field(default_factory=list)
     skipped: int = 0
     note: str = ""
+    bounds: int = 0  # pairs whose value is a lower bound (label ends with BOUND_MARK)
 
     def add(self, label: str, value: float | None) -> None:
         if value is None or not math.isfinite(value):
@@ -305,27 +308,59 @@ def swept_values(metric: str) -> Callable[..., Measure]:
 def _capacity_frame(df: pd.DataFrame | None, metric: str = "capacity_rps") -> pd.DataFrame:
     """Figure 13's capacities over seeds; one below the lowest swept rate (on every seed, or
     on average: a mean of seeds below the sweep and one above it) becomes 0, under the
-    capacity floor (no value)."""
+    capacity floor (no value). Column ``lowest``: the deployment's lowest swept rate."""
     rows = _rows(df, metric)
     if not len(rows):
         return rows
     if "seed" in rows:
         rows = rows[rows["seed"].isna()]
     below = np.array(rows["where"].astype(str) == "below_sweep", dtype=bool)
+    floor = np.full(len(rows), math.nan)
     if df is not None and "rate" in df:
         lowest = df.groupby("deployment")["rate"].min()
         floor = rows["deployment"].map(lowest).astype(float).to_numpy()
         below |= rows["mean"].astype(float).to_numpy() < np.nan_to_num(floor, nan=0.0)
-    return rows.assign(mean=np.where(below, 0.0, rows["mean"].astype(float)))
+    return rows.assign(mean=np.where(below, 0.0, rows["mean"].astype(float)), lowest=floor)
+
+
+BOUND_MARK = " (bound)"  # a pair's label: its value is a lower bound
+
+
+def _capacity_ratio(m: Measure, label: str, a: float, b: float, lowest: float) -> None:
+    """AccelGen's capacity ``a`` over another's ``b`` into ``m``: the ratio when both lie on
+    the sweep; when only ``b`` is below it (0: no rate of the sweep met the target), the lower
+    bound ``a / lowest`` (its capacity is under the lowest swept rate), marked; else skipped
+    (AccelGen itself below the sweep: no value). A bound holds for the claim when it reaches the
+    margin (the ratio is at least that)."""
+    if a > 0 and b > 0:
+        m.add(label, a / b)
+    elif a > 0 and b == 0 and math.isfinite(lowest) and lowest > 0:
+        m.add(label + BOUND_MARK, a / lowest)
+        m.bounds += 1
+    else:
+        m.skipped += 1
 
 
 def capacities(how: str, others: str = "baselines",
                metric: str = "capacity_rps") -> Callable[..., Measure]:
     """AccelGen's request-level capacity (figure 13, mean over seeds; ``capacity_rps`` at 90 %,
-    ``capacity_strict_rps`` at 99 %) vs the others'."""
+    ``capacity_strict_rps`` at 99 %) vs the others'; ``how`` ``ratio``: with a lower bound
+    where the other's capacity lies below the sweep (:func:`_capacity_ratio`)."""
     def get(figs: dict[str, pd.DataFrame], roles: dict[str, Any]) -> Measure:
         flat = _capacity_frame(figs.get("fig13_capacity"), metric)
-        return versus("_cap", metric, how, others)({"_cap": flat}, roles)
+        if how != "ratio":
+            return versus("_cap", metric, how, others)({"_cap": flat}, roles)
+        m = Measure()
+        acc = roles.get("accelgen", "accelgen")
+        rivals = _systems(flat, BASELINE_POLICIES if others == "baselines" else (others,))
+        for d in _deployments(flat):
+            a = _mean(flat, metric, deployment=d, system=acc)
+            lowest = _mean(flat.assign(mean=flat["lowest"]), metric, deployment=d, system=acc)
+            for b_sys in rivals:
+                b = _mean(flat, metric, deployment=d, system=b_sys)
+                if math.isfinite(a) and math.isfinite(b):
+                    _capacity_ratio(m, f"{d}/{b_sys}", a, b, lowest)
+        return m
     return get
 
 
@@ -348,6 +383,11 @@ def versus_strongest(source: str, metric: str) -> Callable[..., Measure]:
             if not (math.isfinite(a) and vals):
                 continue  # not run
             b, best = max(vals)
+            if source == "capacity":
+                lowest = _mean(df.assign(mean=df["lowest"]), metric, deployment=d,
+                               system=acc)
+                _capacity_ratio(m, f"{d}/{best}", a, b, lowest)
+                continue
             if not _floor(metric, a, b):
                 m.skipped += 1
                 continue
@@ -800,7 +840,11 @@ def cell(claim: Claim, measure: Measure | None, ran: bool) -> str:
     held = sum(pair_holds(claim, v) for v in vals)
     lo, hi = min(vals), max(vals)
     rng = _fmt(lo) if lo == hi else f"{_fmt(lo)} to {_fmt(hi)}"
-    return f"{rng}{unit} ({held}/{len(vals)} hold{skipped})"
+    bounds = (f"; {measure.bounds} a lower bound (the other system below the lowest swept "
+              "rate)") if measure.bounds else ""
+    if measure.bounds and measure.bounds == len(vals):
+        rng = f">= {rng}"
+    return f"{rng}{unit} ({held}/{len(vals)} hold{skipped}{bounds})"
 
 
 def claims_table(figs: dict[str, pd.DataFrame], roles: dict[str, Any] | None = None

@@ -312,6 +312,34 @@ class EnvelopeSpec(Strict):
         return sorted(v)
 
 
+class NoiseSweep(Strict):
+    """Figure 18 (SPEC 13): capacity against the engine's per-step noise. ``systems`` run on the
+    capacity sweep's rates with the simulator charging every iteration ``predicted x step
+    error``, the error lognormal with mean 1 and log standard deviation ``level`` (about its
+    coefficient of variation; ``accelgen.costmodel.noise.sensitivity_noise``), drawn from the
+    run's seed; level 0 is the sweep's own runs. The system list is the figure's: a system added
+    to ``systems:`` (e.g. the closed-loop AccelGen) joins it by one entry here."""
+
+    systems: list[str] = Field(min_length=1)
+    levels: list[Annotated[float, Field(ge=0, le=1)]] = Field(
+        default_factory=lambda: [0.0, 0.05, 0.1, 0.2], min_length=2,
+        description="per-step noise levels (log standard deviation of the step error); 0: "
+                    "the deterministic simulator")
+    load_factors: list[PosFinite] | None = Field(
+        None, description="rates as multiples of the capacity estimate (default: the capacity "
+                          "sweep's)")
+    deployments: list[str] | None = Field(
+        None, description="the deployments of the capacity experiment to run it on (default: "
+                          "all of them)")
+
+    @field_validator("levels")
+    @classmethod
+    def _distinct_levels(cls, v: list[float]) -> list[float]:
+        if len(set(v)) != len(v):
+            raise ValueError("listed twice")
+        return sorted(v)
+
+
 class CapacityExp(RunGrid):
     """Figures 13-16 (SPEC sections 11-12, regime ``capacity``): every system on a rate sweep
     around each deployment's capacity estimate (``accelgen capacity``: the smaller of the
@@ -330,6 +358,8 @@ class CapacityExp(RunGrid):
     envelope: EnvelopeSpec | None = Field(
         None, description="the best-static-budget envelope (one system over a budget ladder)")
     slo_scale: SLOScaleSweep | None = None
+    noise: NoiseSweep | None = Field(
+        None, description="figure 18: capacity against per-step noise (SPEC 13)")
 
     @field_validator("load_factors")
     @classmethod
@@ -677,6 +707,16 @@ def _semantic_checks(cfg: PipelineConfig) -> list[str]:
             if d not in cap.deployments:
                 problems.append(f"experiments.capacity.envelope.deployments[{i}]: {d!r} is not "
                                 f"a deployment of the capacity experiment")
+    if cap is not None and cap.noise is not None:
+        for i, s in enumerate(cap.noise.systems):
+            need(f"experiments.capacity.noise.systems[{i}]", s, cfg.systems, "system")
+            if s in cfg.systems and cfg.systems[s].search is not None:
+                problems.append(f"experiments.capacity.noise.systems[{i}]: {s!r} runs the "
+                                "Oracle's search, which takes no noise")
+        for i, d in enumerate(cap.noise.deployments or []):
+            if d not in cap.deployments:
+                problems.append(f"experiments.capacity.noise.deployments[{i}]: {d!r} is not "
+                                "a deployment of the capacity experiment")
     if cap is not None and cap.slo_scale is not None:
         for i, s in enumerate(cap.slo_scale.systems):
             need(f"experiments.capacity.slo_scale.systems[{i}]", s, cfg.systems, "system")

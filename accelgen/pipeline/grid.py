@@ -78,6 +78,7 @@ REGIMES: dict[str, str] = {
     "fig06": "-", "fig08": "-", "extra_chunking": "-", "extra_pivots": "-",
     "extra_capacity": "paper", "extra_bounds": "paper",
     "fig13": "capacity", "fig14": "capacity", "fig15": "capacity", "fig16": "capacity",
+    "fig18": "capacity",
 }
 # A system's budget setting (the ``setting`` of its runs; the claims table compares AccelGen
 # with the paper-setting baselines and, apart, with the strongest tuned one, SPEC 12).
@@ -118,6 +119,8 @@ class Grid:
         self.system_labels: dict[str, str] = {k: cfg.system_label(k) for k in cfg.systems}
         # (variant, deployment, system) -> the token budget of a `budget: tuned` system there.
         self.tuned: dict[tuple[str, str, str], Any] = {}
+        # A system of figure 18 charged with per-step noise -> its level (the others: none).
+        self.noise_level: dict[str, float] = {}
         self.figures: dict[str, Figure] = {}
         try:
             self._build()
@@ -289,7 +292,7 @@ class Grid:
         if key not in self.tuned:
             dep = self.cfg.deployment(deployment)
             mml = max(1, effective_max_model_len(dep) - self.cfg.truncate_margin)
-            seqs = int(self.cfg.systems[system].params.get(
+            seqs = int(self.systems[system].params.get(
                 "max_num_seqs", _default_param(self.systems[system].policy, "max_num_seqs")))
             data = self.variants.get(budget_variant) or self.cfg.workload_dict(budget_variant)
             try:
@@ -500,11 +503,57 @@ class Grid:
                                                   load_factor=ss.load_factor)
         opts = {"target": cap.target, "strict_target": cap.strict_target, "bounds": bounds,
                 "tuned_budgets": budgets, "regime": "capacity"}
+        if cap.noise is not None:
+            figs["fig18"] = (self._noise_refs(cap), [], {**opts, "levels": cap.noise.levels})
         figs["fig13"] = (refs, [], opts)
         if scale_refs:
             figs["fig14"] = (scale_refs, [], opts)
         figs["fig15"] = (refs, [], opts)
         figs["fig16"] = (refs, [], opts)
+
+    def _noise_system(self, system: str, level: float) -> str:
+        """``system`` charged with per-step noise of ``level`` (figure 18): a system of its own
+        (its runs' directories), the same policy, parameters and budget setting."""
+        if level == 0:
+            return system
+        name = f"{system}-noise{fmt_num(round(level * 100, 6))}"
+        self.systems[name] = self.systems[system]
+        self.system_labels[name] = f"{self.system_labels[system]} (noise {level:.0%})"
+        self.noise_level[name] = level
+        return name
+
+    def _noise_refs(self, cap: Any) -> list[dict[str, Any]]:
+        """Figure 18's runs: every (level, system, deployment, rate, seed); level 0 is the
+        capacity sweep's own run."""
+        from accelgen.pipeline.capacity import sweep_rate
+
+        noise = cap.noise
+        seeds = self.cfg.seeds_of(cap)
+        refs: list[dict[str, Any]] = []
+        for d in noise.deployments or cap.deployments:
+            est = self.capacity_bound(cap.workload, d, seeds[0]).estimate_rps
+            for factor in noise.load_factors or cap.load_factors:
+                rate = sweep_rate(factor, est)
+                v = self._rate_variant(cap.workload, rate)
+                for level in noise.levels:
+                    for s in noise.systems:
+                        name = self._noise_system(s, level)
+                        refs += [{**r, "noise": level, "noise_of": s,
+                                  "noise_of_label": self.system_labels[s]}
+                                 for r in self._grid_refs(v, [d], [name], seeds, sweep="rate",
+                                                          x=rate, load_factor=factor,
+                                                          budget_variant=cap.workload)]
+        return refs
+
+    def noise_args(self, system: str) -> list[str]:
+        """``accelgen simulate --noise JSON`` of a system of figure 18 ([] for the others)."""
+        level = self.noise_level.get(system)
+        if level is None:
+            return []
+        from accelgen.costmodel.noise import sensitivity_noise
+
+        spec = sensitivity_noise(level).model_dump(mode="json", exclude_defaults=True)
+        return ["--noise", json.dumps(spec, sort_keys=True, separators=(",", ":"))]
 
     # ------------------------------------------------------------------ queries
     def check_workloads(self) -> None:
@@ -777,4 +826,4 @@ class Grid:
             args = ["-m", "accelgen.cli", "simulate", "--no-progress", "--policy", spec.policy]
         for k, v in sorted(self.run_params(system, variant, deployment).items()):
             args += ["--param", f"{k}={json.dumps(v, sort_keys=True)}"]
-        return args
+        return args + self.noise_args(system)

@@ -17,6 +17,7 @@ from accelgen.costmodel.factory import (
     resolve_hardware,
     resolve_model,
 )
+from accelgen.costmodel.noise import NoisyCost
 from accelgen.policies.registry import make_policy
 from accelgen.results import RunOutput, requests_frame
 from accelgen.sim.engine import Simulator
@@ -38,8 +39,11 @@ def simulate(trace: pd.DataFrame, cfg: ExperimentConfig, *,
     swap_blocks = int(cfg.sim.swap_space_gb * 2**30 // (model.kv_bytes_per_token * dep.block_size))
     kv = BlockManager(kv_num_blocks(dep), dep.block_size, num_swap_blocks=swap_blocks)
     requests, output_len = to_requests(trace)
+    charged = cost if charge_cost is None else charge_cost
+    if cfg.sim.noise.on:  # the engine's noise on every charged iteration (SPEC 13)
+        charged = NoisyCost(charged, cfg.sim.noise, cfg.seed)
     sim = Simulator(
-        requests, output_len, policy, cost if charge_cost is None else charge_cost, kv, pivot,
+        requests, output_len, policy, charged, kv, pivot,
         max_model_len=max_model_len,
         kv_bytes_per_token=model.kv_bytes_per_token,
         host_link_bandwidth=hardware.host_link_bandwidth * dep.num_gpus,
@@ -78,6 +82,11 @@ def simulate(trace: pd.DataFrame, cfg: ExperimentConfig, *,
                            "t_pf": pivot.t_pf, "kv_blocks": kv.num_total_blocks,
                            "swap_blocks": swap_blocks, "policy_params": policy.params.model_dump(),
                            "cost_model": cost.name}}
+    if isinstance(charged, NoisyCost):
+        config["resolved"]["noise"] = {"run_factor": charged.run_factor,
+                                       "seed": (cfg.sim.noise.seed if cfg.sim.noise.seed
+                                                is not None else cfg.seed),
+                                       "factors_drawn": charged.drawn}
     return RunOutput(req_df, its_df, summary, timing, tsum, config)
 
 

@@ -1,0 +1,244 @@
+"""The engine's noise around its cost model: charging the simulator's iterations with it, and
+fitting it to real replays (SPEC 13, docs/simulator.md *Noise*).
+
+A real engine's step takes ``predicted x run factor x step error``: the run factor is how fast
+the host ran this whole run against the calibration (measured 0.76-1.41 between replays of the
+CPU engine), the step error what is left step by step. :class:`NoisyCost` charges a simulation
+that way (``accelgen.core.specs.NoiseSpec``); the policy keeps planning with the plain model, as
+the plugin inside the engine does. :func:`fit_noise` fits the two parts to replays' steps:
+``ratio = measured span / predicted`` per step (``accelgen.costmodel.points``), a replay's run
+factor is the median of its ratios, and the step errors are the ratios over it, pooled.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from accelgen.core.iteration import BatchShape
+from accelgen.core.specs import NoiseSpec
+from accelgen.costmodel.base import CostModel
+
+BLOCK = 65_536  # step errors drawn at a time (a fixed size: the same draws for a seed)
+QUANTILES = 201  # an empirical fit's step-error quantiles (every 0.5 %)
+
+
+def _generator(seed: int) -> np.random.Generator:
+    # A stream of its own: never the one a policy or a workload draws from with the same seed.
+    return np.random.default_rng([seed, 0x4E015E])
+
+
+class StepNoise:
+    """The factors ``run factor x step error`` of one run, in the order iterations draw them."""
+
+    __slots__ = ("_probs", "_q", "_rng", "run_factor", "spec")
+
+    def __init__(self, spec: NoiseSpec, seed: int) -> None:
+        if not spec.on:
+            raise ValueError("noise kind 'none' draws nothing")
+        self.spec = spec
+        self._rng = _generator(spec.seed if spec.seed is not None else seed)
+        self.run_factor = float(math.exp(spec.run_mu + spec.run_sigma
+                                         * float(self._rng.standard_normal())))
+        if spec.kind == "empirical":
+            q = np.asarray(spec.step_quantiles, dtype=np.float64)
+            self._q = q
+            self._probs = np.linspace(0.0, 1.0, len(q))
+
+    def block(self, n: int = BLOCK) -> np.ndarray:
+        """The next ``n`` factors."""
+        spec = self.spec
+        if spec.kind == "lognormal":
+            err = np.exp(spec.step_mu + spec.step_sigma * self._rng.standard_normal(n))
+        else:
+            err = np.interp(self._rng.random(n), self._probs, self._q)
+        return err * self.run_factor
+
+
+class NoisyCost(CostModel):
+    """``base``'s iteration time times the run's noise factor, one factor per call of
+    ``iteration_time`` (the simulator calls it once per iteration it charges). Everything else
+    (``forward_time``, the pivot, a policy's plan) is ``base``'s, without noise."""
+
+    def __init__(self, base: CostModel, spec: NoiseSpec, seed: int) -> None:
+        self.base = base
+        self.name = f"{base.name}+noise-{spec.kind}"
+        self.noise = StepNoise(spec, seed)
+        self._time = base.iteration_time
+        self._buf: list[float] = []
+        self._i = 0
+        self.drawn = 0  # factors used so far
+
+    @property
+    def run_factor(self) -> float:
+        return self.noise.run_factor
+
+    def iteration_time(self, shape: BatchShape) -> float:
+        i = self._i
+        buf = self._buf
+        if i == len(buf):
+            buf = self._buf = self.noise.block().tolist()
+            i = 0
+        self._i = i + 1
+        self.drawn += 1
+        return self._time(shape) * buf[i]
+
+    def forward_time(self, forward_size: int) -> float:
+        return self.base.forward_time(forward_size)
+
+    def prefill_time(self, prompt_len: int) -> float:
+        return self.base.prefill_time(prompt_len)
+
+
+def charging_cost(base: CostModel, spec: NoiseSpec, seed: int) -> CostModel:
+    """The model that charges a run's iterations: ``base`` itself without noise."""
+    return NoisyCost(base, spec, seed) if spec.on else base
+
+
+def sensitivity_noise(level: float, seed: int | None = None) -> NoiseSpec:
+    """Per-step lognormal noise of ``level`` (the step error's log standard deviation, about its
+    coefficient of variation) with mean 1, no run factor: the sensitivity figure's noise, which
+    moves no step's expected time. ``level`` 0: none."""
+    if not (level >= 0 and math.isfinite(level)):
+        raise ValueError(f"noise level must be >= 0, got {level}")
+    if level == 0:
+        return NoiseSpec()
+    return NoiseSpec(kind="lognormal", step_mu=-level * level / 2, step_sigma=level, seed=seed,
+                     source=f"sensitivity: per-step lognormal, sigma {level:g}, mean 1")
+
+
+# ----------------------------------------------------------------------------------- fitting
+@dataclass(frozen=True, slots=True)
+class ReplayRatios:
+    """One replay's steps against the model: measured span / predicted, per step."""
+
+    name: str
+    ratios: np.ndarray
+    steps: int  # steps in the replay (before dropping the ones woken from idle)
+
+
+def replay_ratios(run_dir: Path | str, cost: CostModel, *,
+                  after_idle: bool = False) -> ReplayRatios:
+    """Every step of a replay (a results directory) as span / ``cost``'s prediction. Steps that
+    woke an idle engine are left out unless ``after_idle``: their extra 1-2 ms is the engine
+    waking (docs/profiling.md 3.2), not noise of a busy step, and the simulator charges idle
+    time as idle."""
+    from accelgen.costmodel.points import load_step_log
+
+    log = load_step_log(run_dir)
+    pred = np.array([cost.iteration_time(s) for s in log.shapes], dtype=np.float64)
+    ratio = np.asarray(log.span, dtype=np.float64) / pred
+    keep = np.isfinite(ratio) & (ratio > 0)
+    if not after_idle:
+        keep &= ~np.asarray(log.after_idle, dtype=bool)
+    return ReplayRatios(str(run_dir), ratio[keep], len(ratio))
+
+
+def fit_noise(replays: Sequence[ReplayRatios], kind: str = "empirical", *,
+              quantiles: int = QUANTILES, source: str = "") -> tuple[NoiseSpec, dict[str, Any]]:
+    """The noise of ``replays``: each replay's run factor is the median of its ratios, the
+    step errors its ratios over that factor, pooled over the replays. ``lognormal``: step_mu /
+    step_sigma the median and the robust standard deviation (interquartile range / 1.349) of
+    the errors' logs (stalls of tens of times the model would blow up a plain standard
+    deviation); ``empirical``: ``quantiles`` quantiles of the errors. The run factor's log mean
+    and standard deviation over the replays (sigma 0 from one replay). Returns the spec and a
+    record of the fit (per replay: steps, run factor, step-error p10/p50/p90)."""
+    if kind not in ("lognormal", "empirical"):
+        raise ValueError(f"noise kind must be lognormal or empirical, got {kind!r}")
+    if quantiles < 2:
+        raise ValueError(f"quantiles must be at least 2, got {quantiles}")
+    used = [r for r in replays if r.ratios.size]
+    if not used:
+        raise ValueError("no steps to fit the noise on: "
+                         + (", ".join(r.name for r in replays) or "no replays given"))
+    factors = np.array([float(np.median(r.ratios)) for r in used])
+    errors = np.concatenate([r.ratios / f for r, f in zip(used, factors, strict=True)])
+    logs = np.log(errors)
+    log_f = np.log(factors)
+    run_mu = float(log_f.mean())
+    run_sigma = float(log_f.std(ddof=1)) if len(used) > 1 else 0.0
+    q25, q50, q75 = np.quantile(logs, [0.25, 0.5, 0.75])
+    if kind == "lognormal":
+        spec = NoiseSpec(kind="lognormal", step_mu=float(q50),
+                         step_sigma=float((q75 - q25) / 1.349), run_mu=run_mu,
+                         run_sigma=run_sigma, source=source)
+    else:
+        q = np.quantile(errors, np.linspace(0.0, 1.0, quantiles))
+        spec = NoiseSpec(kind="empirical", step_quantiles=[float(x) for x in q],
+                         run_mu=run_mu, run_sigma=run_sigma, source=source)
+    record = {
+        "kind": kind, "steps": int(errors.size),
+        "step_error": {f"p{p}": float(v) for p, v in
+                       zip((1, 10, 50, 90, 99), np.quantile(errors, [.01, .1, .5, .9, .99]),
+                           strict=True)},
+        "step_error_log_sigma_robust": float((q75 - q25) / 1.349),
+        "step_error_mean": float(errors.mean()),
+        "run_factor_median": float(np.median(factors)),
+        "replays": [{"replay": r.name, "steps": r.steps, "fitted_steps": int(r.ratios.size),
+                     "run_factor": float(f),
+                     **{f"step_error_p{p}": float(v) for p, v in
+                        zip((10, 50, 90), np.quantile(r.ratios / f, [.1, .5, .9]),
+                            strict=True)}}
+                    for r, f in zip(used, factors, strict=True)],
+        "left_out": [r.name for r in replays if not r.ratios.size],
+    }
+    return spec, record
+
+
+def fixed_run(spec: NoiseSpec) -> NoiseSpec:
+    """``spec`` with its run factor held at its median (sigma 0): a prediction of one run
+    cannot know that run's speed, only the step noise around it."""
+    return spec.model_copy(update={"run_sigma": 0.0})
+
+
+def read_noise(path_or_json: str | Path) -> NoiseSpec:
+    """A noise spec from a JSON text, or from a YAML/JSON file (``accelgen fit-noise``'s: its
+    ``noise`` key, or the spec itself)."""
+    import json
+
+    text = str(path_or_json)
+    if text.lstrip().startswith("{"):
+        data = json.loads(text)
+    else:
+        from accelgen.core.specs import load_yaml
+
+        data = load_yaml(path_or_json)
+    if isinstance(data, dict) and "noise" in data and isinstance(data["noise"], dict):
+        data = data["noise"]
+    return NoiseSpec.model_validate(data)
+
+
+def noise_text(spec: NoiseSpec, record: dict[str, Any], command: str = "") -> str:
+    """The file ``accelgen fit-noise`` writes: ``noise:`` (the spec ``accelgen simulate
+    --noise`` and ``sim.noise`` take) and ``fit:`` (what it was fitted on, per replay)."""
+    import yaml
+
+    head = "# The engine's noise around its cost model (accelgen.costmodel.noise.fit_noise)\n"
+    if command:
+        head += f"# {command}\n"
+    body = yaml.safe_dump({"noise": spec.model_dump(mode="json"), "fit": record},
+                          sort_keys=False, default_flow_style=None, width=100)
+    return head + body
+
+
+def write_noise(path: Path | str, spec: NoiseSpec, record: dict[str, Any],
+                command: str = "") -> None:
+    """``noise_text`` written atomically (all or nothing)."""
+    from accelgen.costmodel.calibration_files import atomic_write
+
+    atomic_write(Path(path), noise_text(spec, record, command))
+
+
+def fit_replays(run_dirs: Sequence[Path | str], cost: CostModel, kind: str = "empirical", *,
+                after_idle: bool = False,
+                source: str = "") -> tuple[NoiseSpec, dict[str, Any]]:
+    """``fit_noise`` on the steps of results directories against ``cost``."""
+    reps = [replay_ratios(d, cost, after_idle=after_idle) for d in run_dirs]
+    spec, record = fit_noise(reps, kind, source=source or ", ".join(str(d) for d in run_dirs))
+    record["after_idle_included"] = after_idle
+    return spec, record

@@ -1,0 +1,205 @@
+"""The engine's noise in the simulator (``sim.noise``, ``accelgen.costmodel.noise``): its
+statistics, seeding, the fit on a synthetic replay, and ``none`` leaving the simulator as it was."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from pydantic import ValidationError
+
+from accelgen.core.iteration import BatchShape
+from accelgen.core.specs import Deployment, ExperimentConfig, NoiseSpec, PolicySpec, SimOptions
+from accelgen.costmodel.factory import make_cost_model
+from accelgen.costmodel.noise import (
+    NoisyCost,
+    ReplayRatios,
+    StepNoise,
+    fit_noise,
+    fit_replays,
+    read_noise,
+    sensitivity_noise,
+    write_noise,
+)
+
+DEP = Deployment(model="opt-13b", hardware="a100", kv_cache_gb=2.0)
+
+
+def _trace(n: int = 40, seed: int = 5) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    prompt = rng.integers(50, 1500, n)
+    out = rng.integers(20, 200, n)
+    ttft, tbt = rng.uniform(0.2, 2.0, n), rng.uniform(0.05, 0.3, n)
+    return pd.DataFrame({
+        "req_id": np.arange(n), "arrival": np.sort(rng.uniform(0, 10.0, n)),
+        "source": "test", "prompt_len": prompt, "prompt_len_natural": prompt,
+        "prompt_truncated": False, "output_len": out, "output_len_natural": out,
+        "output_capped": False, "ttft_slo": ttft, "tbt_slo": tbt,
+        "jct_slo": ttft + tbt * (out - 1), "online": True, "predicted_output_len": 150,
+    })
+
+
+def _run(policy: str, noise: NoiseSpec | None = None, seed: int = 0):
+    from accelgen.sim.runner import simulate
+
+    sim = SimOptions(progress=False) if noise is None else SimOptions(progress=False, noise=noise)
+    cfg = ExperimentConfig(deployment=DEP, policy=PolicySpec(name=policy), sim=sim, seed=seed)
+    return simulate(_trace(), cfg)
+
+
+def test_lognormal_draws_have_the_spec_statistics() -> None:
+    spec = NoiseSpec(kind="lognormal", step_mu=0.05, step_sigma=0.2, run_mu=math.log(1.3))
+    noise = StepNoise(spec, seed=3)
+    assert noise.run_factor == pytest.approx(1.3)  # run_sigma 0: the factor is exp(run_mu)
+    logs = np.log(noise.block(200_000) / 1.3)
+    assert logs.mean() == pytest.approx(0.05, abs=0.003)
+    assert logs.std() == pytest.approx(0.2, rel=0.01)
+    # the sensitivity figure's noise keeps the mean step
+    sens = StepNoise(sensitivity_noise(0.2), seed=1).block(200_000)
+    assert sens.mean() == pytest.approx(1.0, abs=0.003)
+    assert sensitivity_noise(0.0) == NoiseSpec()
+
+
+def test_empirical_draws_follow_the_quantiles() -> None:
+    q = [0.8, 0.9, 1.0, 1.2, 2.0]  # quantiles at 0, .25, .5, .75, 1
+    x = StepNoise(NoiseSpec(kind="empirical", step_quantiles=q), seed=0).block(100_000)
+    assert x.min() >= 0.8 and x.max() <= 2.0
+    assert np.quantile(x, [0.25, 0.5, 0.75]) == pytest.approx([0.9, 1.0, 1.2], abs=0.01)
+
+
+def test_seeded_and_deterministic() -> None:
+    spec = NoiseSpec(kind="lognormal", step_sigma=0.1, run_sigma=0.2)
+    a, b, c = StepNoise(spec, 7), StepNoise(spec, 7), StepNoise(spec, 8)
+    assert a.run_factor == b.run_factor != c.run_factor
+    assert np.array_equal(a.block(1000), b.block(1000))
+    fixed = spec.model_copy(update={"seed": 11})  # the spec's own seed wins over the run's
+    assert np.array_equal(StepNoise(fixed, 1).block(50), StepNoise(fixed, 2).block(50))
+    # one factor per charged iteration, in order, across blocks
+    cost = make_cost_model(DEP)
+    noisy = NoisyCost(cost, spec, 7)
+    shape = BatchShape(decode_seqs=8, decode_ctx=8000)
+    times = [noisy.iteration_time(shape) for _ in range(70_000)]
+    first = StepNoise(spec, 7)
+    ref = np.concatenate([first.block(), first.block()])[:70_000] * cost.iteration_time(shape)
+    assert np.allclose(times, ref, rtol=1e-12)
+    assert noisy.forward_time(512) == cost.forward_time(512)  # planning never sees noise
+
+
+def test_spec_validation() -> None:
+    with pytest.raises(ValidationError, match="step_quantiles"):
+        NoiseSpec(kind="empirical")
+    with pytest.raises(ValidationError, match="must not decrease"):
+        NoiseSpec(kind="empirical", step_quantiles=[1.0, 0.9])
+    with pytest.raises(ValidationError):
+        NoiseSpec(kind="lognormal", step_sigma=-0.1)
+    with pytest.raises(ValueError, match="lognormal or empirical"):
+        fit_noise([ReplayRatios("x", np.ones(3), 3)], "gamma")
+    with pytest.raises(ValueError, match="no steps"):
+        fit_noise([ReplayRatios("x", np.array([]), 0)])
+
+
+def test_none_is_the_deterministic_simulator() -> None:
+    plain, none = _run("sarathi"), _run("sarathi", NoiseSpec(kind="none", step_sigma=0.3))
+    pd.testing.assert_frame_equal(plain.requests, none.requests)
+    pd.testing.assert_frame_equal(plain.iterations, none.iterations)
+    assert plain.summary == none.summary
+    assert "noise" not in plain.config["resolved"]
+    # described as a build without noise: the config's dump has no noise section
+    assert "noise" not in plain.config["experiment"]["sim"]
+    assert plain.config == none.config
+
+
+def test_noisy_runs_repeat_per_seed_and_charge_the_noise() -> None:
+    spec = NoiseSpec(kind="lognormal", step_sigma=0.1, run_mu=math.log(1.2))
+    a, b, c = _run("vllm", spec, 1), _run("vllm", spec, 1), _run("vllm", spec, 2)
+    pd.testing.assert_frame_equal(a.iterations, b.iterations)
+    assert not a.iterations["latency"].equals(c.iterations["latency"])
+    assert a.config["resolved"]["noise"]["factors_drawn"] == len(a.iterations)
+    assert a.summary["makespan_s"] > _run("vllm").summary["makespan_s"]  # 1.2x slower steps
+
+
+def test_fit_recovers_a_synthetic_replay(tmp_path: Path) -> None:
+    """A simulated run charged with known noise is a replay whose noise the fit recovers."""
+    cost = make_cost_model(DEP)
+    truth = NoiseSpec(kind="lognormal", step_mu=0.0, step_sigma=0.15, run_mu=math.log(1.25))
+    dirs = []
+    for seed in (1, 2):
+        run = _run("vllm", truth, seed)
+        run.write(tmp_path / f"r{seed}")
+        dirs.append(tmp_path / f"r{seed}")
+    spec, record = fit_replays(dirs, cost, "lognormal")
+    assert math.exp(spec.run_mu) == pytest.approx(1.25, rel=0.03)
+    assert spec.step_sigma == pytest.approx(0.15, rel=0.15)
+    assert spec.step_mu == pytest.approx(0.0, abs=0.02)
+    emp, _ = fit_replays(dirs, cost, "empirical")
+    assert emp.step_quantiles is not None and len(emp.step_quantiles) == 201
+    assert emp.step_quantiles[100] == pytest.approx(1.0, abs=0.02)  # median error 1
+    write_noise(tmp_path / "noise.yaml", emp, record, "test")
+    assert read_noise(tmp_path / "noise.yaml") == emp
+    assert read_noise('{"kind": "lognormal", "step_sigma": 0.1}').step_sigma == 0.1
+
+
+def test_engine_regime_fits_the_calibration_replays_noise(tmp_path: Path) -> None:
+    """Regime engine: the noise of the calibration replay, run factor held at its median."""
+    from accelgen.engine_regime.run import CALIBRATION_DIR, NOISE_NAME, fit_calibration_noise
+
+    assert fit_calibration_noise(tmp_path, DEP) is None  # no calibration replay: no noise
+    truth = NoiseSpec(kind="lognormal", step_sigma=0.2, run_mu=math.log(1.1))
+    _run("vllm", truth, 3).write(tmp_path / CALIBRATION_DIR / "real-stock")
+    spec = fit_calibration_noise(tmp_path, DEP)
+    assert spec is not None and spec.kind == "empirical" and spec.run_sigma == 0.0
+    assert math.exp(spec.run_mu) == pytest.approx(1.1, rel=0.03)
+    q = np.asarray(spec.step_quantiles)
+    assert np.log(q[[25, 175]]) == pytest.approx([-0.2 * 1.15, 0.2 * 1.15], abs=0.06)  # p12.5/87.5
+    assert read_noise(tmp_path / CALIBRATION_DIR / NOISE_NAME) == spec
+
+
+def test_fit_noise_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
+
+    from accelgen.cli import main
+
+    _run("vllm", NoiseSpec(kind="lognormal", step_sigma=0.1), 4).write(tmp_path / "replay")
+    (tmp_path / "dep.yaml").write_text(yaml.safe_dump(
+        {"deployment": DEP.model_dump(mode="json", exclude_none=True)}))
+    out = tmp_path / "noise.yaml"
+    assert main(["fit-noise", "--runs", str(tmp_path / "replay"), "--deployment",
+                 str(tmp_path / "dep.yaml"), "--kind", "lognormal", "--out", str(out)]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith(f"wrote {out}: lognormal noise from ") and last.endswith("of 1 replay")
+    assert read_noise(out).step_sigma == pytest.approx(0.1, rel=0.2)
+    # a directory that is no replay: a clear error, nothing written
+    bad = tmp_path / "bad.yaml"
+    assert main(["fit-noise", "--runs", str(tmp_path), "--deployment",
+                 str(tmp_path / "dep.yaml"), "--out", str(bad)]) == 2
+    assert "no iterations.parquet" in capsys.readouterr().err and not bad.exists()
+
+
+# Golden digests of noisy runs (``tests/accelgen_golden.results_digest``: every column of
+# requests.parquet and iterations.parquet): a change of the noise's draws or of how they are
+# charged changes them. Recorded on this build; vLLM and Sarathi-Serve, whose decisions no
+# change of AccelGen's moves.
+NOISE_GOLDEN = {
+    "vllm/lognormal": "ed98bfe9ddb5b8278f4efa29f44721f2fa7d3de1a87dacadb6a447c0822c3312",
+    "sarathi/empirical": "5d7969f62bb010fe2995770654b9c8d27a8785579695044442d2a2434b2e050b",
+}
+
+
+def _golden_run(name: str, out: Path) -> str:
+    from tests.accelgen_golden import results_digest
+
+    policy, kind = name.split("/")
+    spec = (NoiseSpec(kind="lognormal", step_sigma=0.1, step_mu=-0.005, run_sigma=0.1)
+            if kind == "lognormal" else
+            NoiseSpec(kind="empirical", step_quantiles=[0.7, 0.95, 1.0, 1.05, 1.2, 3.0],
+                      run_mu=0.05))
+    _run(policy, spec, 3).write(out)
+    return results_digest(out)
+
+
+@pytest.mark.parametrize("name", sorted(NOISE_GOLDEN))
+def test_noisy_runs_match_their_golden_digests(name: str, tmp_path: Path) -> None:
+    assert _golden_run(name, tmp_path / "run") == NOISE_GOLDEN[name]
