@@ -316,9 +316,11 @@ def test_reduced_sweep_on_the_vllm_cpu_engine(tmp_path: Path,
     plan = read_plan(out)
     assert plan["async_scheduling"] is False and len(plan["rates"]) == 2
     rep = build_report(out)
-    assert len(rep.points) == 3 * 2
+    assert len(rep.points) == 4 * 2  # engine, sim, sim-speed, sim-noise at each rate
     served = rep.points.groupby("source")["num_served"].sum()
-    assert served["engine"] == served["sim"] == served["sim-speed"] == 2 * 12
+    assert (served["engine"] == served["sim"] == served["sim-speed"] == served["sim-noise"]
+            == 2 * 12)
+    assert (out / "calibration" / "noise.yaml").exists()  # fitted on the calibration replay
     # No stock system in the sweep: the host's speed is measured on every replay.
     assert rep.speed["factor"] > 0 and rep.speed["basis"] == "replays"
     busy = rep.points.loc[rep.points["source"] == "engine", "cpu_busy"]

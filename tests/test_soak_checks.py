@@ -1,6 +1,6 @@
 """The soak's checks (``serving.soak.evaluate``) on made-up runs: a clean run holds every check,
 and each fault the soak looks for fails the check that names it. No server: the soak itself is
-``tests/test_serve_soak.py`` and ``scripts/soak_serve.py``."""
+``scripts/soak_serve.py``."""
 
 from __future__ import annotations
 

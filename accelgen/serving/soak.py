@@ -1,7 +1,7 @@
 """A soak of ``accelgen serve`` under faults: minutes of bursty load above the server's capacity,
 clients that abort streams, malformed requests, SLOs nobody can meet, then SIGTERM with requests
 in flight; and the checks that nothing was lost or leaked (``scripts/soak_serve.py``,
-``tests/test_serve_soak.py``, docs/vllm.md "A soak under faults").
+docs/vllm.md "A soak under faults").
 
 The load (``plan``): ``rate x duration_s`` requests at gamma inter-arrival times of shape
 ``burstiness`` (``arrivals.request_times``), with the lengths and SLOs of
