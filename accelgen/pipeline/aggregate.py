@@ -556,10 +556,7 @@ def fig_capacity_regime(spec: dict[str, Any]) -> pd.DataFrame:
     attainment: dict[tuple[str, str, int, float], dict[str, float]] = {}
     for _, refs in group_refs(runs, ("deployment", "system", "x")):
         data = [load_run(r) for r in refs]
-        for rd in data:
-            ref = rd.ref
-            attainment[(ref["deployment"], ref["system"], ref["seed"], ref["x"])] = {
-                a: METRICS[a][1](rd) for a, _ in CAPACITIES.values()}
+        _note_attainment(attainment, data)
         lab = labels(refs[0], SETTING_KEYS)
         budget = _budgets(refs)
         for row in metric_rows(data, names):
@@ -569,6 +566,16 @@ def fig_capacity_regime(spec: dict[str, Any]) -> pd.DataFrame:
     rows += _bound_rows(opts.get("bounds", []), target=targets["target"])
     rows += _tuned_rows(opts.get("tuned_budgets", []))
     return pd.DataFrame(rows)
+
+
+def _note_attainment(attainment: dict[tuple[str, str, int, float], dict[str, float]],
+                     data: list[Any]) -> None:
+    """Each run's attainments that capacities are read from, keyed by (deployment, system,
+    seed, rate)."""
+    for rd in data:
+        ref = rd.ref
+        attainment[(ref["deployment"], ref["system"], ref["seed"], ref["x"])] = {
+            a: METRICS[a][1](rd) for a, _ in CAPACITIES.values()}
 
 
 def fig_capacity_noise(spec: dict[str, Any]) -> pd.DataFrame:
@@ -585,10 +592,7 @@ def fig_capacity_noise(spec: dict[str, Any]) -> pd.DataFrame:
     rows: list[dict[str, Any]] = []
     for _, refs in group_refs(runs, ("deployment", "system", "x")):
         data = [load_run(r) for r in refs]
-        for rd in data:
-            ref = rd.ref
-            attainment[(ref["deployment"], ref["system"], ref["seed"], ref["x"])] = {
-                a: METRICS[a][1](rd) for a, _ in CAPACITIES.values()}
+        _note_attainment(attainment, data)
         lab = labels(refs[0], (*SETTING_KEYS, *noise_keys))
         for row in metric_rows(data, ["slo_attainment_request"]):
             rows.append({**lab, "rate": refs[0]["x"], "load_factor": refs[0]["load_factor"],
