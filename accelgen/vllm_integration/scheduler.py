@@ -737,8 +737,6 @@ class AccelGenScheduler(InstrumentedScheduler):
         cfg = self.accelgen_config
         self.accelgen_policy = make_engine_policy(cfg.policy)
         self._measures_steps()
-        self.mismatch_steps = 0
-        self.trimmed_steps = 0
         self._view_stale = True
         self._busy_until = 0.0
         self._leaving.clear()
