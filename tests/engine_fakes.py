@@ -14,11 +14,14 @@ from accelgen.engine_regime.run import (
     CONFIG_NAME,
     PLAN_NAME,
     POINT_NAME,
+    SEARCHES_NAME,
+    Traces,
     make_plan,
     point_dir,
-    points,
-    simulate_sweep,
-    write_traces,
+    predict_after,
+    predict_before,
+    search_all,
+    write_searches,
 )
 from accelgen.engine_regime.sweep_spec import EngineSweepConfig
 from accelgen.fidelity.check_spec import engine_deployment
@@ -35,7 +38,7 @@ ENGINE_TERMS = CalibratedTerms(overhead_s=2.9e-3, weights_s=2.7e-4, transition_p
 
 def fake_cfg(**over: object) -> EngineSweepConfig:
     data: dict[str, object] = {"engine": ENGINE, "num_requests": 40, "repeats": 2,
-                               "load_factors": [1.0, 3.0, 6.0]}
+                               "search": {"max_probes": 4, "tolerance": 0.2}}
     data.update(over)
     return EngineSweepConfig.model_validate(data)
 
@@ -43,31 +46,34 @@ def fake_cfg(**over: object) -> EngineSweepConfig:
 def fake_engine_runs(out: Path, cfg: EngineSweepConfig | None = None,
                      slower: tuple[float, ...] = (1.05, 1.10)) -> Path:
     """``run_sweep``'s layout; repeat k's "engine" runs at ``slower[k]`` times the terms."""
+    from accelgen.sim.runner import simulate
+
     cfg = cfg or fake_cfg()
     out.mkdir(parents=True, exist_ok=True)
     (out / CONFIG_NAME).write_text(cfg.model_dump_json(indent=2))
     dep = engine_deployment(ENGINE, KV_BLOCKS, ENGINE_TERMS)
     plan = make_plan(cfg, dep)
     (out / PLAN_NAME).write_text(json.dumps(plan, indent=2))
-    traces = write_traces(cfg, plan, dep, out)
+    traces = Traces(cfg, plan, dep, out)
+    starts = predict_before(cfg, plan, dep, out, traces)
+    engines = {}
     for k, seed in enumerate(cfg.seeds):
         terms = ENGINE_TERMS.model_copy(update={t: getattr(ENGINE_TERMS, t) * slower[k]
                                                 for t in TERMS if t != "transition_p"})
-        engine = engine_deployment(ENGINE, KV_BLOCKS, terms)
-        for name, spec in cfg.systems.items():
-            policy = sysmod.sim_policy(spec, plan["budgets"][name], 128)
-            ecfg = ExperimentConfig(deployment=engine, policy=policy,
-                                    sim=SimOptions(progress=False, swap_space_gb=0.0))
-            for s, rate in points(cfg, plan):
-                if s != seed:
-                    continue
-                from accelgen.sim.runner import simulate
+        engines[seed] = engine_deployment(ENGINE, KV_BLOCKS, terms)
 
-                d = point_dir(out, "real", name, seed, rate)
-                simulate(traces[(seed, rate)], ecfg).write(d)
-                (d / POINT_NAME).write_text(json.dumps({
-                    "start": 0.0, "end": 5.0, "load_before": [1.0] * 3,
-                    "load_after": [1.0] * 3, "cpu_shares": {"busy": 0.6, "idle": 0.4,
-                                                            "steal": 0.0}}))
-    simulate_sweep(cfg, plan, dep, out, traces)
+    def probe(name: str, seed: int, rate: float) -> float:
+        policy = sysmod.sim_policy(cfg.systems[name], plan["budgets"][name], 128)
+        ecfg = ExperimentConfig(deployment=engines[seed], policy=policy,
+                                sim=SimOptions(progress=False, swap_space_gb=0.0))
+        d = point_dir(out, "real", name, seed, rate)
+        run = simulate(traces.get(seed, rate), ecfg)
+        run.write(d)
+        (d / POINT_NAME).write_text(json.dumps({
+            "start": 0.0, "end": 5.0, "load_before": [1.0] * 3,
+            "load_after": [1.0] * 3, "cpu_shares": {"busy": 0.6, "idle": 0.4, "steal": 0.0}}))
+        return float(run.summary["slo_attainment_request"])
+
+    write_searches(out / "real" / SEARCHES_NAME, search_all(cfg, plan, starts, probe))
+    predict_after(cfg, plan, dep, out, traces)
     return out

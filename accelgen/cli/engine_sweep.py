@@ -8,14 +8,16 @@ beside it.
         --csv paper_figures/fig17_engine_capacity.csv
 
 ``run`` writes under --out (an earlier sweep's files are removed first): engine_sweep.json
-(config), machine.json, sources.json, calibration/ (the calibration replay and the fitted
-deployment), plan.json (pivot, SLO classes, capacity estimate, rates, budgets, scheduling mode),
-traces/, real/<system>/seed<s>/rate<r>/ (the engine's results, point.json: times and the
-machine's load), sim/<system>/seed<s>/rate<r>/ (the simulator's prediction), speed.json and
-sim-speed/ (the simulator charged at the host's speed measured during the replays). ``report``
-prints capacity per system (engine and simulator, median and range over the repeats), the
-ordering agreement and per-class attainment, and writes the CSV. The pipeline's stage is
-rules/engine.smk (target ``fig17``).
+(config), machine.json, sources.json, calibration/ (the calibration replay, the fitted
+deployment, the engine's noise, the host's step jitter), plan.json (pivot, SLO classes and the
+jitter rule, capacity estimate, the searches' bounds, budgets, scheduling mode), traces/,
+real/<system>/seed<s>/rate<r>/ (the engine's results of every probe of its capacity searches,
+point.json: times and the machine's load), sim/, sim-noise/ (the simulator's searches, without
+and with the engine's noise), speed.json and sim-speed/ (the simulator charged at the host's
+speed measured during the replays); each source's searches.json. ``report`` prints capacity per
+system (median and range over the repeats, engine and each prediction), the ordering, the pairs
+the engine separates, each plugin system against the best stock vLLM, capacity per SLO class,
+and writes the CSV. The pipeline's stage is rules/engine.smk (target ``fig17``).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def _say(msg: str) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from accelgen.cli.fidelity import load_config_data, raise_priority, require_vllm
-    from accelgen.engine_regime.run import run_sweep
+    from accelgen.engine_regime.run import PREDICTION_DIRS, probed_points, run_sweep
     from accelgen.engine_regime.sweep_spec import EngineSweepConfig
 
     data = load_config_data(args.config, args.spec)
@@ -42,9 +44,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise_priority(args.renice)
     t0 = time.time()
     run_sweep(cfg, args.out, say=_say)
-    n = len(cfg.systems) * cfg.repeats * len(cfg.load_factors)
-    print(f"engine sweep: {args.out} ({n} replays and as many simulations, "
-          f"{time.time() - t0:.0f} s)")
+    n = {d: len(probed_points(args.out, d)) for d in ("real", *PREDICTION_DIRS)}
+    print(f"engine sweep: wrote {args.out} ({len(cfg.systems)} systems x {cfg.repeats} repeats: "
+          f"{n['real']} replays, " + ", ".join(f"{v} simulations ({k})" for k, v in n.items()
+                                               if k != "real")
+          + f"; {time.time() - t0:.0f} s)")
     return 0
 
 
@@ -67,6 +71,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         args.csv.parent.mkdir(parents=True, exist_ok=True)
         rep.frame().to_csv(args.csv, index=False, float_format="%.6g")
         print(f"wrote {args.csv} ({len(rep.points)} points, {len(rep.capacity)} capacities)")
+    else:
+        print(f"engine sweep report: {args.runs} ({len(rep.points)} points, "
+              f"{len(rep.capacity)} capacities; no CSV asked for)")
     return 0
 
 

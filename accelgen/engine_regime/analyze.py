@@ -2,8 +2,9 @@
 class, capacity per system and repeat in the engine and in the simulator, the simulator's
 capacity error, and whether it orders the systems as the engine does.
 
-**Capacity** (SPEC 11): per (source, system, seed), the highest swept rate whose request-level
-attainment is >= the target, interpolated (``metrics.sweep_capacity``). Per system: the median
+**Capacity** (SPEC 11, 13): per (source, system, seed), the highest probed rate of that
+search (``search``) whose request-level attainment is >= the target, interpolated
+(``metrics.sweep_capacity``). Per system: the median
 over the repeats with their range. **Error**: simulated median / engine median - 1. **Ordering**:
 the systems ranked by median capacity in each source; ``agree`` when the ranks match, where a
 pair whose engine ranges (min..max over repeats) overlap counts as tied in the engine, and so
@@ -27,7 +28,7 @@ from accelgen.engine_regime.run import (
     POINT_NAME,
     SPEED_NAME,
     point_dir,
-    points,
+    probed_points,
     rate_name,
     read_config,
     read_plan,
@@ -64,20 +65,21 @@ def point_rows(runs: Path) -> pd.DataFrame:
     """One row per (source, system, seed, rate): the point metrics, per-class attainment and,
     for the engine, the machine's CPU busy share and the replay's duration."""
     cfg, plan = read_config(runs), read_plan(runs)
-    factor = dict(zip(plan["rates"], plan["load_factors"], strict=True))
+    est = float(plan["estimate_rps"])
     speed_path = runs / SPEED_NAME
     ratios = json.loads(speed_path.read_text())["per_replay"] if speed_path.exists() else {}
     rows = []
     for source in SOURCES:
+        probed = probed_points(runs, _DIRS[source])
         for system in cfg.systems:
-            for seed, rate in points(cfg, plan):
+            for seed, rate in sorted({(sd, r) for name, sd, r in probed if name == system}):
                 d = point_dir(runs, _DIRS[source], system, seed, rate)
                 if not (d / "summary.json").exists():
                     continue
                 reqs, _, summary = read_results(d)
                 row: dict[str, Any] = {
                     "source": source, "system": system, "label": plan["labels"][system],
-                    "seed": seed, "rate": rate, "load_factor": factor[rate],
+                    "seed": seed, "rate": rate, "load_factor": rate / est,
                     **{m: float(summary[m]) for m in POINT_METRICS},
                     **class_attainment(reqs, plan["tbt_base"], cfg.tbt_scale_set),
                     "num_served": int(summary["num_finished"]) + int(summary["num_cut"]),
@@ -131,6 +133,7 @@ class Ordering:
     kendall_tau: float
     separated_pairs: int  # pairs whose engine ranges do not overlap
     disagreements: list[tuple[str, str]]
+    separated: list[tuple[str, str]]  # those pairs, the engine's higher first
 
 
 def ordering(summary: pd.DataFrame, source: str = "sim") -> Ordering:
@@ -142,6 +145,7 @@ def ordering(summary: pd.DataFrame, source: str = "sim") -> Ordering:
     conc = disc = 0
     separated = 0
     bad = []
+    pairs: list[tuple[str, str]] = []
     for a, b in combinations(names, 2):
         de = eng.loc[a, "median"] - eng.loc[b, "median"]
         ds = sim.loc[a, "median"] - sim.loc[b, "median"]
@@ -151,13 +155,55 @@ def ordering(summary: pd.DataFrame, source: str = "sim") -> Ordering:
         apart = (eng.loc[a, "min"] > eng.loc[b, "max"]) or (eng.loc[b, "min"] > eng.loc[a, "max"])
         if apart:
             separated += 1
+            pairs.append((a, b) if de > 0 else (b, a))
             if np.sign(de) != np.sign(ds):
                 bad.append((a, b))
     n = len(names) * (len(names) - 1) / 2
     tau = (conc - disc) / n if n else math.nan
     return Ordering(sorted(names, key=lambda s: -eng.loc[s, "median"]),
                     sorted(names, key=lambda s: -sim.loc[s, "median"]), not bad, tau,
-                    separated, bad)
+                    separated, bad, pairs)
+
+
+def class_capacities(pts: pd.DataFrame, target: float) -> pd.DataFrame:
+    """Capacity per SLO class (``metrics.sweep_capacity`` of the class's attainment over the
+    probes), per (source, system, seed): the class that limits a system is the one whose
+    capacity is lowest, and a gap between two systems shows in the class where it opens. The
+    searches place their probes around the request-level knee, so a class met at every probe
+    gives a bound (``above_sweep``)."""
+    classes = [c for c in pts.columns if c.startswith("att_")]
+    rows = []
+    for (source, system, seed), g in pts.groupby(["source", "system", "seed"], sort=False):
+        for c in classes:
+            cap, where = metrics.sweep_capacity(g["rate"].to_numpy(float),
+                                                g[c].to_numpy(float), target)
+            rows.append({"source": source, "system": system, "label": g["label"].iloc[0],
+                         "seed": seed, "slo_class": c.removeprefix("att_"),
+                         "capacity_rps": cap, "where": where})
+    return pd.DataFrame(rows)
+
+
+STOCK_PREFIX = "vllm"
+
+
+def headline(summary: pd.DataFrame, plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each plugin system's engine capacity over the best stock vLLM configuration's (median
+    over repeats), and whether their ranges are apart: the issue's acceptance ratio."""
+    eng = summary[summary["source"] == "engine"].set_index("system")
+    kinds = plan.get("systems", {})
+    stock = [s for s in eng.index if kinds.get(s, {}).get("runs") == "stock"]
+    plugin = [s for s in eng.index if kinds.get(s, {}).get("runs") == "plugin"]
+    if not stock:
+        return []
+    best = max(stock, key=lambda s: eng.loc[s, "median"])
+    out = []
+    for p in plugin:
+        b = eng.loc[best, "median"]
+        ratio = eng.loc[p, "median"] / b if b > 0 else math.nan
+        apart = bool(eng.loc[p, "min"] > eng.loc[best, "max"]
+                     or eng.loc[best, "min"] > eng.loc[p, "max"])
+        out.append({"system": p, "best_stock": best, "ratio": ratio, "separated": apart})
+    return out
 
 
 @dataclass(slots=True)
@@ -170,10 +216,13 @@ class Report:
     orders: dict[str, Ordering]  # per prediction source
     target: float
     speed: dict[str, Any]  # run.host_speed (empty: not recorded)
+    classes: pd.DataFrame  # class_capacities
+    ratios: list[dict[str, Any]]  # headline
 
     def frame(self) -> pd.DataFrame:
         """The figure's CSV (long format): ``kind`` point | capacity | capacity_summary |
-        ordering; regime ``engine``; ``source`` engine | sim."""
+        class_capacity | ordering | separated | ratio | host_speed | jitter; regime
+        ``engine``; ``source`` engine | sim | sim-speed | sim-noise."""
         pts = self.points.melt(id_vars=["source", "system", "label", "seed", "rate",
                                         "load_factor"], var_name="metric", value_name="value")
         parts = [pts.assign(kind="point")]
@@ -181,6 +230,10 @@ class Report:
                      .assign(kind="capacity", metric="capacity_rps"))
         s = self.summary.rename(columns={"median": "value"})
         parts.append(s.assign(kind="capacity_summary", metric="capacity_rps"))
+        if not self.classes.empty:
+            parts.append(self.classes.rename(columns={"capacity_rps": "value"})
+                         .assign(kind="class_capacity",
+                                 metric="capacity_" + self.classes["slo_class"]))
         for source, o in self.orders.items():
             parts.append(pd.DataFrame([
                 {"kind": "ordering", "metric": "ordering_agree", "value": float(o.agree)},
@@ -189,10 +242,28 @@ class Report:
                  "value": float(o.separated_pairs)},
             ]).assign(source=source, system="engine: " + " > ".join(o.engine)
                       + f"; {source}: " + " > ".join(o.sim)))
+        first = next(iter(self.orders.values()), None)
+        if first is not None and first.separated:
+            parts.append(pd.DataFrame([{"kind": "separated", "source": "engine",
+                                        "metric": "separated", "value": 1.0,
+                                        "system": f"{a} > {b}"} for a, b in first.separated]))
+        if self.ratios:
+            parts.append(pd.DataFrame([{
+                "kind": "ratio", "source": "engine", "system": r["system"],
+                "metric": f"capacity_over_{r['best_stock']}", "value": r["ratio"],
+                "separated": r["separated"]} for r in self.ratios]))
         if self.speed:
             parts.append(pd.DataFrame([{"kind": "host_speed", "metric": "step_ratio",
                                         "value": self.speed["factor"],
                                         "system": self.speed["basis"]}]))
+        j = self.plan.get("jitter") or {}
+        if j.get("steps"):
+            parts.append(pd.DataFrame([
+                {"kind": "jitter", "metric": m, "value": float(j[k]), "system": j["rule"]}
+                for m, k in (("step_p50_s", "p50_s"), ("step_p99_s", "p99_s"),
+                             ("jitter_s", "jitter_s"), ("tight_floor_s", "floor_s"))]
+                + [{"kind": "jitter", "metric": "tight_tbt_s", "value": min(
+                    self.plan["tbt_classes"].values()), "system": j["rule"]}]))
         df = pd.concat(parts, ignore_index=True).assign(regime="engine", target=self.target)
         systems = self.plan.get("systems", {})
         df["runs"] = [systems.get(s, {}).get("runs", "") for s in df["system"]]
@@ -201,6 +272,19 @@ class Report:
         lead = ["regime", "kind", "source", "system", "label", "seed", "rate", "load_factor",
                 "metric", "value"]
         return df[lead + [c for c in df.columns if c not in lead]]
+
+    def cell(self, source: str, system: str) -> str:
+        """``median [min..max]`` of a (source, system)'s capacity, with its bound marks."""
+        s = self.summary.set_index(["source", "system"])
+        if (source, system) not in s.index:
+            return "-"
+        r = s.loc[(source, system)]
+        if r["where"] == "below_sweep":  # every repeat below the lowest rate probed
+            pts = self.points[(self.points["source"] == source)
+                              & (self.points["system"] == system)]
+            return f"< {pts['rate'].min():.3g}"
+        mark = ">=" if "above_sweep" in r["where"] else ""
+        return f"{mark}{r['median']:.3g} [{r['min']:.3g}..{r['max']:.3g}]"
 
     def text(self) -> str:
         p = self.plan
@@ -212,35 +296,33 @@ class Report:
                  f"({p['capacity_bound']['binding']}-bound); tuned budget "
                  f"{p['tuned']['token_budget']} (tight class {p['tuned']['tbt_slo_s'] * 1e3:.0f}"
                  f" ms beside {p['tuned']['num_decodes']} decodes)",
+                 self.jitter_line(),
                  "budgets: " + ", ".join(f"{k} {v if v is not None else '(policy)'}"
                                          for k, v in p["budgets"].items()),
                  self.machine_line(), "",
                  self.speed_line(), "",
-                 f"capacity (req/s, request-level attainment >= {self.target:g}), median "
-                 "[min..max] over repeats; the simulator as calibrated (sim), charged at the"
-                 " host's measured speed (sim-speed) and with the engine's noise fitted on the"
-                 " calibration replay (sim-noise):",
-                 f"{'system':<14} {'engine':>22} {'sim':>22} {'error':>8} {'sim-speed':>22} "
-                 f"{'error':>8} {'sim-noise':>22} {'error':>8}"]
+                 f"capacity (req/s, request-level attainment >= {self.target:g}; a search per "
+                 "system and repeat), median [min..max] over repeats; the simulator as "
+                 "calibrated (sim), charged at the host's measured speed (sim-speed) and with "
+                 "the engine's noise fitted on the calibration replay (sim-noise):",
+                 f"{'system':<20} {'probes':>6} {'engine':>22} {'sim':>22} {'error':>8} "
+                 f"{'sim-speed':>22} {'error':>8} {'sim-noise':>22} {'error':>8}"]
         s = self.summary.set_index(["source", "system"])
+        eng_pts = self.points[self.points["source"] == "engine"]
         for system in dict.fromkeys(self.summary["system"]):
             cells = []
             for source in SOURCES:
-                if (source, system) in s.index:
-                    r = s.loc[(source, system)]
-                    if r["where"] == "below_sweep":  # every repeat below the lowest rate
-                        cell = f"< {min(self.plan['rates']):.3g}"
-                    else:
-                        mark = ">=" if "above_sweep" in r["where"] else ""
-                        cell = f"{mark}{r['median']:.3g} [{r['min']:.3g}..{r['max']:.3g}]"
-                    if source in PREDICTIONS:
-                        err = r["error_vs_engine"]
-                        cell += f" {err:>+8.1%}" if math.isfinite(err) else f" {'-':>8}"
-                    cells.append(cell)
+                cell = self.cell(source, system)
+                if source in PREDICTIONS:
+                    err = (s.loc[(source, system), "error_vs_engine"]
+                           if (source, system) in s.index else math.nan)
+                    cell = f"{cell:>22} " + (f"{err:>+8.1%}" if math.isfinite(err)
+                                             else f"{'-':>8}")
                 else:
-                    cells.append("-")
-            lines.append(f"{system:<14} " + " ".join(f"{c:>22}" if i == 0 else f"{c:>31}"
-                                                     for i, c in enumerate(cells)))
+                    cell = f"{cell:>22}"
+                cells.append(cell)
+            n = int((eng_pts["system"] == system).sum())
+            lines.append(f"{system:<20} {n:>6} " + " ".join(cells))
         lines.append("")
         for source, o in self.orders.items():
             lines.append(f"ordering ({source}): engine {' > '.join(o.engine)}; {source} "
@@ -248,10 +330,33 @@ class Report:
                          f"{o.separated_pairs} pair(s) separated in the engine (ranges apart), "
                          + ("all ordered alike" if o.agree else "ordered differently: "
                             + ", ".join(f"{a}/{b}" for a, b in o.disagreements)))
-        lines += ["", "request-level attainment per point and class (engine / sim, median over "
-                      "repeats):"]
+        first = next(iter(self.orders.values()), None)
+        if first is not None:
+            n_pairs = len(first.engine) * (len(first.engine) - 1) // 2
+            lines.append(f"pairs the engine separates ({len(first.separated)} of {n_pairs}): "
+                         + (", ".join(f"{a} > {b}" for a, b in first.separated) or "none"))
+        for r in self.ratios:
+            lines.append(f"{r['system']} / best stock vLLM ({r['best_stock']}): "
+                         f"{r['ratio']:.2f}x (medians; ranges "
+                         f"{'apart' if r['separated'] else 'overlap'})")
+        lines += ["", "capacity per SLO class (req/s, the class's request-level attainment >= "
+                      f"{self.target:g}; median over repeats; engine / sim-noise; >= : met at "
+                      "every probe):"]
         lines.append(self.class_table())
         return "\n".join(lines)
+
+    def jitter_line(self) -> str:
+        j = self.plan.get("jitter") or {}
+        if not j.get("steps"):
+            return "host jitter: not measured"
+        tight = min(self.plan["tbt_classes"].values())
+        auto = tight / self.plan["tbt_base"] * self.plan["tbt_base_auto"]
+        return (f"host jitter: {j['steps']} identical {j['prompt_len']}-token steps, p50 "
+                f"{j['p50_s'] * 1e3:.2f} ms, p99 {j['p99_s'] * 1e3:.2f} ms (p99 - p50 "
+                f"{j['jitter_s'] * 1e3:.2f} ms, {j['relative']:.0%}); rule: {j['rule']} = "
+                f"{j['floor_s'] * 1e3:.1f} ms; tightest class {tight * 1e3:.1f} ms"
+                + (f" (raised from the auto base's {auto * 1e3:.1f} ms)"
+                   if self.plan.get("tbt_base_raised") else " (the auto base's, not raised)"))
 
     def speed_line(self) -> str:
         if not self.speed:
@@ -274,22 +379,25 @@ class Report:
                 f"{eng['cpu_busy'].max():.0%} (all processes)")
 
     def class_table(self) -> str:
-        cols = ["slo_attainment_request"] + [c for c in self.points.columns
-                                             if c.startswith("att_")]
-        med = self.points.groupby(["system", "rate", "source"], sort=False)[cols].median()
-        head = f"{'system':<14} {'rate':>6} " + " ".join(
-            f"{c.replace('slo_attainment_request', 'all').replace('att_', ''):>13}"
-            for c in cols)
-        lines = [head]
-        for (system, rate), g in med.groupby(level=[0, 1], sort=False):
-            vals = []
-            for c in cols:
-                e = g.xs("engine", level=2)[c].iloc[0] if "engine" in g.index.get_level_values(2) \
-                    else math.nan
-                m = g.xs("sim", level=2)[c].iloc[0] if "sim" in g.index.get_level_values(2) \
-                    else math.nan
-                vals.append(f"{e:>6.2f}/{m:<6.2f}")
-            lines.append(f"{system:<14} {rate:>6.3g} " + " ".join(vals))
+        if self.classes.empty:
+            return "(none)"
+        c = self.classes
+        classes = list(dict.fromkeys(c["slo_class"]))
+        lines = [f"{'system':<20} " + " ".join(f"{k:>17}" for k in classes)]
+
+        def med(source: str, system: str, k: str) -> str:
+            g = c[(c["source"] == source) & (c["system"] == system) & (c["slo_class"] == k)]
+            if g.empty:
+                return "-"
+            if (g["where"] == "below_sweep").all():
+                return "<"
+            mark = ">=" if (g["where"] == "above_sweep").any() else ""
+            return f"{mark}{g['capacity_rps'].median():.3g}"
+
+        for system in dict.fromkeys(c["system"]):
+            lines.append(f"{system:<20} " + " ".join(
+                f"{med('engine', system, k) + ' / ' + med('sim-noise', system, k):>17}"
+                for k in classes))
         return "\n".join(lines)
 
 
@@ -305,4 +413,5 @@ def build_report(runs: Path | str) -> Report:
     orders = {s: ordering(summary, s) for s in PREDICTIONS if s in sources}
     speed_path = runs / SPEED_NAME
     speed = json.loads(speed_path.read_text()) if speed_path.exists() else {}
-    return Report(runs, plan, pts, caps, summary, orders, cfg.target, speed)
+    return Report(runs, plan, pts, caps, summary, orders, cfg.target, speed,
+                  class_capacities(pts, cfg.target), headline(summary, plan))

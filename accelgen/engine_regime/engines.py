@@ -21,6 +21,7 @@ import pandas as pd
 
 from accelgen.fidelity.run import cpu_shares, cpu_ticks, loadavg
 
+JITTER_WARM_STEPS = 5
 # In an engine process: the engine, and the configuration it was built with.
 _STATE: dict[str, Any] = {}
 
@@ -63,6 +64,30 @@ def _replay_point(rc_data: dict[str, Any], trace: pd.DataFrame, out: str, trace_
     return run.summary
 
 
+def _step_jitter(rc_data: dict[str, Any], prompt_len: int, steps: int) -> list[float]:
+    """``steps`` identical steps on this process's engine, each timed (s): one request of
+    ``prompt_len`` prompt tokens and one output token, alone in the engine (no prefix caching,
+    so every step computes the same prefill). The first few, which may still build kernels,
+    are left out."""
+    from accelgen.vllm_integration.replay import ReplayConfig, _prompt_ids, _sampling
+
+    engine = _engine(rc_data, None)
+    vocab = ReplayConfig.model_validate(rc_data).engine.tiny.vocab_size
+    times = []
+    for i in range(steps + JITTER_WARM_STEPS):
+        engine.add_request(f"jitter-{i}", {"prompt_token_ids": _prompt_ids(2 * 10**6 + i,
+                                                                            prompt_len, vocab)},
+                           _sampling({"req_id": 2 * 10**9 + i}, 1))
+        t = time.perf_counter()
+        engine.step()
+        dt = time.perf_counter() - t
+        while engine.has_unfinished_requests():  # one step serves it; drain to be sure
+            engine.step()
+        if i >= JITTER_WARM_STEPS:
+            times.append(dt)
+    return times
+
+
 def _shutdown() -> None:
     if "engine" in _STATE:
         from accelgen.vllm_integration.replay import shutdown_engine
@@ -101,6 +126,12 @@ class EnginePool:
         info.update(end=time.time(), load_after=loadavg(),
                     cpu_shares=cpu_shares(ticks, cpu_ticks()))
         return summary, info
+
+    def step_jitter(self, system: str, rc_data: dict[str, Any], prompt_len: int,
+                    steps: int) -> list[float]:
+        """``steps`` identical steps timed on ``system``'s engine (``_step_jitter``)."""
+        return list(self._pool(system).submit(_step_jitter, rc_data, prompt_len,
+                                              steps).result())
 
     def close(self, system: str | None = None) -> None:
         """Shut down one system's engine process (or all)."""

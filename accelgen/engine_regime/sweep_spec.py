@@ -5,9 +5,17 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator
+from pydantic import (
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+)
 
 from accelgen.core.specs import StrictModel
+from accelgen.engine_regime.search import SearchSpec
 from accelgen.vllm_integration.tiny_model import TinyModelSpec
 
 # The engine's model: a random-weight Llama of 2 layers, hidden 128 (2 heads of 64), FFN 512.
@@ -94,6 +102,20 @@ class CalibrationSpec(StrictModel):
     seed: int = 1000  # not one of the sweep's seeds
 
 
+class JitterSpec(StrictModel):
+    """The host's step jitter, measured on the calibration engine after its replay, and the rule
+    that keeps the tightest TBT class above it (docs/profiling.md section 4.1): ``steps``
+    identical steps (one request of ``prompt_len`` tokens alone, its prefill) are timed, the
+    jitter is their p99 - p50, and the tightest TBT class must be >= ``multiple`` x the jitter
+    and >= ``floor_ms``; where the ``auto`` base puts it lower, the base is raised (every class
+    with it, their proportions kept)."""
+
+    steps: NonNegativeInt = 100  # 0: not measured (the rule then uses floor_ms alone)
+    prompt_len: PositiveInt = 128
+    multiple: PositiveFloat = 10.0
+    floor_ms: NonNegativeFloat = 0.0
+
+
 class EngineSweepConfig(StrictModel):
     """One engine sweep (``accelgen engine-sweep run``)."""
 
@@ -120,28 +142,24 @@ class EngineSweepConfig(StrictModel):
     tbt_scale_set: list[PositiveFloat] = Field(default_factory=lambda: [0.25, 0.5, 1.0, 2.0])
     tbt_base: PositiveFloat | Literal["auto"] = "auto"
     calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
-    # Rates = load_factors x the capacity estimate (accelgen.costmodel.capacity on the
-    # calibrated deployment and the seed's requests).
-    load_factors: list[PositiveFloat] = Field(default_factory=lambda: [0.25, 0.5, 0.75, 1.0])
-    repeats: int = Field(2, ge=1)  # seeds seed .. seed + repeats - 1: a trace each
+    jitter: JitterSpec = Field(default_factory=JitterSpec)
+    # The rates: a capacity search per (system, repeat) (accelgen.engine_regime.search), its
+    # bounds and the simulator's first probe in units of the capacity estimate
+    # (accelgen.costmodel.capacity on the calibrated deployment and the seed's requests).
+    search: SearchSpec = Field(default_factory=SearchSpec)
+    repeats: int = Field(3, ge=1)  # seeds seed .. seed + repeats - 1: a trace each
     seed: NonNegativeInt = 0
     target: float = Field(0.9, gt=0.0, le=1.0)  # capacity: highest rate with attainment >= it
     systems: dict[str, SystemSpec] = Field(default_factory=default_systems, min_length=1)
     # Untimed requests each engine serves when it starts (kernels of common sizes built), and
-    # the start-up replay of this many requests of the first trace at the highest rate.
+    # the start-up replay of this many requests of the first seed's trace at the system's
+    # first rate.
     warmup_requests: NonNegativeInt = 4
     warmup_trace_requests: NonNegativeInt = 40
-    # All systems' engines alive at once and the points run system after system inside each
-    # (seed, rate): machine drift then hits every system alike. False: one engine at a time.
+    # All systems' engines alive at once and their searches take turns, one probe each, so
+    # machine drift hits every system alike. False: one system's searches after another's.
     interleave: bool = True
     max_wall_s: PositiveFloat = 600.0  # per replay
-
-    @field_validator("load_factors")
-    @classmethod
-    def _rates(cls, v: list[float]) -> list[float]:
-        if len(set(v)) != len(v):
-            raise ValueError("listed twice")
-        return sorted(v)
 
     @field_validator("output_range")
     @classmethod
