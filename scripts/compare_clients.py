@@ -39,7 +39,8 @@ Before the repeats ``--warmup`` requests (bench-serve, not counted) warm the ser
 ``accelgen fidelity run --renice`` does; needs CAP_SYS_NICE): other work on the machine does not
 time-slice the server, and a client's own processes (AIPerf runs eight) do not take the
 server's CPU on a small machine. AIPerf runs with one worker and one record processor, without
-scraping the server's ``/metrics`` and without GPU telemetry, and after each run the script
+scraping the server's ``/metrics`` and without GPU telemetry, GuideLLM with one worker
+process (``GUIDELLM__MAX_WORKER_PROCESSES=1``; 0.8.1 starts up to ten), and after each run the script
 waits until the client's processes have exited (``leftover`` in ``runs.csv``: how many were
 still running when the client's command returned). Writes ``runs.csv`` (one row per run),
 ``compare.md`` (the table of docs/vllm.md, "Clients") and each run's own files. Not in CI; it
@@ -68,6 +69,10 @@ NAMES = {"bench-serve": "accelgen bench-serve", "vllm": "vllm bench serve",
 # Which of bench-serve's medians a client's ITL is: vLLM's definition (event gaps) or TPOT.
 ITL_KIND = {"bench-serve": "itl", "vllm": "itl", "guidellm": "tpot", "aiperf": "tpot"}
 TOLERANCE = 0.15
+# GuideLLM 0.8.1 starts up to 10 worker processes (and a multiprocessing manager), each polling
+# its queues every 0.1 s; one worker sends this load, and on a small machine the others only
+# take the CPU the server and the sending worker need.
+GUIDELLM_ENV = {"GUIDELLM__MAX_WORKER_PROCESSES": "1"}
 CLIENT_NICE_OFFSET = 10  # the clients' nice value above the server's (--renice)
 EVEN = 1000.0  # gamma shape of the gaps: evenly spaced arrivals, within 3 %
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -98,12 +103,14 @@ def ensure_venv(venvs: Path, name: str, spec: str) -> Path:
     return venv
 
 
-def run_logged(cmd: list[str], log: Path, timeout: float, *, offline: bool = True) -> None:
+def run_logged(cmd: list[str], log: Path, timeout: float, *, offline: bool = True,
+               env_extra: dict[str, str] | None = None) -> None:
     """``cmd`` with its output in ``log``; ``offline``: Hugging Face's offline switches on (AIPerf
     0.13.0 cannot load a tokenizer from a local directory with them: it then looks the path up
     in the hub's cache)."""
     env = {**os.environ, **OFFLINE} if offline else {
         k: v for k, v in os.environ.items() if k not in OFFLINE}
+    env.update(env_extra or {})
     with open(log, "w") as f:
         f.write(" ".join(cmd) + "\n")
         f.flush()
@@ -163,7 +170,7 @@ def guidellm(a: argparse.Namespace, url: str, tiny: Path, out: Path) -> dict[str
                 "--profile", f"kind=constant,rate={a.rate}",
                 "--constraint", f"kind=max_requests,count={a.requests}",
                 "--output", f"kind=json,path={path}", "--disable-console-interactive"],
-               out / "guidellm.log", a.client_timeout)
+               out / "guidellm.log", a.client_timeout, env_extra=GUIDELLM_ENV)
     bench = json.loads(path.read_text())["benchmarks"][0]
     return guidellm_metrics(bench, a.requests * a.output_len)
 
@@ -279,14 +286,15 @@ RUNNERS = {"bench-serve": bench_serve, "vllm": vllm, "guidellm": guidellm, "aipe
 
 
 def table(runs: pd.DataFrame, missing: dict[str, str]) -> str:
-    ok = runs[runs["error"] == ""]
+    ok = runs[runs["error"] == ""].assign(over_engine=lambda d: d["ttft"] - d["server_ttft"])
     med = ok.groupby("client", sort=False)[["ttft", "itl", "tpot", "completed", "failed",
                                            "output_tokens", "expected_tokens", "server_prompt",
-                                           "server_ttft", "server_tpot"]].median()
+                                           "server_ttft", "server_tpot",
+                                           "over_engine"]].median()
     reps = ok.groupby("client", sort=False).size()
     head = ["client", "runs", "completed / failed", "output tokens counted",
             "prompt tokens (server)", "TTFT p50 (ms)", "bench-serve TTFT p50", "ratio",
-            "engine TTFT p50", "ITL p50 (ms)", "ITL as", "bench-serve same", "ratio",
+            "engine TTFT p50", "client - engine", "ITL p50 (ms)", "ITL as", "bench-serve same", "ratio",
             "engine TPOT p50"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     base = med.loc["bench-serve"] if "bench-serve" in med.index else None
@@ -302,7 +310,7 @@ def table(runs: pd.DataFrame, missing: dict[str, str]) -> str:
         if base is not None:
             same = base[kind]
             cells += [f"{base['ttft']:.1f}", f"{r['ttft'] / base['ttft']:.2f}",
-                      f"{r['server_ttft']:.1f}",
+                      f"{r['server_ttft']:.1f}", f"{r['over_engine']:.1f}",
                       f"{r['itl']:.1f}", "event gap" if kind == "itl" else "(E2E-TTFT)/(n-1)",
                       f"{same:.1f}", f"{r['itl'] / same:.2f}", f"{r['server_tpot']:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
