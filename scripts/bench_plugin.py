@@ -149,6 +149,8 @@ def run_once(cls: type, preset: dict[str, Any], wl: Workload, policy: str,
     med["steps"] = float(len(t))
     med["running"] = float(np.median(it["num_running"])) if "num_running" in it else float("nan")
     med["waiting"] = float(np.median(it["num_waiting"])) if "num_waiting" in it else float("nan")
+    # (requests scheduled per step: the schedulers' states differ where their decisions do)
+    med["batch"] = float(np.median(it["batch_size"])) if "batch_size" in it else float("nan")
     return med
 
 
@@ -176,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
             preset["steps"] + preset["live"] // 8 + 8)
         wl = make_workload(n, preset["max_model_len"], args.seed)
         print(f"== preset {name}: {preset}")
-        print(f"{'rep':>3} {'scheduler':>9} {'steps':>6} {'run':>4} {'wait':>5} {'sched p50':>10} "
+        print(f"{'rep':>3} {'scheduler':>9} {'steps':>6} {'run':>4} {'wait':>5} {'batch':>5} "
+              f"{'sched p50':>10} "
               f"{'vllm':>7} {'policy':>7} {'adapter':>8} {'update':>7} {'sched+upd':>9}"
               "  (us, medians over steps)")
         ratios, ratios_total = [], []
@@ -188,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append({"preset": name, "evict_mb": args.evict_mb, "rep": rep,
                              "scheduler": label, **r})
                 print(f"{rep:>3} {label:>9} {r['steps']:6.0f} {r['running']:4.0f} {r['waiting']:5.0f} "
+                      f"{r['batch']:5.0f} "
                       f"{r['decision_time']:10.1f} {r['vllm_schedule_time']:7.1f} "
                       f"{r['policy_time']:7.1f} {r['adapter']:8.1f} {r['update']:7.1f} "
                       f"{r['total']:9.1f}")
