@@ -69,9 +69,9 @@ NAMES = {"bench-serve": "accelgen bench-serve", "vllm": "vllm bench serve",
 # Which of bench-serve's medians a client's ITL is: vLLM's definition (event gaps) or TPOT.
 ITL_KIND = {"bench-serve": "itl", "vllm": "itl", "guidellm": "tpot", "aiperf": "tpot"}
 TOLERANCE = 0.15
-# GuideLLM 0.8.1 starts up to 10 worker processes (and a multiprocessing manager), each polling
-# its queues every 0.1 s; one worker sends this load, and on a small machine the others only
-# take the CPU the server and the sending worker need.
+# GuideLLM 0.8.1 starts up to 10 worker processes (and a multiprocessing manager), each with
+# messaging threads that poll; one worker sends this load. (Its streams were read late on 2 cores
+# with one worker as with ten: docs/vllm.md, "Clients".)
 GUIDELLM_ENV = {"GUIDELLM__MAX_WORKER_PROCESSES": "1"}
 CLIENT_NICE_OFFSET = 10  # the clients' nice value above the server's (--renice)
 EVEN = 1000.0  # gamma shape of the gaps: evenly spaced arrivals, within 3 %
