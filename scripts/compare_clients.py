@@ -6,7 +6,7 @@ evenly spaced) to one server, ``--repeats`` times each, the clients' order rotat
 repeat; the TTFT and ITL medians of each client are set beside bench-serve's.
 
     flock /work/notes/heavy.lock .venv/bin/python scripts/compare_clients.py \\
-        [--repeats 3] [--requests 40] [--rate 4] [--out results/clients]
+        [--repeats 3] [--requests 40] [--rate 4] [--renice -15] [--out results/clients]
 
 GuideLLM and AIPerf run from their own virtual environments (``--venvs``, default
 /work/venvs/guidellm and /work/venvs/aiperf), created here from the package index when missing
@@ -25,7 +25,24 @@ gaps with a coefficient of variation of 3 %: their way of asking for even spacin
 ITL is not one quantity across the clients: vLLM's and bench-serve's ITL is the gap between two
 streamed events (one value per event), while GuideLLM's and AIPerf's is per request, (E2E latency
 - TTFT) / (output tokens - 1): what vLLM calls TPOT. Each client's ITL is therefore compared with
-bench-serve's median of the same definition. Writes ``runs.csv`` (one row per run),
+bench-serve's median of the same definition.
+
+The server's own view of every run is set beside the client's: ``accelgen serve`` runs with the
+plugin's logs (``--log-dir``, the scheduler's clock at the script's start), and each run's
+requests (those that arrived between its start and end) give the prompt tokens the server
+counted (the load is the same only if these are) and the engine's TTFT (from the API server's
+arrival to the step that made the first token) and TPOT medians. A client's TTFT minus the
+engine's is what the client, the HTTP stack and the API server add.
+
+Before the repeats ``--warmup`` requests (bench-serve, not counted) warm the server up.
+``--renice N`` runs the server at nice N and the clients at N + 10 (in their own autogroups, as
+``accelgen fidelity run --renice`` does; needs CAP_SYS_NICE): other work on the machine does not
+time-slice the server, and a client's own processes (AIPerf runs eight) do not take the
+server's CPU on a small machine. AIPerf runs with one worker and one record processor, without
+scraping the server's ``/metrics`` and without GPU telemetry, GuideLLM with one worker
+process (``GUIDELLM__MAX_WORKER_PROCESSES=1``; 0.8.1 starts up to ten), and after each run the script
+waits until the client's processes have exited (``leftover`` in ``runs.csv``: how many were
+still running when the client's command returned). Writes ``runs.csv`` (one row per run),
 ``compare.md`` (the table of docs/vllm.md, "Clients") and each run's own files. Not in CI; it
 takes the machine's cores for a few minutes.
 """
@@ -52,6 +69,11 @@ NAMES = {"bench-serve": "accelgen bench-serve", "vllm": "vllm bench serve",
 # Which of bench-serve's medians a client's ITL is: vLLM's definition (event gaps) or TPOT.
 ITL_KIND = {"bench-serve": "itl", "vllm": "itl", "guidellm": "tpot", "aiperf": "tpot"}
 TOLERANCE = 0.15
+# GuideLLM 0.8.1 starts up to 10 worker processes (and a multiprocessing manager), each with
+# messaging threads that poll; one worker sends this load. (Its streams were read late on 2 cores
+# with one worker as with ten: docs/vllm.md, "Clients".)
+GUIDELLM_ENV = {"GUIDELLM__MAX_WORKER_PROCESSES": "1"}
+CLIENT_NICE_OFFSET = 10  # the clients' nice value above the server's (--renice)
 EVEN = 1000.0  # gamma shape of the gaps: evenly spaced arrivals, within 3 %
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
@@ -81,12 +103,14 @@ def ensure_venv(venvs: Path, name: str, spec: str) -> Path:
     return venv
 
 
-def run_logged(cmd: list[str], log: Path, timeout: float, *, offline: bool = True) -> None:
+def run_logged(cmd: list[str], log: Path, timeout: float, *, offline: bool = True,
+               env_extra: dict[str, str] | None = None) -> None:
     """``cmd`` with its output in ``log``; ``offline``: Hugging Face's offline switches on (AIPerf
     0.13.0 cannot load a tokenizer from a local directory with them: it then looks the path up
     in the hub's cache)."""
     env = {**os.environ, **OFFLINE} if offline else {
         k: v for k, v in os.environ.items() if k not in OFFLINE}
+    env.update(env_extra or {})
     with open(log, "w") as f:
         f.write(" ".join(cmd) + "\n")
         f.flush()
@@ -97,18 +121,20 @@ def run_logged(cmd: list[str], log: Path, timeout: float, *, offline: bool = Tru
         raise RuntimeError(f"{cmd[0]} exited {proc.returncode}: {' / '.join(tail)}")
 
 
-def bench_serve(a: argparse.Namespace, url: str, tiny: Path, out: Path) -> dict[str, float]:
+def bench_serve(a: argparse.Namespace, url: str, tiny: Path, out: Path,
+                num_prompts: int | None = None) -> dict[str, float]:
     from accelgen.cli import main as accelgen
 
+    n = num_prompts or a.requests
     rc = accelgen(["bench-serve", "--url", url, "--out", str(out), "--dataset-name", "random",
-                   "--num-prompts", str(a.requests), "--random-input-len", str(a.input_len),
+                   "--num-prompts", str(n), "--random-input-len", str(a.input_len),
                    "--random-output-len", str(a.output_len), "--request-rate", str(a.rate),
                    "--burstiness", str(EVEN), "--seed", str(a.seed), "--no-progress",
                    "--save-result"])
     if rc != 0:
         raise RuntimeError(f"accelgen bench-serve exited {rc}")
     res = json.loads((out / "result.json").read_text())
-    return _vllm_keys(res, a.requests, a.output_len)
+    return _vllm_keys(res, n, a.output_len)
 
 
 def vllm(a: argparse.Namespace, url: str, tiny: Path, out: Path) -> dict[str, float]:
@@ -144,7 +170,7 @@ def guidellm(a: argparse.Namespace, url: str, tiny: Path, out: Path) -> dict[str
                 "--profile", f"kind=constant,rate={a.rate}",
                 "--constraint", f"kind=max_requests,count={a.requests}",
                 "--output", f"kind=json,path={path}", "--disable-console-interactive"],
-               out / "guidellm.log", a.client_timeout)
+               out / "guidellm.log", a.client_timeout, env_extra=GUIDELLM_ENV)
     bench = json.loads(path.read_text())["benchmarks"][0]
     return guidellm_metrics(bench, a.requests * a.output_len)
 
@@ -173,7 +199,8 @@ def aiperf(a: argparse.Namespace, url: str, tiny: Path, out: Path) -> dict[str, 
                 "--extra-inputs", "ignore_eos:true", "--request-rate", str(a.rate),
                 "--arrival-pattern", "constant",
                 "--request-count", str(a.requests), "--random-seed", str(a.seed),
-                "--artifact-dir", str(art), "--ui-type", "none"],
+                "--artifact-dir", str(art), "--ui-type", "none", "--no-server-metrics",
+                "--no-gpu-telemetry", "--workers-max", "1", "--record-processors", "1"],
                out / "aiperf.log", a.client_timeout, offline=False)
     found = sorted(art.rglob("profile_export_aiperf.json"))
     if not found:
@@ -192,17 +219,83 @@ def aiperf_metrics(data: dict[str, Any], expected: int) -> dict[str, float]:
             "itl": get("inter_token_latency", "p50"), "tpot": get("inter_token_latency", "p50")}
 
 
+def server_view(log_dir: Path, windows: dict[int, tuple[float, float]]) -> pd.DataFrame:
+    """Per run (``windows``: row index -> its start and end on the scheduler's clock), the
+    medians of the requests that arrived in it, as the plugin logged them: prompt tokens, output
+    tokens, the engine's TTFT and TPOT (ms), and their count."""
+    from accelgen.metrics import per_request
+    from accelgen.vllm_integration.logsink import read_log
+
+    reqs = per_request(read_log(log_dir / "requests.parquet"))
+    rows = {}
+    for i, (t0, t1) in windows.items():
+        r = reqs[(reqs["arrival"] >= t0) & (reqs["arrival"] <= t1)]
+        rows[i] = {"server_requests": len(r), "server_prompt": r["prompt_len"].median(),
+                   "server_output": r["num_output_tokens"].median(),
+                   "server_ttft": r["ttft"].median() * 1e3,
+                   "server_tpot": r["tpot"].median() * 1e3}
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def renice_session(pid: int, nice: int) -> None:
+    """The nice value of ``pid``'s autogroup (its session: with autogroup scheduling a nice
+    value counts only inside the group) and of every process in its process group."""
+    with contextlib.suppress(OSError):
+        Path(f"/proc/{pid}/autogroup").write_text(str(nice))
+    try:
+        os.setpriority(os.PRIO_PGRP, os.getpgid(pid), nice)
+    except OSError as exc:
+        print(f"compare_clients: nice {nice} not set for the server: {exc}", file=sys.stderr)
+
+
+def settle(server_pid: int | None, timeout_s: float = 20.0) -> int:
+    """Waits until this script's child processes, the server's but excepted, have exited (a
+    client's helpers can outlive its command); returns how many there were at first."""
+    import psutil
+
+    me = psutil.Process()
+    spared = {server_pid} if server_pid is not None else set()
+
+    def others() -> list[Any]:
+        kids = me.children(recursive=True)
+        keep = set(spared)
+        for k in kids:
+            with contextlib.suppress(psutil.Error):
+                if k.pid in spared:
+                    keep |= {c.pid for c in k.children(recursive=True)}
+        return [k for k in kids if k.pid not in keep
+                and "resource_tracker" not in " ".join(_cmdline(k))]
+
+    first = len(others())
+    deadline = time.monotonic() + timeout_s
+    while others() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return first
+
+
+def _cmdline(proc: Any) -> list[str]:
+    import psutil
+
+    try:
+        return list(proc.cmdline())
+    except psutil.Error:  # (a process that ended meanwhile)
+        return []
+
+
 RUNNERS = {"bench-serve": bench_serve, "vllm": vllm, "guidellm": guidellm, "aiperf": aiperf}
 
 
 def table(runs: pd.DataFrame, missing: dict[str, str]) -> str:
-    ok = runs[runs["error"] == ""]
+    ok = runs[runs["error"] == ""].assign(over_engine=lambda d: d["ttft"] - d["server_ttft"])
     med = ok.groupby("client", sort=False)[["ttft", "itl", "tpot", "completed", "failed",
-                                           "output_tokens", "expected_tokens"]].median()
+                                           "output_tokens", "expected_tokens", "server_prompt",
+                                           "server_ttft", "server_tpot",
+                                           "over_engine"]].median()
     reps = ok.groupby("client", sort=False).size()
-    head = ["client", "runs", "completed / failed", "output tokens counted", "TTFT p50 (ms)",
-            "bench-serve TTFT p50", "ratio", "ITL p50 (ms)", "ITL as", "bench-serve same",
-            "ratio"]
+    head = ["client", "runs", "completed / failed", "output tokens counted",
+            "prompt tokens (server)", "TTFT p50 (ms)", "bench-serve TTFT p50", "ratio",
+            "engine TTFT p50", "client - engine", "ITL p50 (ms)", "ITL as", "bench-serve same", "ratio",
+            "engine TPOT p50"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     base = med.loc["bench-serve"] if "bench-serve" in med.index else None
     for client in CLIENTS:
@@ -212,12 +305,14 @@ def table(runs: pd.DataFrame, missing: dict[str, str]) -> str:
         kind = ITL_KIND[client]
         cells = [NAMES[client], str(int(reps[client])),
                  f"{r['completed']:.0f} / {r['failed']:.0f}",
-                 f"{r['output_tokens']:.0f} of {r['expected_tokens']:.0f}", f"{r['ttft']:.1f}"]
+                 f"{r['output_tokens']:.0f} of {r['expected_tokens']:.0f}",
+                 f"{r['server_prompt']:.0f}", f"{r['ttft']:.1f}"]
         if base is not None:
             same = base[kind]
             cells += [f"{base['ttft']:.1f}", f"{r['ttft'] / base['ttft']:.2f}",
+                      f"{r['server_ttft']:.1f}", f"{r['over_engine']:.1f}",
                       f"{r['itl']:.1f}", "event gap" if kind == "itl" else "(E2E-TTFT)/(n-1)",
-                      f"{same:.1f}", f"{r['itl'] / same:.2f}"]
+                      f"{same:.1f}", f"{r['itl'] / same:.2f}", f"{r['server_tpot']:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
     notes = [f"- {NAMES[c]}: not run: {why}" for c, why in missing.items()]
     failed = runs[runs["error"] != ""]
@@ -241,6 +336,10 @@ def main() -> int:
     p.add_argument("--guidellm", default="0.8.1", help="GuideLLM version")
     p.add_argument("--aiperf", default="0.13.0", help="AIPerf version")
     p.add_argument("--client-timeout", type=float, default=300.0, metavar="SECONDS")
+    p.add_argument("--warmup", type=int, default=10,
+                   help="requests sent (bench-serve, not counted) before the repeats")
+    p.add_argument("--renice", type=int, metavar="N",
+                   help="run the server at nice N (e.g. -15) and the clients at N + 10")
     p.add_argument("--url", help="an OpenAI-compatible server already running (then no "
                                  "accelgen serve is started; give --model and --tokenizer), e.g. "
                                  "tests/fake_openai_server.py")
@@ -269,23 +368,38 @@ def main() -> int:
                 clients.remove(client)
     tiny = out / "tiny"
     rows: list[dict[str, Any]] = []
+    if a.renice is not None:
+        from accelgen.cli.fidelity import raise_priority
+
+        raise_priority(min(19, a.renice + CLIENT_NICE_OFFSET))
+    origin = time.time()  # the scheduler's clock starts here: its log's arrivals are since then
+    log_dir = out / "server-log"
     if a.url is None:
         a.model = TINY_MODEL_NAME
+        shutil.rmtree(log_dir, ignore_errors=True)
+        (out / "adapter.yaml").write_text(f"time_origin: {origin!r}\n")
         server: Any = ServerProcess(["--system", a.system, "--tiny-dir", str(tiny),
-                                     "--max-model-len", "2048"], log_path=out / "server.log")
+                                     "--max-model-len", "2048", "--log-dir", str(log_dir),
+                                     "--adapter-config", str(out / "adapter.yaml")],
+                                    log_path=out / "server.log")
     else:
         from accelgen.vllm_integration.tiny_model import write_tiny_model
 
         a.model = a.model or "fake"
         tiny = a.tokenizer or write_tiny_model(tiny)
         server = contextlib.nullcontext(SimpleNamespace(url=a.url))
+    windows: dict[int, tuple[float, float]] = {}
     with server as served:
+        if a.renice is not None and a.url is None:
+            renice_session(server.proc.pid, a.renice)
+        if a.warmup:
+            bench_serve(a, served.url, tiny, out / "warmup", a.warmup)
         for rep in range(a.repeats):
             order = clients[rep % len(clients):] + clients[:rep % len(clients)]
             for client in order:
                 run_dir = out / f"{client}-{rep}"
                 run_dir.mkdir(parents=True, exist_ok=True)
-                load, t = os.getloadavg()[0], time.perf_counter()
+                load, t, t0 = os.getloadavg()[0], time.perf_counter(), time.time()
                 row: dict[str, Any] = {"client": client, "rep": rep, "load": load, "error": ""}
                 try:
                     row.update(RUNNERS[client](a, served.url, tiny, run_dir))
@@ -293,13 +407,17 @@ def main() -> int:
                         ValueError) as exc:
                     row["error"] = f"{type(exc).__name__}: {exc}"[:300]
                 row["wall_s"] = time.perf_counter() - t
+                windows[len(rows)] = (t0 - origin, time.time() - origin)
+                row["leftover"] = settle(server.proc.pid if a.url is None else None)
                 rows.append(row)
                 print(f"{NAMES[client]} repeat {rep}: {row['wall_s']:.0f} s, load {load:.1f}, "
                       + (row["error"] or f"TTFT p50 {row['ttft']:.1f} ms, ITL p50 "
                                          f"{row['itl']:.1f} ms"), flush=True)
     runs = pd.DataFrame(rows)
+    if a.url is None:
+        runs = runs.join(server_view(log_dir, windows))
     for col in ("ttft", "itl", "tpot", "completed", "failed", "output_tokens",
-                "expected_tokens"):
+                "expected_tokens", "server_prompt", "server_ttft", "server_tpot"):
         if col not in runs:
             runs[col] = float("nan")
     runs.to_csv(out / "runs.csv", index=False)
