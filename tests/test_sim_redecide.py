@@ -130,6 +130,7 @@ def test_baseline_after_decodes_gives_the_results_of_asking(
     left without budget."""
     kw = {"token_budget": token_budget, "max_num_seqs": max_num_seqs}
     fast_cls, ref_cls = _BASELINES[baseline]
+    assert fast_cls(**kw).after_decodes_while_blocks_fit()  # (the loop counts the blocks)
     _same(fast_cls(**kw), ref_cls(**kw), specs, num_blocks=num_blocks, block_size=block_size,
           max_iterations=max_iterations, horizon_s=None)
 

@@ -218,6 +218,15 @@ class Policy(ABC):
         every iteration)."""
         return False
 
+    def after_decodes_while_blocks_fit(self) -> bool:
+        """Whether this policy's ``schedule_after_decodes`` returns ``decision`` itself, with
+        nothing else done (no state change, ``info`` as it is), exactly when the KV blocks that
+        its decode steps need for their next token fit in the free ones
+        (``accelgen.policies.common.decode_blocks_fit``). The simulator then checks the blocks
+        itself and calls ``schedule_after_decodes`` only when they do not fit. Asked once, when
+        a simulation starts. Default: False."""
+        return False
+
     def schedule_after_decodes(self, view: SchedulerView, decision: Decision,
                                latency: float) -> Decision:
         """``on_step_end`` and then ``schedule`` in one call, which a policy may make cheaper.

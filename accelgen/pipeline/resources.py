@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 REFERENCE_REQUESTS = 20_000
 MEASURED_ON = ("scripts/bench_sim.py --traces paper bursty, every policy in one session, "
                "2026-11-25, 2-core development VM, build 74eb80c (load 1.0 before and after); "
-               "vllm, sarathi, fastgen and vllm-priority rescaled by side-by-side runs of this build, "
+               "vllm, sarathi, fastgen and vllm-priority rescaled by side-by-side runs of later builds, "
                "2026-11-27")
 STARTUP_S = 3.0  # interpreter, imports, trace load: not scaled
 BASE_MB = 250.0  # the process before the run (interpreter, numpy, pandas, pyarrow)
@@ -51,7 +51,10 @@ MEASURED: dict[str, JobCost] = {
     # three pairs, 37.8 / 74.1 s (load 2.7-2.9); Sarathi-Serve by the simulation loop's wall
     # time, medians of three pairs (`bench_sim.py --traces paper --policies vllm sarathi
     # --checkout`, load 2.9-3.7), 37.8 / 136.8 s; FastGen by CPU time, one pair, 43.5 / 80.2 s.
-    "vllm": JobCost(seconds=STARTUP_S + (45.4 - STARTUP_S) * 37.8 / 74.1, rss_mb=909.0),
+    # vLLM re-measured on the build that counts the decodes' new blocks in the simulator
+    # (Policy.after_decodes_while_blocks_fit), the same way against the same older build:
+    # 33.34 / 74.58 s (pairs 33.34/70.82, 35.34/74.58, 31.30/85.92; load 1.0-1.4).
+    "vllm": JobCost(seconds=STARTUP_S + (45.4 - STARTUP_S) * 33.34 / 74.58, rss_mb=909.0),
     "vllm-v0": JobCost(seconds=46.3, rss_mb=920.0),
     "sarathi": JobCost(seconds=STARTUP_S + (49.6 - STARTUP_S) * 37.8 / 136.8, rss_mb=902.0),
     # Sarathi-Serve in slack order is asked at every iteration (no after-decodes shortcut):

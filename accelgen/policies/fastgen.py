@@ -83,6 +83,9 @@ class FastGenPolicy(Policy):
         d.info["kv_gate_stop"] = float(gated)
         return d
 
+    def after_decodes_while_blocks_fit(self) -> bool:
+        return True  # (schedule_after_decodes below)
+
     def schedule_after_decodes(self, view: SchedulerView, decision: Decision,
                                latency: float) -> Decision:
         # After decode steps alone with no arrival, finish or flush: ``schedule`` walks the same

@@ -136,6 +136,10 @@ class SarathiPolicy(Policy):
         b.decision.info = InfoRow(_INFO_INDEX, [float(budget)])
         return b.decision
 
+    def after_decodes_while_blocks_fit(self) -> bool:
+        # (schedule_after_decodes below: FIFO only)
+        return self._slack_order is None and self.params.order == "fifo"
+
     def schedule_after_decodes(self, view: SchedulerView, decision: Decision,
                                latency: float) -> Decision:
         # FIFO, after decode steps alone with no arrival, finish or preemption: ``schedule``

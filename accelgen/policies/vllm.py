@@ -72,6 +72,9 @@ class VLLMPolicy(Policy):
         b.decision.info = InfoRow(_INFO_INDEX, [float(budget)])
         return b.decision
 
+    def after_decodes_while_blocks_fit(self) -> bool:
+        return True  # (schedule_after_decodes below)
+
     def schedule_after_decodes(self, view: SchedulerView, decision: Decision,
                                latency: float) -> Decision:
         # After decode steps alone, with no arrival, finish or preemption, ``schedule`` walks

@@ -141,6 +141,9 @@ class VLLMPriorityPolicy(Policy):
         b.decision.info["token_budget"] = budget
         return b.decision
 
+    def after_decodes_while_blocks_fit(self) -> bool:
+        return True  # (schedule_after_decodes below)
+
     def schedule_after_decodes(self, view: SchedulerView, decision: Decision,
                                latency: float) -> Decision:
         # After decode steps alone with no arrival, finish or preemption (so nothing for the

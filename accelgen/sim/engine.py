@@ -122,6 +122,9 @@ class Simulator:
         self._may_redecide = (type(policy).schedule_after_decodes
                               is not Policy.schedule_after_decodes
                               and not add_scheduler_overhead)
+        # Whether that decision stays exactly while the decode steps' new blocks fit
+        # (``Policy.after_decodes_while_blocks_fit``): the loop checks the blocks itself.
+        self._redecide_on_blocks = self._may_redecide and policy.after_decodes_while_blocks_fit()
         # True: host transfers run beside the iteration's compute (a copy stream, as FastServe's
         # proactive swapping does), so an iteration takes max(compute, transfer), not the sum.
         self.swap_overlap = swap_overlap
@@ -475,6 +478,8 @@ class Simulator:
         (``on_step_end`` then tells the policy of the last iteration). The Oracle serves one
         to three requests at a time for most of the paper's trace: most of its 6 M iterations
         pass here."""
+        if self._redecide_on_blocks:
+            return self._redecide_on_block_need(decision, latency, horizon, max_iterations)
         policy, view = self.policy, self._view
         scheduled = decision.scheduled
         while (self._now < self._next_arrival and self._now < horizon
@@ -486,6 +491,47 @@ class Simulator:
             if decided is not decision:
                 return decided
             shape = self._decode_batch(scheduled)
+            n_done = self._n_done
+            latency = self._advance(decision, shape, 0.0)
+            if self._n_done != n_done:
+                break
+        policy.on_step_end(view, decision, latency)
+        return None
+
+    def _redecide_on_block_need(self, decision: Decision, latency: float, horizon: float,
+                                max_iterations: float) -> Decision | None:
+        """``_redecide`` for a policy whose decision after decode steps alone is the same
+        exactly while their new blocks fit (``Policy.after_decodes_while_blocks_fit``): the
+        blocks are counted here, in the pass that forms the batch, and the policy is asked
+        only when they do not fit (the vLLM baselines' 4 M decode steps on the paper trace).
+        The iterations are ``_redecide``'s, each with no decision time."""
+        policy, view, kv = self.policy, self._view, self.kv
+        scheduled = decision.scheduled
+        block_size = kv.block_size
+        while (self._now < self._next_arrival and self._now < horizon
+               and self._iteration < max_iterations):
+            view.now = self._now
+            need = decode_ctx = 0
+            for r, _ in scheduled:
+                ctx = r.num_computed_tokens
+                if ctx >= r.num_blocks * block_size:
+                    need += 1
+                decode_ctx += ctx
+            if need > kv.num_free_blocks:
+                t0 = time.perf_counter()
+                decided = policy.schedule_after_decodes(view, decision, latency)
+                self._decide_s = time.perf_counter() - t0
+                if decided is not decision:
+                    return decided
+                shape = self._decode_batch(scheduled)
+            else:
+                if need:
+                    for r, _ in scheduled:
+                        if r.num_computed_tokens >= r.num_blocks * block_size:
+                            r.num_blocks += 1
+                    kv.num_free_blocks -= need
+                self._decide_s = 0.0
+                shape = BatchShape(0, 0, 0.0, len(scheduled), decode_ctx)
             n_done = self._n_done
             latency = self._advance(decision, shape, 0.0)
             if self._n_done != n_done:

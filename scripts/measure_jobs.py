@@ -1,0 +1,125 @@
+"""Run a sample of a config's simulation jobs as the pipeline runs them (the same `accelgen trace`
+and simulation commands, one process each) and compare each job's measured CPU time with the
+runtime estimate's (``accelgen.pipeline.resources.sim_seconds``). Also the fixed part of a job:
+the CPU time of the simulation command on a 1-request trace (interpreter, imports, I/O).
+
+    python scripts/measure_jobs.py config/paper.yaml --sample 24 --work /tmp/jobs
+    python scripts/measure_jobs.py config/paper.yaml config/paper-scaled.yaml --sample 24
+
+Prints one line per job (policy, requests, measured CPU s, estimated s) and the totals; the
+sample is every ``len(runs) / sample``-th run of the grid in its order, over all experiments.
+Synthetic workloads and built-in deployments only (no downloads, no profile stage).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _run(cmd: list[str], log: Path) -> float:
+    """CPU seconds (user + system) of one command, its output in ``log``."""
+    before = _cpu()
+    with open(log, "w") as fh:
+        subprocess.run(cmd, check=True, stdout=fh, stderr=subprocess.STDOUT)
+    return _cpu() - before
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("config", nargs="+", help="config file(s), merged in order")
+    ap.add_argument("--sample", type=int, default=24, help="simulation jobs to run")
+    ap.add_argument("--only", help="only runs whose variant starts with this")
+    ap.add_argument("--startup-repeats", type=int, default=3)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/measure_jobs"))
+    a = ap.parse_args(argv)
+
+    from accelgen.pipeline.estimate import load_grid
+    from accelgen.pipeline.resources import run_job, sim_seconds
+
+    grid, names = load_grid(a.config)
+    py = sys.executable
+    work = a.work
+    (work / "logs").mkdir(parents=True, exist_ok=True)
+    deployments: dict[str, Path] = {}
+    traces: dict[tuple[str, str, int], Path] = {}
+
+    def deployment_yaml(dep: str) -> Path:
+        if dep not in deployments:
+            out = work / "deployments" / f"{dep}.yaml"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            subprocess.run([py, "-m", "accelgen.pipeline", "write-yaml", "--spec",
+                            grid.deployment_spec_json(dep), "--out", str(out)], check=True,
+                           stdout=subprocess.DEVNULL)
+            deployments[dep] = out
+        return deployments[dep]
+
+    def trace(variant: str, dep: str, seed: int) -> Path:
+        key = (variant, dep, seed)
+        if key not in traces:
+            wl = work / "workloads" / f"{variant}.yaml"
+            wl.parent.mkdir(parents=True, exist_ok=True)
+            if not wl.exists():
+                subprocess.run([py, "-m", "accelgen.pipeline", "write-yaml", "--spec",
+                                grid.workload_spec_json(variant), "--out", str(wl)], check=True,
+                               stdout=subprocess.DEVNULL)
+            out = work / "traces" / variant / dep / f"seed{seed}.parquet"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            subprocess.run([py, "-m", "accelgen.cli", "trace", "--config", str(wl), "--out",
+                            str(out), "--seed", str(seed), *grid.trace_args(variant, dep)],
+                           check=True, stdout=subprocess.DEVNULL)
+            traces[key] = out
+        return traces[key]
+
+    def simulate(run: object, trace_file: Path, tag: str) -> float:
+        v, d, s, sd = run.variant, run.deployment, run.system, run.seed  # type: ignore[attr-defined]
+        cmd = [py, *grid.system_args(s, v, d), "--trace", str(trace_file), "--config",
+               str(deployment_yaml(d)), "--seed", str(sd), "--out",
+               str(work / "runs" / tag / v / d / s / f"seed{sd}")]
+        return _run(cmd, work / "logs" / f"{tag}-{v}-{d}-{s}-{sd}.log")
+
+    runs = [r for r in grid.runs() if not r.variant.startswith("scenario")
+            and (a.only is None or r.variant.startswith(a.only))]
+    step = max(1, len(runs) // a.sample)
+    sample = runs[::step][:a.sample]
+
+    # The fixed part: the first sampled run's command on a 1-request trace.
+    import pandas as pd
+
+    first = sample[0]
+    one = work / "one.parquet"
+    pd.read_parquet(trace(first.variant, first.deployment, first.seed)).head(1).to_parquet(one)
+    fixed = [simulate(first, one, f"startup{i}") for i in range(a.startup_repeats)]
+    print(f"fixed part ({first.system}, 1 request): CPU s {', '.join(f'{x:.2f}' for x in fixed)}"
+          f" (median {statistics.median(fixed):.2f})")
+
+    tot_m = tot_e = 0.0
+    print(f"{'variant':28s} {'deployment':16s} {'system':22s} {'policy':16s} {'n':>6s} "
+          f"{'pts':>3s} {'cpu_s':>8s} {'est_s':>8s}")
+    for r in sample:
+        tf = trace(r.variant, r.deployment, r.seed)
+        cpu = simulate(r, tf, "job")
+        policy, n, pts = run_job(grid, r.variant, r.system)
+        est = sim_seconds(policy, n, pts)
+        tot_m += cpu
+        tot_e += est
+        print(f"{r.variant:28s} {r.deployment:16s} {r.system:22s} {policy:16s} {n:6d} {pts:3d} "
+              f"{cpu:8.2f} {est:8.2f}", flush=True)
+    print(f"measure_jobs: {names}: {len(sample)} of {len(runs)} simulation jobs measured "
+          f"{tot_m:.1f} CPU s, the estimate {tot_e:.1f} s ({tot_e / tot_m - 1:+.0%} of measured)")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    raise SystemExit(main())
