@@ -27,7 +27,7 @@ def test_the_command_has_what_the_plugin_needs(capsys: pytest.CaptureFixture[str
     words = dry_run(capsys, tmp_path, "--policy", "sarathi", "--param", "token_budget=128",
                     "--slo", "ttft_slo=2.5", "--log-dir", str(tmp_path / "logs"),
                     "--port", "8123", "--max-model-len", "2048")
-    assert words[:2] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert words[:2] == ["-m", "accelgen.vllm_integration.api_server"]
     assert option(words, "--scheduler-cls") == (
         "accelgen.vllm_integration.scheduler.AccelGenScheduler")
     for flag in ("--no-enable-prefix-caching",):
