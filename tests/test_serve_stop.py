@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from accelgen.vllm_integration.api_server import ShutdownState, install
+from accelgen.vllm_integration.api_server import HTTP_CLOSE_TIMEOUT_S, ShutdownState, install
 from accelgen.vllm_integration.slo_http import (
     SHUTTING_DOWN_MESSAGE,
     SLOMiddleware,
@@ -87,6 +87,10 @@ class _Processor:
         return ids
 
 
+async def _call_async(shutdown: Any) -> None:
+    shutdown(timeout=30)
+
+
 def test_the_engine_clients_shutdown_starts_the_refusals_and_ends_the_streams_left() -> None:
     """vLLM's signal handler calls the engine client's shutdown in a worker thread: from then
     on requests are refused; after it, the requests still tracked get their final outputs, on
@@ -108,8 +112,12 @@ def test_the_engine_clients_shutdown_starts_the_refusals_and_ends_the_streams_le
         assert calls == [30] and state.began is not None
         assert processor.aborted == ["a", "b"] and processor.thread is loop_thread
         assert state.streams_ended == 2
-        client.shutdown(timeout=30)  # (vLLM calls it once more as its context ends)
-        assert calls == [30, 30] and processor.aborted == ["a", "b"]
+        # vLLM calls it once more on the event loop's thread as its context ends: it must not
+        # wait for the loop it blocks.
+        processor.request_states["c"] = None
+        again = asyncio.run_coroutine_threadsafe(_call_async(client.shutdown), loop)
+        assert again.result(timeout=HTTP_CLOSE_TIMEOUT_S / 2) is None
+        assert calls == [30, 30] and processor.aborted == ["a", "b", "c"]
     finally:
         loop.call_soon_threadsafe(loop.stop)
         loop_thread.join(10)

@@ -24,6 +24,7 @@ Run as ``python -m accelgen.vllm_integration.api_server <vLLM's server options>`
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -94,7 +95,13 @@ def install(app: Any, loop: Any) -> ShutdownState:
             finally:
                 done.set()
 
-        if not loop.is_closed():
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:  # (vLLM's second call, as its engine client's context ends)
+            end_streams()
+        elif not loop.is_closed():
             loop.call_soon_threadsafe(end_streams)
             done.wait(HTTP_CLOSE_TIMEOUT_S)
 
@@ -103,8 +110,6 @@ def install(app: Any, loop: Any) -> ShutdownState:
 
 
 def main() -> None:
-    import asyncio
-
     from vllm.entrypoints.launchers.api_server import entry
 
     serve_http = entry.serve_http
