@@ -38,7 +38,11 @@ def pytest_collection_modifyitems(config: pytest.Config,
     engine = [item for item in items if item.get_closest_marker("vllm") is not None]
     others = [item for item in items if item.get_closest_marker("vllm") is None]
     for item in engine:
-        item.add_marker(pytest.mark.xdist_group(ENGINE_GROUP))
+        # A real-engine test with a group of its own (the soak, tests/test_serve_soak.py) runs
+        # beside the engine group, on the other worker: the engine group is the suite's
+        # critical path.
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(ENGINE_GROUP))
     for item in others:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module

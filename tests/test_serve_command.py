@@ -27,7 +27,7 @@ def test_the_command_has_what_the_plugin_needs(capsys: pytest.CaptureFixture[str
     words = dry_run(capsys, tmp_path, "--policy", "sarathi", "--param", "token_budget=128",
                     "--slo", "ttft_slo=2.5", "--log-dir", str(tmp_path / "logs"),
                     "--port", "8123", "--max-model-len", "2048")
-    assert words[:2] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert words[:2] == ["-m", "accelgen.vllm_integration.api_server"]
     assert option(words, "--scheduler-cls") == (
         "accelgen.vllm_integration.scheduler.AccelGenScheduler")
     for flag in ("--no-enable-prefix-caching",):
@@ -70,6 +70,15 @@ def test_stock_runs_the_instrumented_scheduler(capsys: pytest.CaptureFixture[str
     assert option(words, "--shutdown-timeout") == "5" and words.count("--shutdown-timeout") == 1
 
 
+def test_the_shutdown_grace_goes_to_the_plugin(capsys: pytest.CaptureFixture[str],
+                                               tmp_path: Path) -> None:
+    words = dry_run(capsys, tmp_path, "--shutdown-grace", "2.5")
+    assert json.loads(option(words, "--additional-config"))["accelgen"] == {
+        "shutdown_grace_s": 2.5}
+    # vLLM's abort mode (timeout 0) ends every request at once itself: any grace is moot.
+    dry_run(capsys, tmp_path, "--shutdown-grace", "20", "--shutdown-timeout", "0")
+
+
 @pytest.mark.parametrize("flag", ["--async-scheduling", "--no-async-scheduling"])
 def test_async_scheduling_is_vllms_option(capsys: pytest.CaptureFixture[str], tmp_path: Path,
                                           flag: str) -> None:
@@ -94,6 +103,10 @@ def test_user_additional_config_is_kept(capsys: pytest.CaptureFixture[str],
     (["--enable-prefix-caching"], "sets --enable-prefix-caching itself"),
     (["--additional-config", '{"accelgen": {}}'], "without an 'accelgen' key"),
     (["--additional-config", "{not json"], "--additional-config is not JSON"),
+    (["--shutdown-grace", "26"], "--shutdown-grace 26 s leaves the engine less than 5 s of "
+                                 "--shutdown-timeout 30 s"),
+    (["--shutdown-grace", "8", "--shutdown-timeout", "12"], "--shutdown-timeout 12 s"),
+    (["--shutdown-grace", "-1"], "shutdown_grace_s"),
 ])
 def test_refused_before_the_server_starts(capsys: pytest.CaptureFixture[str], tmp_path: Path,
                                           args: list[str], message: str) -> None:

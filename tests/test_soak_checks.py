@@ -15,7 +15,7 @@ import pytest
 
 from accelgen.serving.soak import Sample, Seen, SoakConfig, evaluate, plan, rss_growth
 from accelgen.vllm_integration.adapter_config import AUTO_REQ_ID_BASE
-from accelgen.vllm_integration.logsink import ABORTED_REASON, IN_FLIGHT_REASON
+from accelgen.vllm_integration.logsink import ABORTED_REASON, IN_FLIGHT_REASON, SHUTDOWN_REASON
 
 CFG = SoakConfig(rate=10.0, duration_s=20.0, warmup_s=5.0)
 T0 = 1_000_000.0  # the run's start, epoch seconds
@@ -173,3 +173,42 @@ def test_the_plan_has_each_kind_in_its_share() -> None:
     assert planned[-1].arrival == pytest.approx(200.0)
     ids = [p.req_id for p in planned]
     assert len(set(ids)) == len(ids)
+
+
+@pytest.mark.parametrize("ended, held", [(20.3, True), (19.5, False)])
+def test_a_stopping_servers_503_is_a_refusal_not_a_fault(tmp_path: Path, ended: float,
+                                                         held: bool) -> None:
+    """The 503 of a server that is stopping (``slo_http.SHUTTING_DOWN_*``) refuses a request
+    answered after SIGTERM; the same answer before SIGTERM is a fault."""
+    raw = _run(tmp_path)
+    late = raw["late"][0]
+    late.http_status, late.outcome, late.at_shutdown = 503, "refused", True
+    late.sent, late.ended = ended - 0.1, ended
+    report = evaluate(raw, tmp_path / "logs", CFG)
+    assert report["checks"]["no_5xx"]["held"] is held
+    assert report["checks"]["no_5xx"]["refused_at_shutdown"] == int(held)
+    assert report["checks"]["every_request_logged"]["held"]
+
+
+def test_an_exit_after_the_stop_limit_fails(tmp_path: Path) -> None:
+    raw = _run(tmp_path)
+    raw["t_exit"] = raw["t_sigterm"] + CFG.stop_limit_s + 1.0
+    assert "logs_complete" in _failed(raw, tmp_path)
+
+
+def test_an_abort_after_sigterm_may_meet_the_grace_period(tmp_path: Path) -> None:
+    """The client closed a stream after SIGTERM that the grace period had ended (unfinished in
+    the log): not a mismatch. Before SIGTERM the same pair is one."""
+    raw = _run(tmp_path)
+    s = raw["seen"][5]
+    s.outcome = "aborted"
+    _edit_log(tmp_path, lambda df: df.assign(
+        status=df["status"].where(df["req_id"] != 5, "unfinished"),
+        reject_reason=df["reject_reason"].where(df["req_id"] != 5, SHUTDOWN_REASON)))
+    summary_path = tmp_path / "logs" / "shutdown.json"
+    summary = json.loads(summary_path.read_text())
+    summary["requests_by_status"] = {"finished": 4, "rejected": 1, "unfinished": 2}
+    summary_path.write_text(json.dumps(summary))
+    assert evaluate(raw, tmp_path / "logs", CFG)["checks"]["every_request_logged"]["held"]
+    s.in_flight_at_sigterm = False
+    assert "every_request_logged" in _failed(raw, tmp_path)

@@ -19,26 +19,32 @@ a share offline), each of one kind, drawn with ``seed``:
 
 At most ``max_in_flight`` requests are open at once (a request due while that many are open
 waits for a slot). At ``duration_s`` the client stops sending, sends SIGTERM with requests in
-flight, sends ``late_requests`` more (what a client sees of a server that is stopping), and waits
-at most ``drain_timeout_s`` for the server to exit and the streams to end. Every ``rss_interval_s``
+flight, sends one more request every ``late_interval_s`` until the server has exited (at most
+``late_requests``: what a client sees of a server that is stopping), and waits at most
+``drain_timeout_s`` for the server to exit and the streams to end. Every ``rss_interval_s``
 a sampler reads the resident memory of the server's process tree (``/proc``: the API server and
 vLLM's engine core) and that the server still runs with the same process ids.
 
 Checks (``evaluate``), each ``held`` or not with its numbers:
 
-- ``no_5xx``: no HTTP status >= 500, in a response or in a stream's error event;
+- ``no_5xx``: no HTTP status >= 500, in a response or in a stream's error event, but for the
+  503 a stopping server answers a request that arrives after SIGTERM (``slo_http``'s
+  ``SHUTTING_DOWN_*``: a refusal, counted as ``refused_at_shutdown``; the client's outcome is
+  ``refused``, and like every refused request it is not in the plugin's logs);
 - ``never_restarted``: the API server ran until SIGTERM, the engine core kept one process id;
 - ``rss_growth``: each process's peak RSS after ``warmup_s`` is within ``rss_growth_limit`` of
   its RSS at ``warmup_s``;
 - ``every_request_logged``: every request the server accepted (HTTP 200) is in the plugin's
   ``requests.parquet`` with the outcome the client saw (finished, aborted, rejected by the
   policy, unfinished at shutdown; a stream the client aborted after the engine had finished it
-  counts as finished: ``abort_raced``), no refused request is there, and nothing else is
+  counts as finished: ``abort_raced``; one it aborted after SIGTERM may have been ended by the
+  shutdown grace period first), no refused request is there, and nothing else is
   (requests without a ``req_id`` are the warm-ups: as many as were sent);
 - ``drained``: the scheduler's summary at shutdown (``shutdown_summary``) has every KV block
   free, no request in vLLM's tables, the plugin's or the policy's;
-- ``logs_complete``: the server exited 0 after SIGTERM, the summary was written after the final
-  log write and after the SIGTERM, and the log agrees with the summary's counts.
+- ``logs_complete``: the server exited 0 within ``stop_limit_s`` of SIGTERM, the summary was
+  written after the final log write and after the SIGTERM, and the log agrees with the
+  summary's counts.
 """
 
 from __future__ import annotations
@@ -66,6 +72,7 @@ from accelgen.vllm_integration.adapter_config import AUTO_REQ_ID_BASE
 from accelgen.vllm_integration.logsink import ABORTED_REASON, read_log
 from accelgen.vllm_integration.sample_trace import mixed_slo_trace
 from accelgen.vllm_integration.shutdown_summary import read_summary
+from accelgen.vllm_integration.slo_http import is_shutdown_refusal
 from accelgen.workloads.prompts import prompt_token_ids
 
 Share = confloat(ge=0.0, le=1.0)  # type: ignore[valid-type]
@@ -95,7 +102,11 @@ class SoakConfig(StrictModel):
     max_in_flight: PositiveInt = 256
     request_timeout_s: PositiveFloat = 300.0
     drain_timeout_s: PositiveFloat = 120.0
-    late_requests: NonNegativeInt = 3
+    late_requests: NonNegativeInt = 50  # at most; one every late_interval_s until the exit
+    late_interval_s: PositiveFloat = 0.2
+    # SIGTERM to exit: vLLM's --shutdown-timeout (30 s, accelgen serve's) plus the API server's
+    # wait for connections to close (api_server.HTTP_CLOSE_TIMEOUT_S) plus slack.
+    stop_limit_s: PositiveFloat = 40.0
     rss_interval_s: PositiveFloat = 2.0
     rss_growth_limit: PositiveFloat = 0.10
     num_warmups: NonNegativeInt = 2
@@ -133,6 +144,7 @@ class Seen:
     reason: str = ""
     tokens: int = 0
     in_flight_at_sigterm: bool = False
+    at_shutdown: bool = False  # refused with the 503 of a server that is stopping
 
 
 # Malformed requests, sent in turn: (body, path, headers) with REQ as the place of the req_id.
@@ -284,7 +296,8 @@ async def _send(session: Any, base: str, p: Planned, seen: Seen, t0: float,
             seen.http_status = resp.status
             if resp.status != 200:
                 text = await resp.text()
-                seen.outcome = "refused" if resp.status < 500 else "error"
+                seen.at_shutdown = is_shutdown_refusal(resp.status, text)
+                seen.outcome = "refused" if resp.status < 500 or seen.at_shutdown else "error"
                 seen.reason = f"HTTP {resp.status}: {text[:300]}"
                 return
             async for chunk in resp.content.iter_any():
@@ -402,7 +415,9 @@ async def run_soak(cfg: SoakConfig, base: str, server_pid: int,
         log(f"soak: SIGTERM at {t_sigterm:.0f} s with {len(in_flight)} requests in flight")
         late_seen: list[Seen] = []
         for k in range(cfg.late_requests):
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(cfg.late_interval_s)
+            if stopping.done() or not server_alive():
+                break
             i = len(planned) + k
             lp = Planned(i, "normal", 0.0, cfg.req_id_base + i, 8, {
                 "model": model, **STREAM, "max_tokens": 8,
@@ -475,9 +490,13 @@ def evaluate(raw: dict[str, Any], log_dir: Path | str, cfg: SoakConfig, *,
     checks: dict[str, dict[str, Any]] = {}
 
     statuses = Counter(s.http_status for s in seen + late if s.http_status is not None)
-    n5xx = sum(v for k, v in statuses.items() if k >= 500) + sum(
+    # A stopping server's 503 (``slo_http.SHUTTING_DOWN_*``) after SIGTERM refuses a request, as
+    # a 4xx does: no server fault. The same answer before SIGTERM is one.
+    at_shutdown = [s for s in seen + late if s.at_shutdown and s.ended >= raw["t_sigterm"]]
+    n5xx = sum(v for k, v in statuses.items() if k >= 500) - len(at_shutdown) + sum(
         s.outcome == "error" and (s.http_status or 0) < 500 for s in seen + late)
     checks["no_5xx"] = {"held": n5xx == 0, "num_5xx": n5xx,
+                        "refused_at_shutdown": len(at_shutdown),
                         "http_status_counts": {str(k): v for k, v in sorted(statuses.items())}}
 
     samples: list[Sample] = raw["samples"]
@@ -519,7 +538,11 @@ def evaluate(raw: dict[str, Any], log_dir: Path | str, cfg: SoakConfig, *,
             # no scheduler saw it (counted, not a loss).
             never_reached += 1
             continue
-        if got is None or got not in MATCHES.get(s.outcome, set()):
+        if (s.outcome == "aborted" and got == "unfinished" and s.in_flight_at_sigterm
+                and s.ended >= raw["t_sigterm"]):
+            # The client closed the stream after SIGTERM, as the grace period ended it.
+            pass
+        elif got is None or got not in MATCHES.get(s.outcome, set()):
             if len(bad) < 20:
                 bad.append({"req_id": s.req_id, "kind": s.kind, "client": s.outcome,
                             "log": got, "reason": s.reason[:200]})
@@ -552,6 +575,7 @@ def evaluate(raw: dict[str, Any], log_dir: Path | str, cfg: SoakConfig, *,
     unknown = sorted(ids[~known].tolist())[:20]
     client_counts = Counter(s.outcome for s in seen)
     log_counts = Counter(logged[r] for r in ours if r in logged)
+    accepted_counts = Counter(s.outcome for s in accepted)
     checks["every_request_logged"] = {
         "held": not bad and not refused_logged and not stray and not unknown and ranges_ok
         and len(late_ok) == len(late)
@@ -559,6 +583,7 @@ def evaluate(raw: dict[str, Any], log_dir: Path | str, cfg: SoakConfig, *,
         and all(v in ("aborted", "unfinished", "finished", "rejected")
                 for v in unanswered_logged.values()),
         "client_outcomes": dict(sorted(client_counts.items())),
+        "client_outcomes_accepted": dict(sorted(accepted_counts.items())),
         "log_outcomes": dict(sorted(log_counts.items())),
         "client_to_log": dict(sorted(pairs.items())), "abort_raced": raced,
         "unfinished_before_the_engine": never_reached,
@@ -584,12 +609,13 @@ def evaluate(raw: dict[str, Any], log_dir: Path | str, cfg: SoakConfig, *,
         file_status = Counter(requests["status"].tolist())
         after_sigterm = summary["time"] >= raw["t0_epoch"] + raw["t_sigterm"] - 1.0
         mtime = (log_dir / "requests.parquet").stat().st_mtime
+        stopped_s = raw["t_exit"] - raw["t_sigterm"]
         checks["logs_complete"] = {
-            "held": raw["exit_status"] == 0 and after_sigterm
+            "held": raw["exit_status"] == 0 and after_sigterm and stopped_s <= cfg.stop_limit_s
             and mtime <= (log_dir / "shutdown.json").stat().st_mtime
             and dict(file_status) == summary["requests_by_status"],
             "exit_status": raw["exit_status"],
-            "exit_after_sigterm_s": raw["t_exit"] - raw["t_sigterm"],
+            "exit_after_sigterm_s": stopped_s, "stop_limit_s": cfg.stop_limit_s,
             "summary_after_sigterm": after_sigterm,
             "log_status_counts": dict(sorted(file_status.items())),
             "summary_status_counts": summary["requests_by_status"],

@@ -88,6 +88,25 @@ class AdapterConfig(StrictModel):
     # engine has none left in flight, and at shutdown (``logsink``).
     log_dir: Path | None = None
     log_flush_interval_s: PositiveFloat = 10.0
+    # Seconds the engine keeps serving the requests it holds after SIGTERM; those still there
+    # then end unfinished (``SHUTDOWN_REASON``), so the engine core stops, with its logs written,
+    # within vLLM's --shutdown-timeout (after which vLLM kills it). None: ``shutdown_grace``.
+    shutdown_grace_s: NonNegativeFloat | None = None
+
+
+DEFAULT_SHUTDOWN_GRACE_S = 10.0
+# Seconds the engine core needs after the grace period to end its last requests, write the logs
+# and exit, before vLLM's --shutdown-timeout kills it.
+SHUTDOWN_MARGIN_S = 5.0
+
+
+def shutdown_grace(cfg: AdapterConfig, shutdown_timeout: float) -> float:
+    """The grace period after SIGTERM (s): the configured one, else ``DEFAULT_SHUTDOWN_GRACE_S``
+    shortened to leave ``SHUTDOWN_MARGIN_S`` of vLLM's ``shutdown_timeout``. (With a timeout of
+    0 vLLM aborts every request at once itself.)"""
+    if cfg.shutdown_grace_s is not None:
+        return float(cfg.shutdown_grace_s)
+    return max(0.0, min(DEFAULT_SHUTDOWN_GRACE_S, float(shutdown_timeout) - SHUTDOWN_MARGIN_S))
 
 
 def resolve_config(additional_config: Any = None) -> AdapterConfig:

@@ -47,6 +47,9 @@ MIN_GAP_S = 1.0
 # still in flight.
 ABORTED_REASON = "aborted by vLLM (the client went away, or the server shut down)"
 IN_FLIGHT_REASON = "in flight when the log was written"
+# The plugin ended it: still in flight when the shutdown grace period (``shutdown_grace_s``
+# after SIGTERM) was over.
+SHUTDOWN_REASON = "unfinished at shutdown (still in flight when the grace period ended)"
 # Chunks kept per file before they are merged into one (Arrow concatenation is zero-copy, but
 # many small chunks make small Parquet pages).
 MAX_CHUNKS = 64

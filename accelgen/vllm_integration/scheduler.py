@@ -39,6 +39,7 @@ import itertools
 import logging
 import math
 import operator
+import signal
 import threading
 import time
 from collections import deque
@@ -87,10 +88,12 @@ from accelgen.vllm_integration.adapter_config import (  # noqa: E402
     make_engine_policy,
     parse_request_slo,
     resolve_config,
+    shutdown_grace,
 )
 from accelgen.vllm_integration.logsink import (  # noqa: E402
     ABORTED_REASON,
     IN_FLIGHT_REASON,
+    SHUTDOWN_REASON,
     LogDelta,
     LogSink,
 )
@@ -214,6 +217,13 @@ class InstrumentedScheduler(AsyncScheduler):
         self.log_sink: LogSink | None = None
         if cfg.log_dir is not None:
             self.log_sink = LogSink(cfg.log_dir, self, self.log_lock, cfg.log_flush_interval_s)
+        # time.monotonic() when the engine-core process got SIGTERM/SIGINT (its drain began);
+        # ``shutdown_grace_s`` later the requests still held end unfinished (``schedule``).
+        self.shutdown_since: float | None = None
+        self.shutdown_grace_s = shutdown_grace(cfg, getattr(self.vllm_config, "shutdown_timeout",
+                                                            0.0) or 0.0)
+        self._ending_at_shutdown = False
+        watch_shutdown_signals(self)
 
     # -- clock ---------------------------------------------------------------------------------
     def now(self) -> float:
@@ -364,7 +374,8 @@ class InstrumentedScheduler(AsyncScheduler):
         elif v.status == RequestStatus.FINISHED_ABORTED:
             # Not a scheduling outcome: recorded as unfinished (see requests_frame).
             m.status = Status.REJECTED
-            self.unfinished_reason[m.req_id] = ABORTED_REASON
+            self.unfinished_reason[m.req_id] = (SHUTDOWN_REASON if self._ending_at_shutdown
+                                                else ABORTED_REASON)
         else:
             m.status = Status.REJECTED
             m.reject_reason = (str(v.stop_reason) if isinstance(v.stop_reason, str)
@@ -377,7 +388,27 @@ class InstrumentedScheduler(AsyncScheduler):
     # -- scheduling ----------------------------------------------------------------------------
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
         with self.log_lock:
+            if self.shutdown_since is not None and self.requests:
+                self._end_after_grace()
             return self._schedule(throttle_prefills)
+
+    def _end_after_grace(self) -> None:
+        """Once ``shutdown_grace_s`` has passed since SIGTERM, end every request vLLM still
+        holds as aborted (their clients get a final output, finish reason ``abort``); the log
+        says ``SHUTDOWN_REASON``. The engine then has no work left and stops, writing the logs,
+        before vLLM's --shutdown-timeout would kill it."""
+        assert self.shutdown_since is not None
+        waited = time.monotonic() - self.shutdown_since
+        if waited < self.shutdown_grace_s:
+            return
+        self._ending_at_shutdown = True
+        try:
+            ended = self.finish_requests(None, RequestStatus.FINISHED_ABORTED)
+        finally:
+            self._ending_at_shutdown = False
+        self._pending_outputs.extend(ended)
+        logger.warning("accelgen: %d requests still in flight %.1f s after SIGTERM (the "
+                       "shutdown grace period) end unfinished", len(ended), waited)
 
     def _schedule(self, throttle_prefills: bool) -> SchedulerOutput:
         start = self.now()
@@ -626,6 +657,35 @@ class InstrumentedScheduler(AsyncScheduler):
                 logger.exception("accelgen: could not write scheduler logs to %s",
                                  self.log_sink.out_dir)
         super().shutdown()
+
+
+SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def watch_shutdown_signals(scheduler: InstrumentedScheduler) -> bool:
+    """In vLLM's engine-core process, where a served scheduler lives, note the time SIGTERM or
+    SIGINT arrives in ``scheduler.shutdown_since`` and pass the signal on to vLLM's handler
+    (which starts the engine's drain). Anywhere else (an engine in the caller's own process)
+    the signal handlers are left alone; returns whether they were wrapped."""
+    import multiprocessing
+
+    if (threading.current_thread() is not threading.main_thread()
+            or not multiprocessing.current_process().name.startswith("EngineCore")):
+        return False
+    wrapped = False
+    for sig in SHUTDOWN_SIGNALS:
+        previous = signal.getsignal(sig)
+        if not callable(previous):
+            continue
+
+        def handler(signum: int, frame: Any, previous: Callable[..., Any] = previous) -> None:
+            if scheduler.shutdown_since is None:
+                scheduler.shutdown_since = time.monotonic()
+            previous(signum, frame)
+
+        signal.signal(sig, handler)
+        wrapped = True
+    return wrapped
 
 
 def engine_limits_line(largest_budget: int | None, token_limit: int, max_num_seqs: int) -> str:

