@@ -38,8 +38,8 @@ class ClosedLoop:
     With exact predictions the ratio is 1, the correction stays 1, every error is 0 and the scale is
     exactly 1: the open loop's plans."""
 
-    __slots__ = ("_errors", "_i", "_lengths", "_li", "_ln", "_n", "_since", "correction", "every",
-                 "margin", "observed", "quantile", "target", "weight")
+    __slots__ = ("_errors", "_i", "_lengths", "_li", "_ln", "_lsum", "_n", "_since", "_z",
+                 "correction", "every", "margin", "observed", "quantile", "target", "weight")
 
     def __init__(self, target: float, weight: float, window: int, every: int = 8) -> None:
         self.target, self.weight, self.every = target, weight, every
@@ -48,8 +48,10 @@ class ClosedLoop:
         self._i = self._n = self._since = 0
         self._lengths = np.zeros(window)  # output tokens of the last online requests finished
         self._li = self._ln = 0
+        self._lsum = 0.0  # (their sum)
         self.observed = 0  # iterations taken in
         self.quantile = target  # the per-iteration quantile the margin was last read at
+        self._z = _NORMAL.inv_cdf(target)  # (its standard normal quantile)
 
     @property
     def scale(self) -> float:
@@ -64,12 +66,13 @@ class ClosedLoop:
     def tokens(self) -> float:
         """The iterations a request lives through, as the margin counts them."""
         if self._ln:
-            return float(self._lengths[: self._ln].mean())
+            return self._lsum / self._ln
         return float(max(self.observed, 1))
 
     def finished(self, output_tokens: int) -> None:
         """An online request finished with ``output_tokens`` tokens (0: never started, not counted)."""
         if output_tokens > 0:
+            self._lsum += output_tokens - float(self._lengths[self._li])
             self._lengths[self._li] = output_tokens
             self._li = (self._li + 1) % len(self._lengths)
             self._ln = min(self._ln + 1, len(self._lengths))
@@ -103,6 +106,8 @@ class ClosedLoop:
         lo, mid, hi = (m - 1) // 4, (m - 1) // 2, (3 * (m - 1)) // 4
         e = np.partition(self._errors[:m], (lo, mid, hi))
         median, sd = float(e[mid]), float(e[hi] - e[lo]) / IQR_SD
-        self.quantile = q = 1.0 - (1.0 - self.target) / max(self.tokens, 1.0)
-        margin = math.expm1(median + _NORMAL.inv_cdf(q) * sd)
+        q = 1.0 - (1.0 - self.target) / max(self.tokens, 1.0)
+        if q != self.quantile:
+            self.quantile, self._z = q, _NORMAL.inv_cdf(q)
+        margin = math.expm1(median + self._z * sd)
         return margin if margin > 0.0 else 0.0
