@@ -50,6 +50,9 @@ class Workspace:
         self._outcome = self._part(state, "outcome", np.int64)
         self._oracle = self._part(state, "oracle", np.int64)
         self.info_values = self._part(state, "info", np.float64)
+        # (the closed loop's two parameters, set every iteration under noise: plain views too)
+        self._time_scale = self._param(state, "time_scale")
+        self._tbt_shrink = self._param(state, "tbt_shrink")
         times = _records(BUDGET_TIME, 1)
         self._full_batch = times.view(np.ndarray)["full_batch"]
         self.arrays = DecisionArrays(table.rows, _records(CANDIDATE, 0), np.zeros((len(LISTS), 0), np.int64),
@@ -68,8 +71,14 @@ class Workspace:
         online decode planned within its TBT SLO x ``tbt_shrink``."""
         if time_scale != self.time_scale or tbt_shrink != self.tbt_shrink:
             self.time_scale, self.tbt_shrink = time_scale, tbt_shrink
-            par = self.arrays.state[0].params
-            par.time_scale, par.tbt_shrink = time_scale, tbt_shrink
+            self._time_scale[0], self._tbt_shrink[0] = time_scale, tbt_shrink
+
+    @staticmethod
+    def _param(state: np.ndarray, name: str) -> np.ndarray:
+        """A float64 view of one field of ``state``'s parameters."""
+        params, offset = STATE.fields["params"][:2]  # type: ignore[index]
+        at = offset + params.fields[name][1]
+        return state.view(np.uint8)[at:at + 8].view(np.float64)
 
     @staticmethod
     def _part(state: np.ndarray, name: str, dtype: type) -> np.ndarray:
