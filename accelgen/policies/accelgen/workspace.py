@@ -77,7 +77,7 @@ class Workspace:
     def _param(state: np.ndarray, name: str) -> np.ndarray:
         """A float64 view of one field of ``state``'s parameters."""
         params, offset = STATE.fields["params"][:2]  # type: ignore[index]
-        at = offset + params.fields[name][1]
+        at = offset + params.fields[name][1]  # type: ignore[index]
         return state.view(np.uint8)[at:at + 8].view(np.float64)
 
     @staticmethod
