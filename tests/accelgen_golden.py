@@ -8,7 +8,8 @@ column: names, dtypes and values; independent of the Parquet writer's version).
 recorded on the build before AccelGen's decision became one compiled implementation (7d448c9;
 main at 67e41b8 records the same), and again when the exact plan added four diagnostics (the same
 decisions: every digest equal with those columns left out): a change of any decision, diagnostic
-or timing changes a digest. The closed loop's runs have the open loop's digests.
+or timing changes a digest. The closed loop's runs have the open loop's digests; three runs under
+the engine's noise have their own.
 
     python tests/accelgen_golden.py traces DIR   # the traces (from the workload generator; kept)
     python tests/accelgen_golden.py record       # the digests of this build (a reference build)
@@ -83,7 +84,15 @@ RUNS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "overload/closed-loop": ("overload", "accelgen-closed", ()),
     "moderate/closed-loop": ("moderate", "accelgen-closed", ()),
     "long/closed-loop": ("long", "accelgen-closed", ()),
+    # ... and under the engine's noise (``NOISY``): the open loop as it is, the closed loop with
+    # its correction and margin
+    "moderate/noise": ("moderate", "accelgen", ()),
+    "moderate/closed-loop-noise": ("moderate", "accelgen-closed", ()),
+    "overload/closed-loop-noise": ("overload", "accelgen-closed", ()),
 }
+# Runs charged with per-step lognormal noise (10 %, mean 1; ``accelgen simulate --noise``).
+NOISE = '{"kind": "lognormal", "step_mu": -0.005, "step_sigma": 0.1}'
+NOISY = {name for name in RUNS if name.endswith("noise")}
 
 
 def table_digest(path: Path, h: hashlib._Hash) -> None:
@@ -117,6 +126,8 @@ def simulate_args(name: str, out: Path, tmp: Path) -> list[str]:
             "--seed", "0", "--no-progress", "--out", str(out)]
     for p in params:
         args += ["--param", p]
+    if name in NOISY:
+        args += ["--noise", NOISE]
     return args
 
 

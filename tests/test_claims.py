@@ -200,3 +200,33 @@ def test_capacity_markdown_names_the_strongest_and_the_ratios() -> None:
         "(vllm, 0.15): 2.00x" in text
     assert "over the strongest baseline as users run it (edf, 0.2): 1.50x" in text
     assert "capacity at 99 %: AccelGen 0 req/s" in text and "| < 0.1 |" in text
+
+
+def test_closed_loop_rows_read_figures_13_and_18() -> None:
+    """The closed loop's rows: beside the open loop without noise (figure 13), and under 10 %
+    per-step noise against itself without noise and the strongest field baseline (figure 18)."""
+    cap = capacity_csv({"accelgen": (0.3, "interpolated"), "accelgen-closed": (0.294, "interpolated"),
+                        "vllm": (0.15, "interpolated")})
+    rows = []
+    for system, policy, setting, caps in (
+            ("accelgen", "accelgen", "paper", {0.0: 0.3, 0.1: 0.06}),
+            ("accelgen-closed", "accelgen-closed", "paper", {0.0: 0.3, 0.1: 0.27}),
+            ("vllm-priority", "vllm-priority", "paper", {0.0: 0.05, 0.1: 0.04}),
+            ("vllm-priority-tuned", "vllm-priority", "tuned", {0.0: 0.06, 0.1: 0.0})):
+        for level, c in caps.items():
+            rows.append({"deployment": "opt-13b-auto", "system": f"{system}-noise{level}",
+                         "policy": policy, "setting": setting, "noise": level, "noise_of": system,
+                         "metric": "capacity_rps", "seed": math.nan, "mean": c, "rate": math.nan,
+                         "where": "below_sweep" if c == 0 else "interpolated"})
+    rows.append({"deployment": "opt-13b-auto", "system": "accelgen", "metric": "slo_attainment_request",
+                 "rate": 0.01, "noise": 0.0, "noise_of": "accelgen", "mean": 1.0})
+    table = C.claims_table({"fig13_capacity": cap,
+                            "fig18_capacity_noise": pd.DataFrame(rows)}).set_index("id")
+    assert table.loc["closed_vs_open", "pairs_capacity"] == "opt-13b-auto=0.98"
+    assert table.loc["closed_vs_open", "verdict_capacity"] == C.REPRODUCED  # >= 0.97
+    assert table.loc["closed_noise_kept", "pairs_capacity"] == "opt-13b-auto/noise 0.1=0.9"
+    assert table.loc["open_noise_kept", "verdict_capacity"] == C.NOT_REPRODUCED  # 0.2
+    # the strongest under noise: vLLM priority (0.04; the tuned one is below the sweep)
+    assert table.loc["closed_noise_vs_strongest", "pairs_capacity"] == \
+        "opt-13b-auto/vllm-priority=6.75"
+    assert table.loc["open_noise_vs_strongest", "pairs_capacity"] == "opt-13b-auto/vllm-priority=1.5"

@@ -1,17 +1,24 @@
 """The closed loop (SPEC 13; ``docs/accelgen.md``, *Closed loop*): every measured iteration corrects
 the cost model the decision plans with and feeds the recent distribution of its errors; the decision
-then plans against its SLOs shrunk by the error quantile of the attainment it aims for. Plain Python,
-run once per iteration (``AccelGenPolicy.on_step_end``), nothing here imports numba."""
+then plans against its SLOs shrunk by the margin that keeps a whole request on time with the
+attainment it aims for. Plain Python, run once per iteration (``AccelGenPolicy.on_step_end``),
+nothing here imports numba."""
 
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 
 import numpy as np
 
 # Two evaluations of one formula (the decision's compiled one, the simulator's) may round apart;
 # a ratio this close to 1 is an exact prediction.
 EXACT = 1e-9
+# The interquartile range of a normal distribution in standard deviations: a robust spread of the
+# log errors (an engine's rare stalls of many times the model would blow up a plain standard
+# deviation, and no margin keeps a stalled step on time).
+IQR_SD = 1.3489795003921634
+_NORMAL = NormalDist()
 
 
 class ClosedLoop:
@@ -20,38 +27,67 @@ class ClosedLoop:
     - ``correction``: an exponentially weighted mean of measured / predicted (weight ``weight`` per
       iteration; warm-started at 1, the calibration), so that drift is followed and old steps
       forgotten;
-    - ``margin``: the ``target`` quantile of the last ``window`` relative errors of the corrected
-      model (measured / (correction x predicted) - 1), at least 0: an iteration planned within
-      SLO / (1 + margin) by the corrected model meets its SLO with about that probability.
+    - ``margin``: a request meets its SLO only if every one of its tokens does (``metrics``), so an
+      iteration may overrun with probability ``(1 - target) / tokens`` at most, ``tokens`` the
+      mean output length of the last ``window`` online requests finished (before the first, the
+      iterations seen so far, which no running request has outlived). The margin is that quantile
+      of the corrected model's relative error (measured / (correction x predicted)), read from a
+      lognormal fit of the last ``window`` errors (median and interquartile range of their logs:
+      such a quantile lies far beyond what a window of a few hundred shows), at least 0.
 
     With exact predictions the ratio is 1, the correction stays 1, every error is 0 and the scale is
     exactly 1: the open loop's plans."""
 
-    __slots__ = ("_errors", "_i", "_n", "_since", "correction", "every", "margin", "observed", "target",
-                 "weight")
+    __slots__ = ("_errors", "_i", "_lengths", "_li", "_ln", "_lsum", "_n", "_since", "_z",
+                 "correction", "every", "margin", "observed", "quantile", "target", "weight")
 
     def __init__(self, target: float, weight: float, window: int, every: int = 8) -> None:
         self.target, self.weight, self.every = target, weight, every
         self.correction, self.margin = 1.0, 0.0
-        self._errors = np.zeros(window)
+        self._errors = np.zeros(window)  # log errors of the corrected model
         self._i = self._n = self._since = 0
+        self._lengths = np.zeros(window)  # output tokens of the last online requests finished
+        self._li = self._ln = 0
+        self._lsum = 0.0  # (their sum)
         self.observed = 0  # iterations taken in
+        self.quantile = target  # the per-iteration quantile the margin was last read at
+        self._z = _NORMAL.inv_cdf(target)  # (its standard normal quantile)
 
     @property
     def scale(self) -> float:
         return self.correction * (1.0 + self.margin)
 
+    @property
+    def tbt_shrink(self) -> float:
+        """An online decode's TBT SLO x this is what its iteration is planned within."""
+        return 1.0 / (1.0 + self.margin)
+
+    @property
+    def tokens(self) -> float:
+        """The iterations a request lives through, as the margin counts them."""
+        if self._ln:
+            return self._lsum / self._ln
+        return float(max(self.observed, 1))
+
+    def finished(self, output_tokens: int) -> None:
+        """An online request finished with ``output_tokens`` tokens (0: never started, not counted)."""
+        if output_tokens > 0:
+            self._lsum += output_tokens - float(self._lengths[self._li])
+            self._lengths[self._li] = output_tokens
+            self._li = (self._li + 1) % len(self._lengths)
+            self._ln = min(self._ln + 1, len(self._lengths))
+
     def observe(self, predicted: float, measured: float) -> bool:
         """One iteration: the cost model's (uncorrected) latency of its batch and the latency it
-        took. Returns whether the scale changed."""
+        took. Returns whether the correction or the margin changed."""
         if not (predicted > 0.0 and measured > 0.0 and math.isfinite(predicted)
                 and math.isfinite(measured)):
             return False
-        before = self.scale
+        before = (self.correction, self.margin)
         ratio = measured / predicted
         if abs(ratio - 1.0) <= EXACT:
             ratio = 1.0
-        error = ratio / self.correction - 1.0
+        error = math.log(ratio / self.correction)
         self.correction += self.weight * (ratio - self.correction)
         errors, n = self._errors, len(self._errors)
         errors[self._i] = error
@@ -59,11 +95,19 @@ class ClosedLoop:
         self._n = min(self._n + 1, n)
         self.observed += 1
         self._since += 1
-        # (a quantile of the window every few iterations: a few microseconds each time)
+        # (a fit of the window every few iterations: a partition, a few microseconds)
         if self._since >= self.every or self._n < self.every:
             self._since = 0
-            m = self._n
-            k = min(max(math.ceil(self.target * m) - 1, 0), m - 1)
-            q = float(np.partition(errors[:m], k)[k])
-            self.margin = q if q > 0.0 else 0.0
-        return self.scale != before
+            self.margin = self._margin()
+        return (self.correction, self.margin) != before
+
+    def _margin(self) -> float:
+        m = self._n
+        lo, mid, hi = (m - 1) // 4, (m - 1) // 2, (3 * (m - 1)) // 4
+        e = np.partition(self._errors[:m], (lo, mid, hi))
+        median, sd = float(e[mid]), float(e[hi] - e[lo]) / IQR_SD
+        q = 1.0 - (1.0 - self.target) / max(self.tokens, 1.0)
+        if q != self.quantile:
+            self.quantile, self._z = q, _NORMAL.inv_cdf(q)
+        margin = math.expm1(median + self._z * sd)
+        return margin if margin > 0.0 else 0.0

@@ -263,7 +263,7 @@ def _diagnostics(cs: st.Candidates, step: st.Step, par: st.Params, led: st.Ledge
     info.t_planned = budget.formed_time(par, led, cost)
     info.plan_slo = led.t_limit if led.t_limit != math.inf else math.nan
     info.planned_overrun = info.t_planned * par.time_scale > led.t_limit  # (False for NaN)
-    info.time_scale = par.time_scale
+    info.time_scale = par.time_scale / par.tbt_shrink  # (the closed loop's correction x (1 + margin))
 
 
 @jit

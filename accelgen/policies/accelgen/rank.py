@@ -88,10 +88,13 @@ def columns(cs: st.Candidates, s: int, par: st.Params, led: st.Ledger) -> None:
     c.n_chunks = n_chunks(c.rem, c.is_decode, cs.chunk_mean)
     c.to_deadline = r.deadline - cs.now
     c.online_decode = c.is_decode and r.online
-    c.slo_iter = r.tbt if c.online_decode else c.to_deadline / c.n_chunks
+    # (the closed loop plans a decode's iteration within its TBT SLO shrunk by the margin)
+    c.slo_iter = r.tbt * par.tbt_shrink if c.online_decode else c.to_deadline / c.n_chunks
     c.is_long = era.is_long(par, c.total, c.is_decode)
     c.eligible = era.admits(led.era_owner_start, s, c.is_long)
     c.lost = par.order and par.lost_last and r.online and (r.lost or c.to_deadline < 0.0)
+    if c.online_decode:  # (its next token planned by the shrunk TBT SLO: its slack and urgency too)
+        c.to_deadline -= r.tbt * (1.0 - par.tbt_shrink)
     c.available = c.member = c.urgent = c.counted = False
     c.next_blocks = c.owed = c.admission_blocks = st.UNKNOWN
     c.stamp = led.pass_id

@@ -196,7 +196,8 @@ class Params:
     per_attn_s: float
     cost_roofline: bool  # the analytic model (its constants in ``Cost.roofline``)
     cost_calibrated: bool  # the calibrated model (its constants in ``Cost.calibrated``)
-    time_scale: float  # every predicted latency x this (the closed loop's correction and margin; 1)
+    time_scale: float  # every predicted latency x this (the closed loop's correction; 1)
+    tbt_shrink: float  # an online decode's TBT SLO x this in the plan (the closed loop's 1 / (1 + margin); 1)
 
 
 class DormantEntry:

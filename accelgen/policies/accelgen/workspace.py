@@ -50,6 +50,9 @@ class Workspace:
         self._outcome = self._part(state, "outcome", np.int64)
         self._oracle = self._part(state, "oracle", np.int64)
         self.info_values = self._part(state, "info", np.float64)
+        # (the closed loop's two parameters, set every iteration under noise: plain views too)
+        self._time_scale = self._param(state, "time_scale")
+        self._tbt_shrink = self._param(state, "tbt_shrink")
         times = _records(BUDGET_TIME, 1)
         self._full_batch = times.view(np.ndarray)["full_batch"]
         self.arrays = DecisionArrays(table.rows, _records(CANDIDATE, 0), np.zeros((len(LISTS), 0), np.int64),
@@ -60,13 +63,22 @@ class Workspace:
         self.cap = 0
         self.exact_kv = False
         self._terms: LinearTerms | None = None
-        self.time_scale = 1.0  # ``Params.time_scale`` (``set_time_scale``)
+        self.time_scale = 1.0  # ``Params.time_scale`` and ``Params.tbt_shrink`` (``set_scales``)
+        self.tbt_shrink = 1.0
 
-    def set_time_scale(self, scale: float) -> None:
-        """Every latency the decision predicts x ``scale`` from the next decision on."""
-        if scale != self.time_scale:
-            self.time_scale = scale
-            self.arrays.state[0].params.time_scale = scale
+    def set_scales(self, time_scale: float, tbt_shrink: float) -> None:
+        """From the next decision on, every latency the decision predicts x ``time_scale`` and every
+        online decode planned within its TBT SLO x ``tbt_shrink``."""
+        if time_scale != self.time_scale or tbt_shrink != self.tbt_shrink:
+            self.time_scale, self.tbt_shrink = time_scale, tbt_shrink
+            self._time_scale[0], self._tbt_shrink[0] = time_scale, tbt_shrink
+
+    @staticmethod
+    def _param(state: np.ndarray, name: str) -> np.ndarray:
+        """A float64 view of one field of ``state``'s parameters."""
+        params, offset = STATE.fields["params"][:2]  # type: ignore[index]
+        at = offset + params.fields[name][1]  # type: ignore[index]
+        return state.view(np.uint8)[at:at + 8].view(np.float64)
 
     @staticmethod
     def _part(state: np.ndarray, name: str, dtype: type) -> np.ndarray:
@@ -109,7 +121,7 @@ class Workspace:
         par.cost_calibrated = calibrated is not None
         if calibrated is not None:
             self.arrays.state.view(np.ndarray)["calibrated"][0] = tuple(calibrated)
-        par.time_scale = self.time_scale
+        par.time_scale, par.tbt_shrink = self.time_scale, self.tbt_shrink
         times = _records(BUDGET_TIME, cap + 2)
         self._full_batch = times.view(np.ndarray)["full_batch"]
         self._full_batch[:] = math.nan
