@@ -75,7 +75,7 @@ async def burst(url: str, model: str) -> list[tuple[int, int]]:
     async def one(session: aiohttp.ClientSession, i: int) -> tuple[int, int]:
         body = {"model": model, "prompt": [10 + (i + k) % 900 for k in range(BURST_PROMPT)],
                 "max_tokens": 4, "ignore_eos": True,
-                "vllm_xargs": {"req_id": BURST_IDS + i, "ttft_slo": 30.0, "tbt_slo": 1.0}}
+                "vllm_xargs": {"req_id": BURST_IDS + i, "ttft_slo": 30.0, "tbt_slo": 10.0}}
         async with session.post(f"{url}/v1/completions", json=body) as resp:
             data = await resp.json(content_type=None)
             return resp.status, data.get("usage", {}).get("completion_tokens", 0)
@@ -315,7 +315,9 @@ def test_bench_serve_then_the_plugin_logs_every_request_and_stops_cleanly(
     served.good_ids |= {GOOD_IDS + i for i, _, _ in good}
 
     # A burst of long prompts: AccelGen plans batches above vLLM's default limit of 2048 tokens
-    # (serve sized the engine's to the policy's largest budget), none trimmed.
+    # (serve sized the engine's to the policy's largest budget), none trimmed. Their TBT SLO is
+    # loose (10 s): serve's closed loop scales its plans by the engine's measured speed, which on
+    # a CPU shared with another test worker can shrink a 1 s budget below 2048 tokens.
     assert asyncio.run(burst(url, model)) == [(200, 4)] * BURST_N
     served.good_ids |= {BURST_IDS + i for i in range(BURST_N)}
 
