@@ -77,6 +77,7 @@ class _Processor:
     def __init__(self, ids: list[str]) -> None:
         self.request_states = dict.fromkeys(ids)
         self.aborted: list[str] = []
+        self.errors: list[Exception] = []
         self.thread: threading.Thread | None = None
 
     def abort_requests(self, ids: list[str], internal: bool) -> list[str]:
@@ -85,6 +86,9 @@ class _Processor:
         self.aborted += ids
         self.request_states.clear()
         return ids
+
+    def propagate_error(self, error: Exception) -> None:
+        self.errors.append(error)
 
 
 async def _call_async(shutdown: Any) -> None:
@@ -122,6 +126,26 @@ def test_the_engine_clients_shutdown_starts_the_refusals_and_ends_the_streams_le
         loop.call_soon_threadsafe(loop.stop)
         loop_thread.join(10)
         loop.close()
+
+
+def test_the_engines_exit_after_the_shutdown_began_ends_streams_unfinished_not_in_error() -> \
+        None:
+    """The output handler sees the engine core exit (EngineDeadError) and hands the error to
+    every open stream, a 500 in the stream; the race with step 3 was lost in a CI soak. Once
+    the shutdown began, the open requests end unfinished (abort) instead; before it, an
+    error is still an error."""
+    processor = _Processor(["a"])
+    client = SimpleNamespace(output_processor=processor, shutdown=lambda timeout=None: None)
+    app = SimpleNamespace(state=SimpleNamespace(engine_client=client))
+    state = install(app, asyncio.new_event_loop())
+    died = RuntimeError("EngineCore encountered an issue")
+    processor.propagate_error(died)
+    assert processor.errors == [died] and processor.aborted == []
+    state.began = 1.0
+    processor.request_states.update(dict.fromkeys(["b", "c"]))
+    processor.propagate_error(died)
+    assert processor.errors == [died] and processor.aborted == ["a", "b", "c"]
+    assert state.streams_ended == 3
 
 
 @pytest.mark.vllm

@@ -14,8 +14,9 @@ shutdown (it calls the engine client's ``shutdown``):
    still holds ``shutdown_grace_s`` after SIGTERM (``scheduler.InstrumentedScheduler``: their
    clients get finish reason ``abort``, the log says ``logsink.SHUTDOWN_REASON``), so the engine
    core stops and writes its logs before vLLM's ``--shutdown-timeout`` would kill it;
-3. once the engine client has stopped, every request the API server still tracks gets its
-   final output (finish reason ``abort``: vLLM's own abort), which ends its stream;
+3. once the engine client has stopped, or its output handler has seen the engine core exit,
+   every request the API server still tracks gets its final output (finish reason ``abort``:
+   vLLM's own abort, not the engine's death as an error), which ends its stream;
 4. uvicorn then waits at most ``HTTP_CLOSE_TIMEOUT_S`` for connections to close
    (``timeout_graceful_shutdown``) and cancels what is left.
 
@@ -74,6 +75,24 @@ def install(app: Any, loop: Any) -> ShutdownState:
     if engine_client is None:
         return state
     stop_engine = engine_client.shutdown
+    processor: Any = getattr(engine_client, "output_processor", None)
+    if processor is not None and hasattr(processor, "propagate_error"):
+        propagate_error = processor.propagate_error
+
+        def propagate_unless_stopping(error: Exception) -> None:
+            # Once the engine is stopping, its output handler sees the engine core exit as an
+            # EngineDeadError and would hand it to every open stream (HTTP 500 in the stream)
+            # before step 3 runs; those requests end unfinished instead, like step 3's.
+            if state.began is None:
+                propagate_error(error)
+                return
+            n = end_tracked_requests(engine_client)
+            state.streams_ended += n
+            if n:
+                logger.warning("accelgen: %d requests still open when the engine stopped end "
+                               "unfinished (finish reason abort)", n)
+
+        processor.propagate_error = propagate_unless_stopping
 
     def shutdown(*args: Any, **kwargs: Any) -> None:
         # vLLM calls this in an executor thread when SIGTERM arrives (and once more as its
