@@ -15,9 +15,10 @@ this plugin version does not have (``--slurm-status-command`` came with 2.0; the
 version each command needs), which is left out and named in the output.
 
 Cost: every command line runs in one Python process (``tests/snakemake_dry_runs.py``): each is
-parsed by Snakemake's parser, and those that parse to the same settings but for their targets
-and cores are planned by one dry run with all their targets, so a DAG is built once per
-configuration (the paper config's is the largest), not once per line.
+parsed by Snakemake's parser, and those that parse to the same settings but for their targets,
+cores and job groups are planned by one dry run with all their targets (and the groups, where a
+line has them), so a DAG is built once per configuration (the paper config's is the largest), not
+once per line. That DAG's job counts also check the paper config's grid.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.test_pipeline import assert_plans_the_grid
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -201,16 +204,23 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return work
 
 
-def dry_run(argvs: list[list[str]], cwd: Path) -> list[str | None]:
-    """``tests/snakemake_dry_runs.py`` on ``argvs`` in ``cwd``: None (planned) or the error."""
+@dataclass(frozen=True)
+class Plan:
+    error: str | None  # None: planned
+    jobs: dict[str, int]  # the plan's job counts per rule
+
+
+def dry_run(argvs: list[list[str]], cwd: Path) -> list[Plan]:
+    """``tests/snakemake_dry_runs.py`` on ``argvs`` in ``cwd``."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     res = subprocess.run([sys.executable, str(ROOT / "tests" / "snakemake_dry_runs.py")],
                          input=json.dumps(argvs), cwd=cwd, capture_output=True, text=True,
                          timeout=900, env=env)
     assert res.returncode == 0, res.stderr[-4000:]
-    results = json.loads(res.stdout)
-    return [r if r is None else f"{r}\n  (stderr: {res.stderr.strip()[-600:]})" for r in results]
+    stderr = res.stderr.strip()[-600:]
+    return [Plan(r["error"] if r["error"] is None else f"{r['error']}\n  (stderr: {stderr})",
+                 r["jobs"]) for r in json.loads(res.stdout)]
 
 
 def all_documented() -> list[Command]:
@@ -246,33 +256,44 @@ def planted_pair() -> tuple[Command, Command]:
 
 
 @pytest.fixture(scope="module")
-def plans(workdir: Path) -> dict[tuple[str, ...], str | None]:
-    """Every documented command line and the planted pair, dry-run together (one process):
-    argv -> None (planned) or the error."""
+def plans(workdir: Path) -> dict[tuple[str, ...], Plan]:
+    """Every documented command line and the planted pair, dry-run together (one process)."""
     argvs = list(dict.fromkeys(c.argv for c in [*all_documented(), *planted_pair()]))
     runs = [dry_run_argv(Command("", "", a))[0] for a in argvs]
     return dict(zip(argvs, dry_run(runs, workdir), strict=True))
 
 
-def test_every_documented_snakemake_command_plans(plans: dict[tuple[str, ...], str | None]
-                                                  ) -> None:
+def test_every_documented_snakemake_command_plans(plans: dict[tuple[str, ...], Plan]) -> None:
     runs: dict[tuple[str, ...], list[Command]] = {}
     for cmd in all_documented():
         runs.setdefault(cmd.argv, []).append(cmd)
     notes = [f"{', '.join(c.where for c in cmds)}: {note}" for cmds in runs.values()
              if (note := dry_run_argv(cmds[0])[1])]
     failed = [f"{', '.join(c.where for c in cmds)}: snakemake {shlex.join(argv)}\n    "
-              f"{plans[argv]}" for argv, cmds in runs.items() if plans[argv] is not None]
+              f"{plans[argv].error}" for argv, cmds in runs.items()
+              if plans[argv].error is not None]
     print(f"{len(runs)} distinct command lines dry-run; " + "; ".join(notes))
     assert not failed, "documented commands that do not parse or plan:\n" + "\n".join(failed)
 
 
 def test_a_target_after_a_multi_value_option_is_caught(
-        plans: dict[tuple[str, ...], str | None]) -> None:
+        plans: dict[tuple[str, ...], Plan]) -> None:
     """The defect this test exists for: `--set-resources` takes every word after it, so a
     target written after it is read as a resource and Snakemake stops; with the target first
     the same command plans."""
     bad, good = planted_pair()
-    assert bad.argv[-1] == "fig07" and plans[bad.argv] is not None
-    assert "not enough values to unpack" in str(plans[bad.argv]), plans[bad.argv]
-    assert plans[good.argv] is None, plans[good.argv]
+    assert bad.argv[-1] == "fig07" and plans[bad.argv].error is not None
+    assert "not enough values to unpack" in str(plans[bad.argv].error), plans[bad.argv]
+    assert plans[good.argv].error is None, plans[good.argv]
+
+
+PAPER_RUN = ("--cores", "all", "--configfile", "config/paper.yaml")
+
+
+def test_the_documented_paper_run_plans_every_job_of_its_grid(
+        plans: dict[tuple[str, ...], Plan]) -> None:
+    """The paper config's plan (thousands of jobs) has every simulation, trace, figure and
+    notebook of its grid once: checked here, on the DAG the docs' paper command built, rather
+    than on a second DAG of its own (tests/test_pipeline.py checks the quick config)."""
+    assert PAPER_RUN in plans, "the docs no longer show `snakemake " + " ".join(PAPER_RUN) + "`"
+    assert_plans_the_grid(plans[PAPER_RUN].jobs, ROOT / "config" / "paper.yaml")

@@ -148,6 +148,42 @@ def test_the_engines_exit_after_the_shutdown_began_ends_streams_unfinished_not_i
     assert state.streams_ended == 3
 
 
+def test_a_request_reaching_the_engine_client_after_it_stopped_ends_unfinished() -> None:
+    """A request accepted before SIGTERM but registered after step 3 (its prompt still being
+    processed) is ended at once, not sent to the stopped engine to wait until uvicorn cuts the
+    connection (seen in a test under load: 16 streams dropped)."""
+    processor = _Processor([])
+    sent: list[str] = []
+
+    async def add_request_async(request: Any) -> None:
+        sent.append(request.request_id)
+
+    client = SimpleNamespace(output_processor=processor, shutdown=lambda timeout=None: None,
+                             engine_core=SimpleNamespace(add_request_async=add_request_async))
+    app = SimpleNamespace(state=SimpleNamespace(engine_client=client))
+    loop = asyncio.new_event_loop()
+    loop_thread = threading.Thread(target=loop.run_forever, daemon=True)
+    loop_thread.start()
+
+    def send(request_id: str) -> None:
+        asyncio.run_coroutine_threadsafe(client.engine_core.add_request_async(
+            SimpleNamespace(request_id=request_id)), loop).result(timeout=10)
+
+    try:
+        state = install(app, loop)
+        send("early")
+        assert sent == ["early"] and processor.aborted == []
+        client.shutdown()  # (vLLM's signal handler: a worker thread)
+        processor.request_states["late"] = None
+        send("late")
+        assert sent == ["early"] and processor.aborted == ["late"]
+        assert state.engine_stopped and state.streams_ended == 1
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        loop_thread.join(10)
+        loop.close()
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.xdist_group("serve-soak")

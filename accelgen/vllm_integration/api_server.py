@@ -16,7 +16,8 @@ shutdown (it calls the engine client's ``shutdown``):
    core stops and writes its logs before vLLM's ``--shutdown-timeout`` would kill it;
 3. once the engine client has stopped, or its output handler has seen the engine core exit,
    every request the API server still tracks gets its final output (finish reason ``abort``:
-   vLLM's own abort, not the engine's death as an error), which ends its stream;
+   vLLM's own abort, not the engine's death as an error), which ends its stream; so does a
+   request accepted before SIGTERM that reaches the engine client only after that;
 4. uvicorn then waits at most ``HTTP_CLOSE_TIMEOUT_S`` for connections to close
    (``timeout_graceful_shutdown``) and cancels what is left.
 
@@ -46,6 +47,7 @@ class ShutdownState:
     began: float | None = None
     refused: int = 0  # POSTs answered 503 since
     streams_ended: int = 0  # requests given their final output after the engine stopped
+    engine_stopped: bool = False  # the engine client's shutdown has returned
 
 
 def shutdown_state(app: Any) -> ShutdownState | None:
@@ -93,6 +95,21 @@ def install(app: Any, loop: Any) -> ShutdownState:
                                "unfinished (finish reason abort)", n)
 
         processor.propagate_error = propagate_unless_stopping
+    core: Any = getattr(engine_client, "engine_core", None)
+    if processor is not None and core is not None and hasattr(core, "add_request_async"):
+        send = core.add_request_async
+
+        async def send_unless_stopped(request: Any, *args: Any, **kwargs: Any) -> Any:
+            # A request the API server registered (vLLM does so before it sends it to the
+            # engine) after step 3 ran would wait for an output that never comes until uvicorn
+            # cuts its connection: it ends unfinished now instead.
+            if not state.engine_stopped:
+                return await send(request, *args, **kwargs)
+            processor.abort_requests([request.request_id], internal=True)
+            state.streams_ended += 1
+            return None
+
+        core.add_request_async = send_unless_stopped
 
     def shutdown(*args: Any, **kwargs: Any) -> None:
         # vLLM calls this in an executor thread when SIGTERM arrives (and once more as its
@@ -102,6 +119,7 @@ def install(app: Any, loop: Any) -> ShutdownState:
             logger.info("accelgen: shutting down: new requests are refused (503), streams in "
                         "flight end by the plugin's grace period")
         stop_engine(*args, **kwargs)
+        state.engine_stopped = True
         done = threading.Event()
 
         def end_streams() -> None:
