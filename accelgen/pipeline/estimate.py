@@ -64,7 +64,8 @@ def estimated_seconds(config: ConfigFiles) -> float:
     from accelgen.pipeline.resources import run_job, sim_seconds
 
     target, _ = load_grid(config)
-    return sum(sim_seconds(*run_job(target, r.variant, r.system)) for r in target.runs())
+    return sum(sim_seconds(*run_job(target, r.variant, r.system, r.deployment, r.seed))
+               for r in target.runs())
 
 
 def estimate_measured(config: ConfigFiles, cores: int = 2) -> str:
@@ -90,7 +91,7 @@ def estimate_measured(config: ConfigFiles, cores: int = 2) -> str:
     per_exp: dict[str, float] = defaultdict(float)
     per_policy: dict[str, float] = defaultdict(float)
     for run in runs:
-        policy, n, points = run_job(target, run.variant, run.system)
+        policy, n, points = run_job(target, run.variant, run.system, run.deployment, run.seed)
         t = sim_seconds(policy, n, points)
         total += t
         per_exp[exp_of_run.get((run.variant, run.deployment, run.system, run.seed), "?")] += t

@@ -111,21 +111,28 @@ def sim_runtime_min(policy: str, num_requests: int, search_points: int = 1) -> i
     return max(10, math.ceil(3.0 * sim_seconds(policy, num_requests, search_points) / 60))
 
 
-def run_job(grid: Grid, variant: str, system: str) -> tuple[str, int, int]:
+def run_job(grid: Grid, variant: str, system: str, deployment: str | None = None,
+            seed: int | None = None) -> tuple[str, int, int]:
     """(policy, requests, simulations) of one job of ``grid``: its system's policy, its
     workload variant's request count, and how many simulations it runs (an Oracle search: its
-    grid's points plus AccelGen's own schedule, the floor)."""
+    grid's points plus AccelGen's own schedule, the floor, unless the grid runs that one anyway
+    on the same trace: ``Grid.floor_run``, known with ``deployment`` and ``seed``)."""
     from accelgen.experiments.oracle_search import DEFAULT_GRID, grid_points
-    from accelgen.pipeline.grid import SCENARIO_PREFIX
+    from accelgen.pipeline.grid import SCENARIO_PREFIX, Run
 
     spec = grid.systems[system]
     n = (SCENARIO_REQUESTS if variant.startswith(SCENARIO_PREFIX)
          else int(grid.variants[variant].get("num_requests") or SCENARIO_REQUESTS))
-    points = 1 if spec.search is None else len(grid_points(spec.search or DEFAULT_GRID)) + 1
+    points = 1
+    if spec.search is not None:
+        reused = (deployment is not None and seed is not None
+                  and grid.floor_run(Run(variant, deployment, system, seed)) is not None)
+        points = len(grid_points(spec.search or DEFAULT_GRID)) + (0 if reused else 1)
     return spec.policy, n, points
 
 
-def job_resources(grid: Grid, variant: str, system: str) -> dict[str, int]:
+def job_resources(grid: Grid, variant: str, system: str, deployment: str | None = None,
+                  seed: int | None = None) -> dict[str, int]:
     """SLURM resources of one simulation job: ``mem_mb`` and ``runtime`` (minutes)."""
-    policy, n, points = run_job(grid, variant, system)
+    policy, n, points = run_job(grid, variant, system, deployment, seed)
     return {"mem_mb": sim_mem_mb(policy, n), "runtime": sim_runtime_min(policy, n, points)}
