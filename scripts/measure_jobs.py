@@ -1,6 +1,6 @@
 """Run a sample of a config's simulation jobs as the pipeline runs them (the same `accelgen trace`
 and simulation commands, one process each) and compare each job's measured CPU time with the
-runtime estimate's (``accelgen.pipeline.resources.sim_seconds``). Also the fixed part of a job:
+runtime estimate's (``accelgen.pipeline.resources.job_seconds``). Also the fixed part of a job:
 the CPU time of the simulation command on a 1-request trace (interpreter, imports, I/O).
 
     python scripts/measure_jobs.py config/paper.yaml --sample 24 --work /tmp/jobs
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from accelgen.pipeline.estimate import load_grid
     from accelgen.pipeline.grid import Run
-    from accelgen.pipeline.resources import base_policy, run_job, sim_seconds
+    from accelgen.pipeline.resources import base_policy, job_seconds, run_job
 
     grid, names = load_grid(a.config)
     py = sys.executable
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         tf = trace(r.variant, r.deployment, r.seed)
         cpu = simulate(r, tf, "job")
         policy, n, pts = run_job(grid, r.variant, r.system, r.deployment, r.seed)
-        est = sim_seconds(policy, n, pts)
+        est = job_seconds(grid, r)
         tot_m += cpu
         tot_e += est
         print(f"{r.variant:28s} {r.deployment:16s} {r.system:22s} {policy:16s} {n:6d} {pts:3d} "

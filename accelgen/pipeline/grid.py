@@ -126,6 +126,8 @@ class Grid:
         # under another system name: ``_share_identical``).
         self.same_as: dict[Run, Run] = {}
         self._by_command: dict[tuple[Any, ...], Run] = {}
+        # A run of the capacity sweep -> its load factor (its rate over the capacity estimate).
+        self.load_factor: dict[Run, float] = {}
         try:
             self._build()
             self.check_workloads()
@@ -460,6 +462,11 @@ class Grid:
                 key_of[run] = key
         self.same_as = {run: first[key] for run, key in key_of.items()}
         self._by_command = first
+        for refs, _, _ in figs.values():
+            for r in refs:
+                if "load_factor" in r:
+                    self.load_factor[self.same_as[Run(r["variant"], r["deployment"], r["system"],
+                                                      r["seed"])]] = float(r["load_factor"])
         for fig, (refs, traces, opts) in figs.items():
             figs[fig] = ([{**r, "dir": self.run_dir(self.same_as[
                 Run(r["variant"], r["deployment"], r["system"], r["seed"])])} for r in refs],
