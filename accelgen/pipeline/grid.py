@@ -128,6 +128,9 @@ class Grid:
         self._by_command: dict[tuple[Any, ...], Run] = {}
         # A run of the capacity sweep -> its load factor (its rate over the capacity estimate).
         self.load_factor: dict[Run, float] = {}
+        # A variant of the sensitivity sweep's rates -> (its workload, its rate): the runtime
+        # estimate prices it by its load (``accelgen.pipeline.resources.job_seconds``).
+        self.rate_sweep: dict[str, tuple[str, float]] = {}
         try:
             self._build()
             self.check_workloads()
@@ -396,6 +399,7 @@ class Grid:
                 v = self._rate_variant(se.workload, rate)
                 refs_rate += self._grid_refs(v, se.deployments, se.systems, cfg.seeds_of(se),
                                              sweep="rate", x=rate)
+                self.rate_sweep[v] = (se.workload, rate)
             figs["fig11"] = (refs_long + refs_rate, [], {})
             figs["extra_capacity"] = (refs_rate, [], {"target": 0.9})
 
