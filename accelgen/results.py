@@ -530,6 +530,46 @@ class RunOutput:
                              self.timing, self.timing_summary)
 
 
+@dataclass(slots=True)
+class StoredRun:
+    """A run already in a results directory (``src``): its summary and config read back, its
+    tables left in their files. ``write`` copies those files byte for byte beside the summary
+    and config as they are now (a run reused under another name, e.g. the Oracle's floor)."""
+
+    src: Path
+    summary: dict[str, Any]
+    config: dict[str, Any]
+
+    @classmethod
+    def read(cls, src: Path | str) -> StoredRun:
+        src = Path(src)
+        try:
+            return cls(src, json.loads((src / "summary.json").read_text()),
+                       json.loads((src / "config.json").read_text()))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{src}: not a readable results directory ({exc})") from None
+
+    def write(self, out_dir: Path | str) -> Path:
+        """Write the results directory (atomically, as ``write_results`` does)."""
+        out = Path(out_dir)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+        try:
+            for name in ("requests.parquet", "iterations.parquet", "timing.parquet",
+                         "timing.json"):
+                if (self.src / name).exists() or name.startswith(("requests", "iterations")):
+                    shutil.copyfile(self.src / name, tmp / name)
+            (tmp / "summary.json").write_text(dumps(self.summary))
+            (tmp / "config.json").write_text(dumps(self.config))
+            if out.exists():
+                shutil.rmtree(out)
+            os.replace(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return out
+
+
 def read_results(out_dir: Path | str) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
     out = Path(out_dir)
     reqs = pq.read_table(out / "requests.parquet").to_pandas()

@@ -10,7 +10,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from accelgen.pipeline import config_file as pipeline_config
-from accelgen.pipeline.grid import SCENARIO_PREFIX, Grid
+from accelgen.pipeline.grid import SCENARIO_PREFIX, Grid, Run
 from accelgen.pipeline.nbsource import code_digest
 from accelgen.pipeline.resources import job_resources
 
@@ -85,18 +85,32 @@ def deployment_inputs(wildcards):
     return GRID.deployment_inputs(wildcards.deployment)
 
 
+def _run(wildcards):
+    return Run(wildcards.variant, wildcards.deployment, wildcards.system, int(wildcards.seed))
+
+
 def system_args(wildcards):
-    return _quote(GRID.system_args(wildcards.system, wildcards.variant, wildcards.deployment))
+    """The simulation's command; an Oracle search also reads its floor, AccelGen's own run of the
+    trace, when the grid runs it (`accelgen oracle --floor-run`, floor_inputs)."""
+    return _quote(GRID.system_args(wildcards.system, wildcards.variant, wildcards.deployment)
+                  + GRID.floor_args(_run(wildcards)))
+
+
+def floor_inputs(wildcards):
+    floor = GRID.floor_run(_run(wildcards))
+    return [] if floor is None else [GRID.run_summary(floor)]
 
 
 def sim_mem_mb(wildcards):
     """SLURM memory of one simulation job, from measured full-size runs (accelgen.pipeline.resources)."""
-    return job_resources(GRID, wildcards.variant, wildcards.system)["mem_mb"]
+    return job_resources(GRID, wildcards.variant, wildcards.system, wildcards.deployment,
+                         int(wildcards.seed))["mem_mb"]
 
 
 def sim_runtime(wildcards):
     """SLURM runtime (minutes) of one simulation job (accelgen.pipeline.resources)."""
-    return job_resources(GRID, wildcards.variant, wildcards.system)["runtime"]
+    return job_resources(GRID, wildcards.variant, wildcards.system, wildcards.deployment,
+                         int(wildcards.seed))["runtime"]
 
 
 def replay_args(wildcards):

@@ -23,6 +23,7 @@ if PIPE.backend == "sim":
         input:
             trace=f"{DATA}/traces/{{variant}}/{{deployment}}/seed{{seed}}.parquet",
             experiment=f"{RESULTS}/deployments/{{deployment}}.yaml",
+            floor=floor_inputs,  # an Oracle search: AccelGen's own run, its floor
         output:
             summary=f"{RUN_DIR}/summary.json",
             requests=f"{RUN_DIR}/requests.parquet",

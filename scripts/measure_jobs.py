@@ -1,6 +1,6 @@
 """Run a sample of a config's simulation jobs as the pipeline runs them (the same `accelgen trace`
 and simulation commands, one process each) and compare each job's measured CPU time with the
-runtime estimate's (``accelgen.pipeline.resources.sim_seconds``). Also the fixed part of a job:
+runtime estimate's (``accelgen.pipeline.resources.job_seconds``). Also the fixed part of a job:
 the CPU time of the simulation command on a 1-request trace (interpreter, imports, I/O).
 
     python scripts/measure_jobs.py config/paper.yaml --sample 24 --work /tmp/jobs
@@ -14,6 +14,7 @@ Synthetic workloads and built-in deployments only (no downloads, no profile stag
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import resource
 import statistics
@@ -40,12 +41,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("config", nargs="+", help="config file(s), merged in order")
     ap.add_argument("--sample", type=int, default=24, help="simulation jobs to run")
     ap.add_argument("--only", help="only runs whose variant starts with this")
+    ap.add_argument("--per-policy", action="store_true",
+                    help="--sample runs of each policy (evenly spaced in the grid's order) "
+                         "instead of --sample runs in all")
     ap.add_argument("--startup-repeats", type=int, default=3)
     ap.add_argument("--work", type=Path, default=Path("/tmp/measure_jobs"))
     a = ap.parse_args(argv)
 
     from accelgen.pipeline.estimate import load_grid
-    from accelgen.pipeline.resources import run_job, sim_seconds
+    from accelgen.pipeline.grid import Run
+    from accelgen.pipeline.resources import base_policy, job_seconds, run_job
 
     grid, names = load_grid(a.config)
     py = sys.executable
@@ -81,17 +86,38 @@ def main(argv: list[str] | None = None) -> int:
             traces[key] = out
         return traces[key]
 
-    def simulate(run: object, trace_file: Path, tag: str) -> float:
-        v, d, s, sd = run.variant, run.deployment, run.system, run.seed  # type: ignore[attr-defined]
-        cmd = [py, *grid.system_args(s, v, d), "--trace", str(trace_file), "--config",
+    def simulate(run: Run, trace_file: Path, tag: str) -> float:
+        """CPU seconds of the run's job; an Oracle search reads its floor (AccelGen's own run,
+        simulated first and not counted) as the pipeline's does."""
+        v, d, s, sd = run.variant, run.deployment, run.system, run.seed
+        floor = grid.floor_run(run)
+        extra = []
+        if floor is not None:
+            simulate(floor, trace_file, tag)
+            extra = ["--floor-run", str(work / "runs" / tag / v / d / floor.system / f"seed{sd}")]
+        cmd = [py, *grid.system_args(s, v, d), *extra, "--trace", str(trace_file), "--config",
                str(deployment_yaml(d)), "--seed", str(sd), "--out",
                str(work / "runs" / tag / v / d / s / f"seed{sd}")]
         return _run(cmd, work / "logs" / f"{tag}-{v}-{d}-{s}-{sd}.log")
 
+    load_factor: dict[Run, float] = {}
+    for fig in grid.figures.values():
+        for ref in fig.runs:
+            if "load_factor" in ref:
+                load_factor[grid.same_as[Run(ref["variant"], ref["deployment"], ref["system"],
+                                             ref["seed"])]] = ref["load_factor"]
+
     runs = [r for r in grid.runs() if not r.variant.startswith("scenario")
             and (a.only is None or r.variant.startswith(a.only))]
-    step = max(1, len(runs) // a.sample)
-    sample = runs[::step][:a.sample]
+    if a.per_policy:
+        by_policy: dict[str, list[object]] = {}
+        for r in runs:
+            by_policy.setdefault(base_policy(run_job(grid, r.variant, r.system)[0]), []).append(r)
+        sample = [r for rs in by_policy.values()
+                  for r in rs[::max(1, len(rs) // a.sample)][:a.sample]]
+    else:
+        step = max(1, len(runs) // a.sample)
+        sample = runs[::step][:a.sample]
 
     # The fixed part: the first sampled run's command on a 1-request trace.
     import pandas as pd
@@ -105,16 +131,16 @@ def main(argv: list[str] | None = None) -> int:
 
     tot_m = tot_e = 0.0
     print(f"{'variant':28s} {'deployment':16s} {'system':22s} {'policy':16s} {'n':>6s} "
-          f"{'pts':>3s} {'cpu_s':>8s} {'est_s':>8s}")
+          f"{'pts':>3s} {'load':>9s} {'cpu_s':>8s} {'est_s':>8s}")
     for r in sample:
         tf = trace(r.variant, r.deployment, r.seed)
         cpu = simulate(r, tf, "job")
-        policy, n, pts = run_job(grid, r.variant, r.system)
-        est = sim_seconds(policy, n, pts)
+        policy, n, pts = run_job(grid, r.variant, r.system, r.deployment, r.seed)
+        est = job_seconds(grid, r)
         tot_m += cpu
         tot_e += est
         print(f"{r.variant:28s} {r.deployment:16s} {r.system:22s} {policy:16s} {n:6d} {pts:3d} "
-              f"{cpu:8.2f} {est:8.2f}", flush=True)
+              f"{load_factor.get(r, math.nan):9.4g} {cpu:8.2f} {est:8.2f}", flush=True)
     print(f"measure_jobs: {names}: {len(sample)} of {len(runs)} simulation jobs measured "
           f"{tot_m:.1f} CPU s, the estimate {tot_e:.1f} s ({tot_e / tot_m - 1:+.0%} of measured)")
     return 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -153,3 +154,33 @@ def test_cli_simulate_oracle_searches_and_is_never_below_accelgen(
     a = json.loads((tmp_path / "a" / "summary.json").read_text())
     o = json.loads((tmp_path / "o" / "summary.json").read_text())
     assert o["goodput_rps"] >= a["goodput_rps"]
+
+
+@pytest.mark.parametrize("trace_of", [_exact_plan_loses, _tiny_trace],
+                         ids=["floor-wins", "a-point-wins"])
+def test_cli_oracle_reads_accelgens_own_run_as_the_floor(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], trace_of: Any) -> None:
+    """``--floor-run``: AccelGen's own run stands for the floor, and the Oracle's results files
+    are byte for byte those of the search that simulates the floor (floor or a point winning)."""
+    trace = tmp_path / "t.parquet"
+    write_trace(trace_of(), {}, trace)
+    dep = tmp_path / "dep.yaml"
+    dep.write_text("deployment: {model: opt-13b, hardware: a100, kv_cache_gb: 1.0}\n")
+    common = ["--trace", str(trace), "--config", str(dep), "--seed", "0"]
+    grid = ["--grid", '{"kv_plan": ["exact"], "gamma": [0.25, 1.5]}', "--no-progress"]
+    assert main(["simulate", "--policy", "accelgen", *common, "--no-progress",
+                 "--out", str(tmp_path / "a")]) == 0
+    assert main(["oracle", *common, *grid, "--out", str(tmp_path / "o")]) == 0
+    assert main(["oracle", *common, *grid, "--floor-run", str(tmp_path / "a"),
+                 "--out", str(tmp_path / "f")]) == 0
+    for name in ("requests.parquet", "iterations.parquet", "summary.json", "config.json",
+                 "oracle_search.csv"):
+        assert (tmp_path / "o" / name).read_bytes() == (tmp_path / "f" / name).read_bytes(), name
+    # Another experiment's run (a seed the Oracle does not run) is refused, naming the flag.
+    assert main(["simulate", "--policy", "accelgen", *common[:-1], "1", "--no-progress",
+                 "--out", str(tmp_path / "s1")]) == 0
+    capsys.readouterr()
+    assert main(["oracle", *common, *grid, "--floor-run", str(tmp_path / "s1"),
+                 "--out", str(tmp_path / "x")]) != 0
+    assert f"--floor-run {tmp_path / 's1'}: its experiment" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()

@@ -69,3 +69,30 @@ def test_scaled_paper_overlay_is_the_paper_grid_with_fewer_requests() -> None:
     assert len(scaled.traces()) == len(paper.traces()) and len(scaled.figures) == len(paper.figures)
     assert all(run_job(scaled, r.variant, r.system)[1] <= 200 for r in scaled.runs())
     assert estimated_seconds(files) < estimated_seconds(paper_cfg) / 2
+
+
+def test_one_simulation_under_two_names_runs_once_and_the_oracle_reads_its_floor() -> None:
+    """The quick grid's tuned Sarathi-Serve budget equals a ladder budget at some rates: the two
+    names share one results directory (one job); an Oracle search reads AccelGen's own run of
+    its trace as its floor, and is priced without that point."""
+    from accelgen.pipeline.grid import Run
+
+    grid = Grid(load(load_yaml(ROOT / "config" / "quick.yaml")))
+    runs = grid.runs()
+    commands = [(tuple(grid.system_args(r.system, r.variant, r.deployment)), r.variant,
+                 r.deployment, r.seed) for r in runs]
+    assert len(set(commands)) == len(commands)
+    shared = {a: b for a, b in grid.same_as.items() if a != b}
+    assert shared and all(b in runs and a not in runs for a, b in shared.items())
+    dirs = {r["system"]: r["dir"] for fig in grid.figures.values() for r in fig.runs
+            if Run(r["variant"], r["deployment"], r["system"], r["seed"]) in shared}
+    assert dirs and all(f"/{s}/" not in d for s, d in dirs.items())
+    oracle = next(r for r in runs if grid.systems[r.system].search is not None)
+    floor = grid.floor_run(oracle)
+    assert floor is not None and grid.systems[floor.system].policy == "accelgen"
+    assert (floor.variant, floor.deployment, floor.seed) == \
+        (oracle.variant, oracle.deployment, oracle.seed)
+    assert grid.floor_args(oracle) == ["--floor-run", grid.run_dir(floor)]
+    with_floor = run_job(grid, oracle.variant, oracle.system, oracle.deployment, oracle.seed)
+    assert with_floor[2] == run_job(grid, oracle.variant, oracle.system)[2] - 1
+    assert grid.floor_run(floor) is None

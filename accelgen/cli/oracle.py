@@ -19,6 +19,10 @@ def _configure(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
     ap.add_argument("--param", action="append", metavar="KEY=VALUE", help="fixed oracle parameter")
     ap.add_argument("--metric", default="goodput_rps", help="summary metric to maximise")
     ap.add_argument("--processes", type=int, default=1, help="schedules simulated in parallel")
+    ap.add_argument("--floor-run", type=Path, metavar="DIR",
+                    help="results directory of AccelGen's own run of this trace (accelgen "
+                         "simulate --policy accelgen, same config and seed): read as the "
+                         "floor's results instead of simulating it again")
     ap.add_argument("--no-progress", action="store_true")
     ap.set_defaults(func=run)
     return ap
@@ -45,7 +49,7 @@ def run(a: argparse.Namespace) -> int:
     grid = json.loads(a.grid) if a.grid else None
     res = search_to_dir(load_trace(a.trace), cfg, a.out, grid, metric=a.metric,
                         processes=a.processes, trace_path=str(a.trace),
-                        progress=not a.no_progress)
+                        progress=not a.no_progress, floor_run=a.floor_run)
     print("\n".join(closing_lines(res, a.out)))
     return 0
 

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from accelgen.policies.accelgen import AccelGenParams
 from accelgen.policies.accelgen.oracle import OracleParams
-from accelgen.results import RunOutput, outcome_counts
+from accelgen.results import RunOutput, StoredRun, dumps, outcome_counts
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -55,7 +55,7 @@ class SearchResult:
     """CLAIRVOYANT search outcome: the best schedule, its run, and every schedule's summary."""
 
     best_params: dict[str, Any]  # the winning grid point (the floor: AccelGen's parameters)
-    best: RunOutput
+    best: RunOutput | StoredRun  # (StoredRun: the floor, reused from AccelGen's own run)
     table: pd.DataFrame  # one row per schedule: policy, params, summary metrics, best
     metric: str
     floor_won: bool  # no clairvoyant point beat AccelGen's own schedule
@@ -88,6 +88,34 @@ def floor_params(cfg: ExperimentConfig) -> dict[str, Any]:
     return {k: v for k, v in base_params(cfg).items() if k in AccelGenParams.model_fields}
 
 
+def floor_config(cfg: ExperimentConfig) -> ExperimentConfig:
+    """The experiment of the floor's simulation: ``cfg`` with AccelGen's own policy."""
+    from accelgen.core.specs import PolicySpec
+
+    return cfg.model_copy(update={"policy": PolicySpec(name=FLOOR_POLICY,
+                                                       params=floor_params(cfg))})
+
+
+def read_floor(run_dir: Path | str, cfg: ExperimentConfig,
+               trace_path: str | None = None) -> StoredRun:
+    """AccelGen's own run of the same trace and experiment (``accelgen simulate --policy
+    accelgen`` with the floor's parameters), read back to stand for the floor's simulation: a
+    deterministic simulator gives the floor the same results. Raises ValueError when the
+    directory holds another experiment or, with ``trace_path``, another trace."""
+    import json
+
+    run = StoredRun.read(run_dir)
+    want = json.loads(dumps(floor_config(cfg).model_dump(mode="json")))
+    if run.config.get("experiment") != want:
+        raise ValueError(f"--floor-run {run_dir}: its experiment (config.json) is not the "
+                         f"floor's (policy {FLOOR_POLICY} with {floor_params(cfg)}, the "
+                         "Oracle's deployment, simulator options and seed)")
+    if trace_path is not None and run.config.get("trace") != trace_path:
+        raise ValueError(f"--floor-run {run_dir}: a run of trace {run.config.get('trace')!r}, "
+                         f"not {trace_path!r}")
+    return run
+
+
 def _run(args: tuple[pd.DataFrame, ExperimentConfig, str, dict[str, Any]]) -> RunOutput:
     from accelgen.core.specs import PolicySpec
     from accelgen.sim.runner import simulate
@@ -99,19 +127,23 @@ def _run(args: tuple[pd.DataFrame, ExperimentConfig, str, dict[str, Any]]) -> Ru
 
 def search(trace: pd.DataFrame, cfg: ExperimentConfig,
            grid: Mapping[str, Sequence[Any]] | None = None, *, metric: str = "goodput_rps",
-           processes: int = 1, progress: bool = False) -> SearchResult:
+           processes: int = 1, progress: bool = False,
+           floor_run: StoredRun | None = None) -> SearchResult:
     """CLAIRVOYANT: simulate the Oracle at every grid point on ``trace`` (so the choice knows every
     arrival), and AccelGen's own schedule (the floor), and keep the best ``metric`` (ties: higher
     request-level SLO attainment, then the earlier schedule, the floor last). ``cfg`` gives the
     deployment and simulator options; policy params in ``cfg`` (if it names the oracle) are the
-    base the grid overrides. ``progress``: a bar over the schedules."""
+    base the grid overrides. ``progress``: a bar over the schedules. ``floor_run``: AccelGen's
+    own run of ``trace`` (``read_floor``), which stands for the floor instead of simulating it
+    again."""
     import pandas as pd
 
     points = grid_points(DEFAULT_GRID if grid is None else grid)
     base, floor = base_params(cfg), floor_params(cfg)
     jobs = [(trace, cfg, "oracle", {**base, **pt}) for pt in points]
     jobs.append((trace, cfg, FLOOR_POLICY, floor))
-    bar = _progress(len(jobs)) if progress else None
+    to_run = jobs if floor_run is None else jobs[:-1]
+    bar = _progress(len(to_run)) if progress else None
     # Only the best run so far is kept (with its tables: ~1 GB on the paper trace), the others'
     # summaries: a search holding all 13 runs would need 13 times one run's memory.
     summaries: list[dict[str, Any]] = []
@@ -119,20 +151,28 @@ def search(trace: pd.DataFrame, cfg: ExperimentConfig,
 
     def score(i: int) -> tuple[float, float, int]:
         s = summaries[i]
-        m, att = s.get(metric, math.nan), s.get("slo_attainment_request", math.nan)
-        return (m if m == m else -math.inf, att if att == att else -math.inf, -i)
+        m, att = s.get(metric), s.get("slo_attainment_request")
+        # (a summary read back from JSON has None where the run's had NaN)
+        return (m if m is not None and m == m else -math.inf,
+                att if att is not None and att == att else -math.inf, -i)
 
-    with (ProcessPoolExecutor(min(processes, len(jobs))) if processes > 1
+    def keep(run: RunOutput | StoredRun) -> None:
+        nonlocal best, best_run
+        summaries.append(run.summary)
+        if best < 0 or score(len(summaries) - 1) > score(best):
+            best, best_run = len(summaries) - 1, run
+
+    with (ProcessPoolExecutor(min(processes, len(to_run))) if processes > 1
           else contextlib.nullcontext()) as ex:
-        for run in (ex.map(_run, jobs) if ex is not None else map(_run, jobs)):
-            summaries.append(run.summary)
-            if best < 0 or score(len(summaries) - 1) > score(best):
-                best, best_run = len(summaries) - 1, run
+        for run in (ex.map(_run, to_run) if ex is not None else map(_run, to_run)):
+            keep(run)
             del run  # (not held while the next one runs)
             if bar is not None:
                 bar.update()
     if bar is not None:
         bar.close()
+    if floor_run is not None:
+        keep(floor_run)
     # The floor's row shows AccelGen's own value of each grid parameter it has.
     accel = AccelGenParams(**floor)
     floor_row = {k: getattr(accel, k) for k in points[0] if k in AccelGenParams.model_fields}
@@ -154,10 +194,15 @@ def search(trace: pd.DataFrame, cfg: ExperimentConfig,
 def search_to_dir(trace: pd.DataFrame, cfg: ExperimentConfig, out: Path | str,
                   grid: Mapping[str, Sequence[Any]] | None = None, *,
                   metric: str = "goodput_rps", processes: int = 1,
-                  trace_path: str | None = None, progress: bool = False) -> SearchResult:
+                  trace_path: str | None = None, progress: bool = False,
+                  floor_run: Path | str | None = None) -> SearchResult:
     """Run ``search`` and write the best run like ``accelgen simulate`` does, plus
-    ``oracle_search.csv`` (every schedule tried) in the same directory."""
-    res = search(trace, cfg, grid, metric=metric, processes=processes, progress=progress)
+    ``oracle_search.csv`` (every schedule tried) in the same directory. ``floor_run``: the
+    results directory of AccelGen's own run of the trace (``read_floor``; the same results as
+    simulating the floor)."""
+    floor = None if floor_run is None else read_floor(floor_run, cfg, trace_path)
+    res = search(trace, cfg, grid, metric=metric, processes=processes, progress=progress,
+                 floor_run=floor)
     run = res.best
     run.summary["policy"] = "oracle"
     run.summary["clairvoyant"] = True

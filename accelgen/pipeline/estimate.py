@@ -61,22 +61,23 @@ def measured_times(bench_dir: Path | str) -> pd.DataFrame:
 def estimated_seconds(config: ConfigFiles) -> float:
     """The estimate's total (CPU seconds of every simulation), as ``estimate_measured`` prices
     them: to compare with a finished run's measured times (scripts/paper_scaled.sh)."""
-    from accelgen.pipeline.resources import run_job, sim_seconds
+    from accelgen.pipeline.resources import job_seconds
 
     target, _ = load_grid(config)
-    return sum(sim_seconds(*run_job(target, r.variant, r.system)) for r in target.runs())
+    return sum(job_seconds(target, r) for r in target.runs())
 
 
 def estimate_measured(config: ConfigFiles, cores: int = 2) -> str:
     """The estimate from the per-job costs measured on full-size runs
     (``accelgen.pipeline.resources``): each simulation's policy, request count and search
-    points priced by ``sim_seconds``."""
+    points priced by ``job_seconds``."""
     from accelgen.pipeline.resources import (
+        CAPACITY_MEASURED_ON,
         MEASURED,
         MEASURED_ON,
         base_policy,
+        job_seconds,
         run_job,
-        sim_seconds,
     )
 
     target, names = load_grid(config)
@@ -90,8 +91,8 @@ def estimate_measured(config: ConfigFiles, cores: int = 2) -> str:
     per_exp: dict[str, float] = defaultdict(float)
     per_policy: dict[str, float] = defaultdict(float)
     for run in runs:
-        policy, n, points = run_job(target, run.variant, run.system)
-        t = sim_seconds(policy, n, points)
+        policy = run_job(target, run.variant, run.system)[0]
+        t = job_seconds(target, run)
         total += t
         per_exp[exp_of_run.get((run.variant, run.deployment, run.system, run.seed), "?")] += t
         per_policy[policy] += t
@@ -101,7 +102,9 @@ def estimate_measured(config: ConfigFiles, cores: int = 2) -> str:
              f"{len(target.figures)} figures",
              f"estimated simulation time: {total / 3600:.1f} CPU-hours "
              f"(~{total / 3600 / cores:.1f} h on {cores} cores), per-job times measured on "
-             f"full-size runs ({MEASURED_ON}; accelgen/pipeline/resources.py), scaled by requests"]
+             f"full-size runs ({MEASURED_ON}; accelgen/pipeline/resources.py), scaled by requests; "
+             f"the capacity sweep's jobs from jobs measured per policy and load factor "
+             f"({CAPACITY_MEASURED_ON})"]
     if unmeasured:
         lines.append(f"  not measured, priced as the slowest measured policy: {', '.join(unmeasured)}")
     lines.append("by figure (experiment):")

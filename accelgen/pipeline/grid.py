@@ -122,6 +122,15 @@ class Grid:
         # A system of figure 18 charged with per-step noise -> its level (the others: none).
         self.noise_level: dict[str, float] = {}
         self.figures: dict[str, Figure] = {}
+        # A run -> the run whose results directory it reads (itself, or the same simulation
+        # under another system name: ``_share_identical``).
+        self.same_as: dict[Run, Run] = {}
+        self._by_command: dict[tuple[Any, ...], Run] = {}
+        # A run of the capacity sweep -> its load factor (its rate over the capacity estimate).
+        self.load_factor: dict[Run, float] = {}
+        # A variant of the sensitivity sweep's rates -> (its workload, its rate): the runtime
+        # estimate prices it by its load (``accelgen.pipeline.resources.job_seconds``).
+        self.rate_sweep: dict[str, tuple[str, float]] = {}
         try:
             self._build()
             self.check_workloads()
@@ -390,6 +399,7 @@ class Grid:
                 v = self._rate_variant(se.workload, rate)
                 refs_rate += self._grid_refs(v, se.deployments, se.systems, cfg.seeds_of(se),
                                              sweep="rate", x=rate)
+                self.rate_sweep[v] = (se.workload, rate)
             figs["fig11"] = (refs_long + refs_rate, [], {})
             figs["extra_capacity"] = (refs_rate, [], {"target": 0.9})
 
@@ -433,11 +443,38 @@ class Grid:
                              **dep.model_dump(mode="json")})
         figs["extra_pivots"] = ([], [], {"deployments": dep_rows})
 
+        self._share_identical(figs)
         for key, fid, group, title, exp in FIGURES:
             if key in figs:
                 runs, traces, opts = figs[key]
                 self.figures[key] = Figure(key, fid, group, title, exp, tuple(runs),
                                            tuple(traces), opts)
+
+    def _share_identical(self, figs: dict[str, Any]) -> None:
+        """Runs that are one simulation under two system names (the same command on the same
+        trace, e.g. a tuned budget equal to one of the envelope's ladder) run once: every ref's
+        ``dir`` is the results directory of the first name in sorted order (``same_as``)."""
+        first: dict[tuple[Any, ...], Run] = {}
+        key_of: dict[Run, tuple[Any, ...]] = {}
+        for refs, _, _ in figs.values():
+            for r in refs:
+                run = Run(r["variant"], r["deployment"], r["system"], r["seed"])
+                key = (tuple(self.system_args(run.system, run.variant, run.deployment)),
+                       run.variant, run.deployment, run.seed)
+                if key not in first or run < first[key]:
+                    first[key] = run
+                key_of[run] = key
+        self.same_as = {run: first[key] for run, key in key_of.items()}
+        self._by_command = first
+        for refs, _, _ in figs.values():
+            for r in refs:
+                if "load_factor" in r:
+                    self.load_factor[self.same_as[Run(r["variant"], r["deployment"], r["system"],
+                                                      r["seed"])]] = float(r["load_factor"])
+        for fig, (refs, traces, opts) in figs.items():
+            figs[fig] = ([{**r, "dir": self.run_dir(self.same_as[
+                Run(r["variant"], r["deployment"], r["system"], r["seed"])])} for r in refs],
+                traces, opts)
 
     def capacity_bound(self, variant: str, deployment: str, seed: int) -> Any:
         """The capacity estimate of a deployment on a workload variant's trace
@@ -575,10 +612,11 @@ class Grid:
             raise PipelineConfigError("\n  ".join(problems))
 
     def runs(self) -> list[Run]:
+        """Every simulation the figures read, once (a run under two names: its ``same_as``)."""
         out = set()
         for fig in self.figures.values():
             for r in fig.runs:
-                out.add(Run(r["variant"], r["deployment"], r["system"], r["seed"]))
+                out.add(self.same_as[Run(r["variant"], r["deployment"], r["system"], r["seed"])])
         return sorted(out)
 
     def trace_jobs(self) -> list[tuple[str, str, int]]:
@@ -809,6 +847,29 @@ class Grid:
         for k, v in sorted(params.items()):
             args += ["--param", f"{k}={json.dumps(v, sort_keys=True)}"]
         return args
+
+    def floor_run(self, run: Run) -> Run | None:
+        """The run of the grid that is the floor of ``run``'s Oracle search (AccelGen's own
+        schedule with the Oracle's base parameters that AccelGen has, on the same trace,
+        deployment and seed), read by the search instead of simulating it again
+        (``accelgen oracle --floor-run``); None for a run that is no search or has none."""
+        spec = self.systems[run.system]
+        if spec.search is None or spec.policy != "oracle" or run.system in self.noise_level:
+            return None
+        from accelgen.experiments.oracle_search import FLOOR_POLICY
+        from accelgen.policies.accelgen import AccelGenParams
+
+        params = self.run_params(run.system, run.variant, run.deployment)
+        args = ["-m", "accelgen.cli", "simulate", "--no-progress", "--policy", FLOOR_POLICY]
+        for k, v in sorted(params.items()):
+            if k in AccelGenParams.model_fields:
+                args += ["--param", f"{k}={json.dumps(v, sort_keys=True)}"]
+        return self._by_command.get((tuple(args), run.variant, run.deployment, run.seed))
+
+    def floor_args(self, run: Run) -> list[str]:
+        """``--floor-run DIR`` of an Oracle search whose floor the grid runs anyway, else []."""
+        floor = self.floor_run(run)
+        return [] if floor is None else ["--floor-run", self.run_dir(floor)]
 
     def system_args(self, system: str, variant: str | None = None,
                     deployment: str | None = None) -> list[str]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from accelgen.pipeline.grid import Grid
+    from accelgen.pipeline.grid import Grid, Run
 
 REFERENCE_REQUESTS = 20_000
 MEASURED_ON = ("scripts/bench_sim.py --traces paper bursty, every policy in one session, "
@@ -75,6 +75,97 @@ MEASURED: dict[str, JobCost] = {
 SCENARIO_REQUESTS = 100  # a fixed scenario (figure 6's ERA case and the like) is this small
 
 
+# The capacity sweep's jobs (workload ``capacity``, 1,000 requests at a load factor of the
+# deployment's capacity estimate, figures 13-16 and 18) cost what the paper trace does not say:
+# below capacity a request is served nearly alone, about 830 iterations each (the paper trace,
+# overloaded: about 200), and the policy's cost per iteration differs with the batch. Measured
+# on this build, per policy at several load factors, each job as the pipeline runs it (the
+# Oracle's search with its floor read from AccelGen's run), CPU seconds:
+CAPACITY_MEASURED_ON = ("scripts/measure_jobs.py config/paper.yaml --only capacity --per-policy "
+                        "--sample 4 (36 jobs) and --sample 22 (22 jobs; its Oracle jobs, run "
+                        "before the floor was read, left out), 2026-11-28, 2-core development "
+                        "VM, build 639013c (load 2-3.7)")
+CAPACITY_REQUESTS = 1000
+# The fixed part of a job (a 1-request trace: interpreter, imports, the AccelGen kernels' load,
+# results written), measured the same way: not scaled by requests.
+FIXED_S = {"accelgen": 2.0, "other": 1.0}
+# policy -> ((load factor, CPU seconds of one job), ...), load factors ascending.
+# (Several jobs at one load factor: their mean. Measured over 1,000 requests.)
+CAPACITY_MEASURED: dict[str, tuple[tuple[float, float], ...]] = {
+    "accelgen": ((0.00390625, 14.84), (0.015625, 16.37), (0.0625, 16.95), (0.125, 12.8),
+                (0.25, 12.45), (0.5, 7.45), (2.0, 7.2)),
+    "edf": ((0.00390625, 10.0), (0.0078125, 10.38), (0.03125, 9.96), (0.0625, 10.74), (2.0, 4.2)),
+    "fastgen": ((0.00390625, 5.6), (0.0625, 7.08), (1.0, 2.5), (2.0, 2.97)),
+    "fastserve": ((0.00390625, 11.34), (0.0078125, 11.38), (0.03125, 13.25), (0.0625, 12.27),
+                 (2.0, 5.65)),
+    "oracle": ((0.00390625, 23.52), (0.0078125, 24.16), (0.0625, 24.22), (2.0, 10.5)),
+    "orca": ((0.00390625, 7.36), (0.0078125, 5.45), (0.0625, 4.69), (2.0, 2.11)),
+    "sarathi": ((0.00390625, 5.09), (0.015625, 5.88), (0.0625, 5.81), (0.125, 4.9), (0.25, 3.33),
+               (2.0, 2.36)),
+    "vllm": ((0.00390625, 5.42), (0.03125, 6.21), (0.25, 2.89), (0.5, 2.64), (1.0, 3.71),
+            (2.0, 2.27)),
+    "vllm-priority": ((0.00390625, 8.25), (0.125, 6.64), (0.5, 3.63), (1.0, 4.53)),
+}
+# The Oracle's jobs above ran this many simulations (its 2-point search, the floor read).
+CAPACITY_ORACLE_POINTS = 2
+
+
+def fixed_seconds(policy: str) -> float:
+    """The measured fixed part of one job of ``policy`` (AccelGen and its variants load their
+    compiled kernels)."""
+    return FIXED_S["accelgen" if base_policy(policy) in ("accelgen", "accelgen-closed", "oracle")
+                   else "other"]
+
+
+def capacity_seconds(policy: str, num_requests: int, load_factor: float,
+                     search_points: int = 1) -> float | None:
+    """CPU seconds of one capacity-sweep job of ``policy`` at ``load_factor`` (None when the
+    policy was not measured there): the measured jobs interpolated in log(load factor), held at
+    the ends, net of the fixed part scaled by requests (and by search points for the Oracle)."""
+    pts = CAPACITY_MEASURED.get(policy) or CAPACITY_MEASURED.get(base_policy(policy))
+    if not pts:
+        return None
+    fixed = fixed_seconds(policy)
+    x = math.log2(max(load_factor, 1e-12))
+    xs = [math.log2(lf) for lf, _ in pts]
+    ts = [max(t - fixed, 0.0) for _, t in pts]
+    if x <= xs[0]:
+        var = ts[0]
+    elif x >= xs[-1]:
+        var = ts[-1]
+    else:
+        i = next(k for k in range(1, len(xs)) if x <= xs[k])
+        w = (x - xs[i - 1]) / (xs[i] - xs[i - 1]) if xs[i] > xs[i - 1] else 1.0
+        var = ts[i - 1] + w * (ts[i] - ts[i - 1])
+    if base_policy(policy) == "oracle":
+        var *= search_points / CAPACITY_ORACLE_POINTS
+    return fixed + var * num_requests / CAPACITY_REQUESTS
+
+
+def job_seconds(grid: Grid, run: Run) -> float:
+    """CPU seconds of one simulation job of ``grid``: a capacity-sweep job from the jobs measured
+    at its load factor (``capacity_seconds``), any other from the full-size runs
+    (``sim_seconds``)."""
+    policy, n, points = run_job(grid, run.variant, run.system, run.deployment, run.seed)
+    lf = grid.load_factor.get(grid.same_as.get(run, run))
+    if lf is None and run.variant in grid.rate_sweep:
+        # The sensitivity sweep's rates, at or below the highest load factor measured above
+        # (its 20K-request jobs at 0.1 req/s run at ~1.2x OPT-13B's estimate, not overloaded).
+        workload, rate = grid.rate_sweep[run.variant]
+        try:
+            est = grid.capacity_bound(workload, run.deployment, run.seed).estimate_rps
+        except (ValueError, OSError, KeyError):  # a workload it cannot size: priced as below
+            est = math.nan
+        if est > 0 and rate / est <= max(lf for pts in CAPACITY_MEASURED.values()
+                                         for lf, _ in pts):
+            lf = rate / est
+    if lf is not None:
+        t = capacity_seconds(policy, n, lf, points)
+        if t is not None:
+            return t
+    return sim_seconds(policy, n, points)
+
+
 def base_policy(policy: str) -> str:
     """The built-in policy a named variant runs (``accelgen/order``: ``accelgen``)."""
     from accelgen.policies.registry import VARIANTS
@@ -111,21 +202,35 @@ def sim_runtime_min(policy: str, num_requests: int, search_points: int = 1) -> i
     return max(10, math.ceil(3.0 * sim_seconds(policy, num_requests, search_points) / 60))
 
 
-def run_job(grid: Grid, variant: str, system: str) -> tuple[str, int, int]:
+def run_job(grid: Grid, variant: str, system: str, deployment: str | None = None,
+            seed: int | None = None) -> tuple[str, int, int]:
     """(policy, requests, simulations) of one job of ``grid``: its system's policy, its
     workload variant's request count, and how many simulations it runs (an Oracle search: its
-    grid's points plus AccelGen's own schedule, the floor)."""
+    grid's points plus AccelGen's own schedule, the floor, unless the grid runs that one anyway
+    on the same trace: ``Grid.floor_run``, known with ``deployment`` and ``seed``)."""
     from accelgen.experiments.oracle_search import DEFAULT_GRID, grid_points
-    from accelgen.pipeline.grid import SCENARIO_PREFIX
+    from accelgen.pipeline.grid import SCENARIO_PREFIX, Run
 
     spec = grid.systems[system]
     n = (SCENARIO_REQUESTS if variant.startswith(SCENARIO_PREFIX)
          else int(grid.variants[variant].get("num_requests") or SCENARIO_REQUESTS))
-    points = 1 if spec.search is None else len(grid_points(spec.search or DEFAULT_GRID)) + 1
+    points = 1
+    if spec.search is not None:
+        reused = (deployment is not None and seed is not None
+                  and grid.floor_run(Run(variant, deployment, system, seed)) is not None)
+        points = len(grid_points(spec.search or DEFAULT_GRID)) + (0 if reused else 1)
     return spec.policy, n, points
 
 
-def job_resources(grid: Grid, variant: str, system: str) -> dict[str, int]:
-    """SLURM resources of one simulation job: ``mem_mb`` and ``runtime`` (minutes)."""
-    policy, n, points = run_job(grid, variant, system)
-    return {"mem_mb": sim_mem_mb(policy, n), "runtime": sim_runtime_min(policy, n, points)}
+def job_resources(grid: Grid, variant: str, system: str, deployment: str | None = None,
+                  seed: int | None = None) -> dict[str, int]:
+    """SLURM resources of one simulation job: ``mem_mb`` and ``runtime`` (minutes; with
+    ``deployment`` and ``seed``: three times ``job_seconds``, at least 10)."""
+    policy, n, points = run_job(grid, variant, system, deployment, seed)
+    runtime = sim_runtime_min(policy, n, points)
+    if deployment is not None and seed is not None:
+        from accelgen.pipeline.grid import Run
+
+        secs = job_seconds(grid, Run(variant, deployment, system, seed))
+        runtime = max(10, math.ceil(3.0 * secs / 60))
+    return {"mem_mb": sim_mem_mb(policy, n), "runtime": runtime}
