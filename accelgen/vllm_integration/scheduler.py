@@ -601,7 +601,8 @@ class InstrumentedScheduler(AsyncScheduler):
 
     # -- results -------------------------------------------------------------------------------
     def all_requests(self) -> list[Request]:
-        """Every request seen (finished, rejected, or still in flight), by req_id."""
+        """Every request seen (finished, rejected, or still in flight), by req_id; with
+        ``log_dir`` and without ``keep_logged_records``, those its log has not written yet."""
         return sorted([*self.done, *self.tracked.values()], key=lambda r: r.req_id)
 
     def requests_frame(self, requests: Iterable[Request] | None = None) -> pd.DataFrame:
