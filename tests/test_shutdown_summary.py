@@ -37,6 +37,12 @@ def _serve(cls: type, logs: Path, *, finish: bool) -> InstrumentedScheduler:
         s.add_request(make_request(f"r{i}", prompt, out, extra_args={"req_id": i}))
     for _ in range(6):
         step(s)
+    # A write while serving: the scheduler forgets what it wrote, counting it for the summary.
+    ended, steps = len(s.done), len(s.log)
+    assert ended and steps and s.log_sink is not None and s.log_sink.flush()
+    assert not s.done and not len(s.log) and not s._timing and not s.max_tokens.keys() - {2}
+    assert (s.forgotten.requests, s.forgotten.iterations) == (ended, steps)
+    assert s.num_iterations == steps
     s.finish_requests("r2", RequestStatus.FINISHED_ABORTED)  # the client went away
     s.add_request(make_request("r3", 20, 4, extra_args={"req_id": 3}))
     if finish:

@@ -579,7 +579,7 @@ def test_logs_while_serving_hold_in_flight_and_aborted_requests(tmp_path) -> Non
     """The log directory is current while the engine serves: what an engine-core crash would
     leave behind. Requests in flight and requests vLLM aborted are unfinished, with why."""
     from accelgen.vllm_integration.adapter_config import AUTO_REQ_ID_BASE
-    from accelgen.vllm_integration.logsink import read_log
+    from accelgen.vllm_integration.logsink import has_log, read_log
     from accelgen.vllm_integration.scheduler import ABORTED_REASON, IN_FLIGHT_REASON
 
     logs = tmp_path / "logs"
@@ -593,7 +593,7 @@ def test_logs_while_serving_hold_in_flight_and_aborted_requests(tmp_path) -> Non
     # Within the flush interval (plus the writer's 1 s minimum gap) the files hold the state.
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        reqs = read_log(logs / "requests.parquet") if (logs / "requests.parquet").exists() \
+        reqs = read_log(logs / "requests.parquet") if has_log(logs / "requests.parquet") \
             else None
         if reqs is not None and (reqs["status"] == "finished").sum() == 2:
             break

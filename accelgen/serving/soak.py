@@ -69,7 +69,7 @@ from accelgen.core.specs import StrictModel
 from accelgen.serving.arrivals import request_times
 from accelgen.serving.bench import Outcome, StreamParser, first_model
 from accelgen.vllm_integration.adapter_config import AUTO_REQ_ID_BASE
-from accelgen.vllm_integration.logsink import ABORTED_REASON, read_log
+from accelgen.vllm_integration.logsink import ABORTED_REASON, has_log, read_log
 from accelgen.vllm_integration.sample_trace import mixed_slo_trace
 from accelgen.vllm_integration.shutdown_summary import read_summary
 from accelgen.vllm_integration.slo_http import is_shutdown_refusal
@@ -517,7 +517,7 @@ def evaluate(raw: dict[str, Any], log_dir: Path | str, cfg: SoakConfig, *,
                                              for g in main_roles.values()),
         "limit": cfg.rss_growth_limit, "by_process": growth}
 
-    requests = read_log(log_dir / "requests.parquet") if (log_dir / "requests.parquet").exists() \
+    requests = read_log(log_dir / "requests.parquet") if has_log(log_dir / "requests.parquet") \
         else pd.DataFrame(columns=["req_id", "status", "reject_reason"])
     logged = {int(r): log_outcome(str(st), str(why or "")) for r, st, why in zip(
         requests["req_id"], requests["status"], requests["reject_reason"], strict=True)}

@@ -88,6 +88,10 @@ class AdapterConfig(StrictModel):
     # engine has none left in flight, and at shutdown (``logsink``).
     log_dir: Path | None = None
     log_flush_interval_s: PositiveFloat = 10.0
+    # With log_dir: keep in memory the records the log has written (a replay builds its results
+    # from them). False (a server): the scheduler forgets them once written, keeping counts, so
+    # its memory follows the flush interval, not the run's length.
+    keep_logged_records: bool = False
     # Seconds the engine keeps serving the requests it holds after SIGTERM; those still there
     # then end unfinished (``SHUTDOWN_REASON``), so the engine core stops, with its logs written,
     # within vLLM's --shutdown-timeout (after which vLLM kills it). None: ``shutdown_grace``.

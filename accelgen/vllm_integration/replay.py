@@ -205,7 +205,9 @@ def build_engine(cfg: ReplayConfig, work_dir: Path | None = None) -> Any:
         disable_log_stats=True,
         scheduler_cls=SCHEDULER_CLS if cfg.system == "accelgen" else STOCK_SCHEDULER_CLS,
         scheduling_policy=cfg.scheduling_policy,
-        additional_config={"accelgen": cfg.adapter.model_dump(mode="json")},
+        # (The results are built from the scheduler's records: it keeps what its log wrote.)
+        additional_config={"accelgen": cfg.adapter.model_copy(
+            update={"keep_logged_records": True}).model_dump(mode="json")},
     )
     if spec.async_scheduling is not None:
         args["async_scheduling"] = spec.async_scheduling

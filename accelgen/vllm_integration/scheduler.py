@@ -42,7 +42,7 @@ import operator
 import signal
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
@@ -158,6 +158,18 @@ class _Step:
     predicted: float = 0.0
 
 
+@dataclass(slots=True)
+class ForgottenRecords:
+    """Counts of what a scheduler forgot once its log had written it: ``statuses`` and
+    ``reasons`` as ``shutdown_summary`` counts them (the status the log writes; why unfinished)."""
+
+    requests: int = 0
+    statuses: Counter[str] = field(default_factory=Counter)
+    reasons: Counter[str] = field(default_factory=Counter)
+    iterations: int = 0
+    refused: int = 0  # entries of ``invalid``
+
+
 class InstrumentedScheduler(AsyncScheduler):
     """Stock vLLM V1 scheduling plus the recording of the accelgen replay: per-request mirrors
     with token timestamps, per-iteration composition and scheduler wall time, per-request SLOs
@@ -211,6 +223,8 @@ class InstrumentedScheduler(AsyncScheduler):
         self._kv_blocks = scheduler_blocks_of(self)
         self.log_lock = threading.RLock()
         self._logged = (0, 0)  # (ended requests, iterations) handed to the log sink
+        # What a server's scheduler forgot once its log wrote it (``keep_logged_records``).
+        self.forgotten = ForgottenRecords()
         self._log_dirty = True  # (the first flush writes the files even if nothing was served)
         # Its writer thread starts with the first request (a scheduler whose construction fails
         # leaves no thread behind).
@@ -263,6 +277,7 @@ class InstrumentedScheduler(AsyncScheduler):
         if origin is not None:
             self.time_origin = origin
         self._logged = (0, 0)
+        self.forgotten = ForgottenRecords()
         self._log_dirty = True
         if self.log_sink is not None:
             self.log_sink.reset()
@@ -586,7 +601,8 @@ class InstrumentedScheduler(AsyncScheduler):
 
     # -- results -------------------------------------------------------------------------------
     def all_requests(self) -> list[Request]:
-        """Every request seen (finished, rejected, or still in flight), by req_id."""
+        """Every request seen (finished, rejected, or still in flight), by req_id; with
+        ``log_dir`` and without ``keep_logged_records``, those its log has not written yet."""
         return sorted([*self.done, *self.tracked.values()], key=lambda r: r.req_id)
 
     def requests_frame(self, requests: Iterable[Request] | None = None) -> pd.DataFrame:
@@ -630,18 +646,51 @@ class InstrumentedScheduler(AsyncScheduler):
             "policy_time": t[:, 0], "vllm_schedule_time": t[:, 1], "exec_time": t[:, 2],
             "step_time": t[:, 3]})
 
+    @property
+    def num_iterations(self) -> int:
+        """Iterations logged since the start (or ``reset_records``), forgotten ones too."""
+        return self.forgotten.iterations + len(self.log)
+
     def log_delta(self) -> LogDelta | None:
-        """Records since the previous call, for ``LogSink`` (which holds ``log_lock``)."""
+        """Records since the previous call, for ``LogSink`` (which holds ``log_lock``). Unless
+        ``keep_logged_records``, the scheduler then forgets them (``_forget``)."""
         if not self._log_dirty:
             return None
         self._log_dirty = False
         n_done, n_its = self._logged
         self._logged = (len(self.done), len(self.log))
-        return LogDelta(ended_requests=self.requests_frame(self.done[n_done:]),
-                        in_flight=self.requests_frame(
-                            sorted(self.tracked.values(), key=lambda r: r.req_id)),
-                        iterations=self.iterations_frame(n_its),
-                        timing=self.timing_frame(n_its))
+        delta = LogDelta(ended_requests=self.requests_frame(self.done[n_done:]),
+                         in_flight=self.requests_frame(
+                             sorted(self.tracked.values(), key=lambda r: r.req_id)),
+                         iterations=self.iterations_frame(n_its),
+                         timing=self.timing_frame(n_its))
+        if not self.accelgen_config.keep_logged_records:
+            self._forget()
+        return delta
+
+    def _forget(self) -> None:
+        """Drop the records just handed to the log (every ended request, every iteration),
+        counting them in ``forgotten``: what a server keeps follows the flush interval, not the
+        run's length. (``_used_ids`` stays: a client's req_id is unique over the whole run.)"""
+        f = self.forgotten
+        unfinished = self.unfinished_reason
+        for r in self.done:
+            why = unfinished.pop(r.req_id, None)
+            if why:
+                f.statuses["unfinished"] += 1
+                f.reasons[why] += 1
+            else:
+                f.statuses[r.status.name.lower()] += 1
+            self.max_tokens.pop(r.req_id, None)
+            self.vllm_request_ids.pop(r.req_id, None)
+        f.requests += len(self.done)
+        f.refused += len(self.invalid)
+        f.iterations += len(self.log)
+        self.done.clear()
+        self.invalid.clear()
+        self.log = IterationLog()
+        self._timing.clear()
+        self._logged = (0, 0)
 
     def shutdown(self) -> None:
         # vLLM's EngineCore.shutdown (v1/engine/core.py) calls this after the model executor's

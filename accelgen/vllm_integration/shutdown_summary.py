@@ -14,7 +14,7 @@ file's presence also says that the logs were completed at shutdown:
   that keeps none, and for ``--system stock``);
 - ``requests_by_status``: every request the records hold, by the status the log writes
   (``finished``, ``cut``, ``rejected``, ``unfinished``), and ``unfinished_by_reason``;
-- ``iterations``, ``log_writes``, ``time`` (epoch seconds at the summary).
+- ``iterations`` (every step logged), ``log_writes``, ``time`` (epoch seconds at the summary).
 """
 
 from __future__ import annotations
@@ -38,9 +38,11 @@ def summary(scheduler: Any) -> dict[str, Any]:
         policy = getattr(scheduler, "accelgen_policy", None)
         live = policy.live_requests() if policy is not None else None
         # The statuses requests_frame writes, counted on the mirrors (no frame of every
-        # request built again at shutdown).
-        statuses: Counter[str] = Counter()
-        reasons: Counter[str] = Counter()
+        # request built again at shutdown), and on the counts of those a server's scheduler
+        # forgot once its log had written them.
+        forgotten = scheduler.forgotten
+        statuses: Counter[str] = Counter(forgotten.statuses)
+        reasons: Counter[str] = Counter(forgotten.reasons)
         unfinished = scheduler.unfinished_reason
         for r in scheduler.done:
             why = unfinished.get(r.req_id)
@@ -64,7 +66,7 @@ def summary(scheduler: Any) -> dict[str, Any]:
             "policy_live_requests": live,
             "requests_by_status": dict(sorted(statuses.items())),
             "unfinished_by_reason": dict(sorted(reasons.items())),
-            "iterations": len(scheduler.log),
+            "iterations": scheduler.num_iterations,
             "log_writes": sink.writes if sink is not None else 0,
         }
 
