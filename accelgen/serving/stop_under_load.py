@@ -2,7 +2,9 @@
 its logs complete? (``scripts/stop_under_load.py``, ``tests/test_serve_stop.py``.)
 
 ``clients`` closed-loop clients each send one streamed token-id completion after another (a
-prompt of ``prompt_len`` tokens, ``max_tokens`` tokens, ``ignore_eos``) to a server of its own;
+prompt of ``prompt_len`` tokens, ``ignore_eos``; client k of n asks for ``max_tokens`` * (1 +
+k / 2n) tokens, so that the clients' requests do not end together and SIGTERM finds streams in
+flight wherever it lands) to a server of its own;
 after ``load_s`` seconds the server gets SIGTERM and the clients go on sending until it has
 exited (at most ``stop_limit_s``; then it is killed). Each request ends, for the client, in one
 outcome: ``finished``, ``unfinished`` (the stream ended without its tokens, or the connection
@@ -89,11 +91,12 @@ async def _load(base: str, cfg: StopConfig, stop: Any, exited: Any
 
         async def client(k: int) -> None:
             i = 0
+            max_tokens = cfg.max_tokens + cfg.max_tokens * k // (2 * cfg.clients)
             while time.perf_counter() < deadline[0] and not exited():
                 i += 1
                 body = {"model": model, "prompt": prompt_token_ids(k * 10**6 + i, cfg.prompt_len,
                                                                    VOCAB_SIZE),
-                        "max_tokens": cfg.max_tokens, "ignore_eos": True, "stream": True,
+                        "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
                         "return_token_ids": True, "temperature": 0.0}
                 sent = time.perf_counter()
                 outcome, why = await _one(session, url, body)
