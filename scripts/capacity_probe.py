@@ -33,6 +33,8 @@ def main() -> int:
     ap.add_argument("--noise", type=float, default=0.0,
                     help="per-step noise level (log standard deviation, mean 1)")
     ap.add_argument("--seed", type=int, default=None, help="default: the experiment's first")
+    ap.add_argument("--out", type=Path,
+                    help="also write every run's results directory under OUT/<variant>/<system>")
     args = ap.parse_args()
 
     from accelgen import metrics
@@ -86,7 +88,10 @@ def main() -> int:
             ec = ExperimentConfig(deployment=dep,
                                   policy=PolicySpec(name=spec.policy, params=params),
                                   sim=SimOptions(progress=False, noise=noise), seed=seed)
-            a = float(simulate(trace, ec).summary["slo_attainment_request"])
+            run = simulate(trace, ec)
+            if args.out is not None:
+                run.write(args.out / v / s)
+            a = float(run.summary["slo_attainment_request"])
             att[s].append((rate, a))
             print(f"{d} seed {seed} noise {args.noise:g}: load factor {f:g} rate {rate:g} "
                   f"{s}: request-level attainment {a:.3f}", flush=True)

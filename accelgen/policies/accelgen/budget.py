@@ -210,6 +210,8 @@ def plan(cs: st.Candidates, dq: st.Dormant, step: st.Step, par: st.Params, led: 
     if math.isnan(t_max):
         return step.prev_budget
     slo = slo_min(cs, dq, par, led, t_max)
+    if par.err_sd > 0.0 and rank.borrow(cs, par, t_max):  # (the closed loop under noise)
+        slo = slo_min(cs, dq, par, led, t_max)
     b = token_budget(par, led, cost, slo)
     if b.ask == st.NO_ASK and b.tokens != step.prev_budget:
         t_new = t_max_at(par, led, cost, b.tokens)
