@@ -2,7 +2,8 @@
 and the latency of the batch formed (the exact plan: ``chunk_cap``). The linear, analytic and
 calibrated cost models are evaluated here with their own functions; for any other the decision asks
 (``Workspace.run``). Every predicted latency is scaled by ``Params.time_scale`` (the closed loop's
-correction; exactly 1 in the open loop; its margin shrinks the decodes' TBT SLOs, ``rank.columns``)."""
+correction; exactly 1 in the open loop; its margin shrinks the decodes' TBT SLOs, ``rank.columns``,
+less while a prompt's TTFT is at risk, ``rank.borrow``)."""
 
 from __future__ import annotations
 

@@ -27,13 +27,17 @@ class ClosedLoop:
     - ``correction``: an exponentially weighted mean of measured / predicted (weight ``weight`` per
       iteration; warm-started at 1, the calibration), so that drift is followed and old steps
       forgotten;
-    - ``margin``: a request meets its SLO only if every one of its tokens does (``metrics``), so an
-      iteration may overrun with probability ``(1 - target) / tokens`` at most, ``tokens`` the
-      mean output length of the last ``window`` online requests finished (before the first, the
-      iterations seen so far, which no running request has outlived). The margin is that quantile
-      of the corrected model's relative error (measured / (correction x predicted)), read from a
+    - ``margin``: a request meets its SLO only if its first token and every next one do
+      (``metrics``), so each of its ``tokens + 1`` deadlines may be missed with probability
+      ``(1 - target) / (tokens + 1)`` at most, ``tokens`` the mean output length of the last
+      ``window`` online requests finished (before the first, the iterations seen so far, which no
+      running request has outlived). The margin, a decode's iteration, is that quantile of the
+      corrected model's relative error (measured / (correction x predicted)), read from a
       lognormal fit of the last ``window`` errors (median and interquartile range of their logs:
-      such a quantile lies far beyond what a window of a few hundred shows), at least 0.
+      such a quantile lies far beyond what a window of a few hundred shows), at least 0. The fit
+      itself goes to the decision too (``scales``): a prompt's first token, a deadline over N
+      iterations, is planned with the quantile of their sum (``rank.prompt_stretch``), and a prompt
+      at risk borrows its decodes' margin (``rank.borrow``).
 
     With exact predictions the ratio is 1, the correction stays 1, every error is 0 and the scale is
     exactly 1: the open loop's plans."""
