@@ -6,7 +6,10 @@ figure 18); prints request-level attainment per rate and capacity at 90 % and 99
 this is for a quick look at a handful of points (e.g. how far down the 99 % capacity lies).
 
     .venv/bin/python scripts/capacity_probe.py --systems accelgen vllm-priority \\
-        [--load-factors 0.0039 0.0078] [--noise 0.1] [--config config/quick.yaml]
+        [--load-factors 0.0039 0.0078] [--noise 0.1] [--config config/quick.yaml] [--out DIR]
+
+``--out`` keeps every run's results directory (``DIR/<variant>/<system>``), e.g. to look at which
+requests missed and in which iterations.
 """
 
 from __future__ import annotations
