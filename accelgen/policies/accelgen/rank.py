@@ -103,13 +103,15 @@ def upper_quantile(p: float) -> float:
 
 @jit
 def borrow(cs: st.Candidates, par: st.Params, t_max: float) -> bool:
-    """The closed loop lends an urgent prompt's TTFT some of its co-running decodes' margin. Under
-    the margin a prompt whose first token is due gets the chunks the shrunk TBT SLOs leave, and may
-    miss for sure what it would make at the plain ones; its decodes then run, for the N iterations its
-    plan spans (``n_chunks``), at the margin where the n online decodes overrun with probability
-    ``risk / (N x n)`` per iteration: a sure miss traded for at most one request's share of the
-    attainment target, ``risk`` = 1 - target, in expectation. Returns whether it lent (the decodes'
-    columns changed)."""
+    """The closed loop lends a prompt at risk of its TTFT some of its co-running decodes' margin.
+    Under the margin a prompt gets the chunks the shrunk TBT SLOs leave, and may miss for sure what
+    it would make at the plain ones. An online prompt waiting for its first token, not lost, with
+    slack under ``t_max`` (it must run now, or it is late by the plan's estimate) is at risk; the n
+    online decodes not lost then run, for the N iterations its plan spans (``n_chunks``; the
+    largest N of those at risk), at the margin where each overruns with probability
+    ``risk / (N x n)`` per iteration: a near-sure miss traded for at most one request's share of
+    the attainment target, ``risk`` = 1 - target, in expectation. Returns whether it lent (the
+    decodes' columns changed)."""
     n_prompt, n_dec = 0.0, 0
     for i in cs.active:
         r, c = cs.req[i], cs.cand[i]
@@ -151,7 +153,7 @@ def columns(cs: st.Candidates, s: int, par: st.Params, led: st.Ledger) -> None:
         c.slo_iter = r.tbt * shrink
         c.to_deadline -= r.tbt * (1.0 - shrink)
     else:
-        if r.online and par.err_sd > 0.0 and c.to_deadline > 0.0:
+        if par.err_sd > 0.0 and r.online and c.to_deadline > 0.0:
             c.to_deadline /= prompt_stretch(par, c.n_chunks)
         c.slo_iter = c.to_deadline / c.n_chunks
     c.is_long = era.is_long(par, c.total, c.is_decode)
