@@ -6,7 +6,10 @@ figure 18); prints request-level attainment per rate and capacity at 90 % and 99
 this is for a quick look at a handful of points (e.g. how far down the 99 % capacity lies).
 
     .venv/bin/python scripts/capacity_probe.py --systems accelgen vllm-priority \\
-        [--load-factors 0.0039 0.0078] [--noise 0.1] [--config config/quick.yaml]
+        [--load-factors 0.0039 0.0078] [--noise 0.1] [--config config/quick.yaml] [--out DIR]
+
+``--out`` keeps every run's results directory (``DIR/<variant>/<system>``), e.g. to look at which
+requests missed and in which iterations.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ def main() -> int:
     ap.add_argument("--noise", type=float, default=0.0,
                     help="per-step noise level (log standard deviation, mean 1)")
     ap.add_argument("--seed", type=int, default=None, help="default: the experiment's first")
+    ap.add_argument("--out", type=Path,
+                    help="also write every run's results directory under OUT/<variant>/<system>")
     args = ap.parse_args()
 
     from accelgen import metrics
@@ -86,7 +91,10 @@ def main() -> int:
             ec = ExperimentConfig(deployment=dep,
                                   policy=PolicySpec(name=spec.policy, params=params),
                                   sim=SimOptions(progress=False, noise=noise), seed=seed)
-            a = float(simulate(trace, ec).summary["slo_attainment_request"])
+            run = simulate(trace, ec)
+            if args.out is not None:
+                run.write(args.out / v / s)
+            a = float(run.summary["slo_attainment_request"])
             att[s].append((rate, a))
             print(f"{d} seed {seed} noise {args.noise:g}: load factor {f:g} rate {rate:g} "
                   f"{s}: request-level attainment {a:.3f}", flush=True)

@@ -229,3 +229,58 @@ def test_the_closed_loop_keeps_a_tight_decode_on_time_under_per_step_noise() -> 
         gaps = [np.diff(r.token_times) for r in res.requests if r.tbt_slo == 0.015]
         late[name] = sum(int((g > 0.015).sum()) for g in gaps)
     assert late["accelgen-closed"] <= late["accelgen"] / 5, late
+
+
+def test_the_borrowed_margins_quantile_is_the_normal_distributions() -> None:
+    from accelgen.policies.accelgen.rank import upper_quantile
+
+    for p in (0.5, 0.1, 1e-2, 1e-4, 1e-7):
+        assert upper_quantile(p) == pytest.approx(NormalDist().inv_cdf(1 - p), abs=1e-9)
+
+
+def test_the_closed_loop_hands_the_decision_its_fit_and_risk_only_under_errors() -> None:
+    exact = ClosedLoop(target=0.9, weight=0.05, window=256)
+    for _ in range(100):
+        exact.observe(0.010, 0.010)
+    assert exact.scales[:4] == (1.0, 1.0, 0.0, 0.0) and exact.scales[5] == 0.0  # (no risk to lend)
+    noisy = ClosedLoop(target=0.9, weight=0.05, window=256)
+    noisy.finished(400)
+    for e in np.random.default_rng(1).lognormal(0.0, 0.1, 1000):
+        noisy.observe(0.010, 0.010 * e)
+    correction, shrink, median, sd, z, risk = noisy.scales
+    assert correction == noisy.correction
+    assert shrink == pytest.approx(1 / (1 + noisy.margin)) and risk == pytest.approx(0.1)
+    assert sd == pytest.approx(0.1, rel=0.2) and abs(median) < 0.03
+    # a request of 400 tokens has 401 deadlines: its first token's and each next one's
+    assert z == pytest.approx(NormalDist().inv_cdf(1 - 0.1 / 401))
+    assert noisy.margin == pytest.approx(max(math.expm1(median + z * sd), 0.0))
+
+
+def test_an_at_risk_prompt_borrows_its_decodes_margin_under_noise() -> None:
+    """Two 47 ms decodes under 10 % per-step noise: the closed loop plans their iterations within
+    47 ms / (1 + margin), which leaves a 3,000-token prompt small chunks. Once its TTFT is at risk
+    (slack under T_max) the decodes are planned at the margin of risk (1 - target) / (N x 2) per
+    iteration (a smaller one, never above their TBT): bigger iterations, an earlier first token
+    than the same prompt gets with a loose TTFT, which never borrows."""
+    class Noisy(CalibratedCostModel):
+        def __init__(self, terms: CalibratedTerms) -> None:
+            super().__init__(terms)
+            self.draws = iter(np.random.default_rng(7).lognormal(-0.005, 0.1, 100_000).tolist())
+
+        def iteration_time(self, shape: BatchShape) -> float:
+            return next(self.draws) * super().iteration_time(shape)
+
+    plan, ttft = {}, {}
+    for slo in (0.45, 50.0):
+        trace = [(0.0, 64, 400, 0.047, 1.0, None)] * 2 + [(5.0, 3000, 4, 0.5, slo, None)]
+        policy = make_policy("accelgen-closed")
+        assert isinstance(policy, AccelGenPolicy)
+        res = run_sim(*trace_requests(trace), policy, num_blocks=2000, block_size=16, s_pf=512,
+                      cost=Noisy(GPU))
+        its = res.iterations.to_frame()
+        prompt = res.requests[-1]
+        ttft[slo] = prompt.token_times[0] - prompt.arrival
+        plan[slo] = its[(its["start"] >= 5.0) & (its["start"] < prompt.token_times[0])]["info_slo_min"]
+    assert plan[50.0].max() < 0.047 / 1.2  # (the margin, about 0.35 here)
+    assert plan[0.45].max() > plan[50.0].max() + 2e-3 and plan[0.45].max() <= 0.047
+    assert ttft[0.45] < ttft[50.0]

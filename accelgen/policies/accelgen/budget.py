@@ -2,7 +2,8 @@
 and the latency of the batch formed (the exact plan: ``chunk_cap``). The linear, analytic and
 calibrated cost models are evaluated here with their own functions; for any other the decision asks
 (``Workspace.run``). Every predicted latency is scaled by ``Params.time_scale`` (the closed loop's
-correction; exactly 1 in the open loop; its margin shrinks the decodes' TBT SLOs, ``rank.columns``)."""
+correction; exactly 1 in the open loop; its margin shrinks the decodes' TBT SLOs, ``rank.columns``,
+less while a prompt's TTFT is at risk, ``rank.borrow``)."""
 
 from __future__ import annotations
 
@@ -210,6 +211,8 @@ def plan(cs: st.Candidates, dq: st.Dormant, step: st.Step, par: st.Params, led: 
     if math.isnan(t_max):
         return step.prev_budget
     slo = slo_min(cs, dq, par, led, t_max)
+    if par.err_sd > 0.0 and rank.borrow(cs, par, t_max):  # (the closed loop under noise)
+        slo = slo_min(cs, dq, par, led, t_max)
     b = token_budget(par, led, cost, slo)
     if b.ask == st.NO_ASK and b.tokens != step.prev_budget:
         t_new = t_max_at(par, led, cost, b.tokens)

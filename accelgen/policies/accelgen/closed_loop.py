@@ -27,23 +27,29 @@ class ClosedLoop:
     - ``correction``: an exponentially weighted mean of measured / predicted (weight ``weight`` per
       iteration; warm-started at 1, the calibration), so that drift is followed and old steps
       forgotten;
-    - ``margin``: a request meets its SLO only if every one of its tokens does (``metrics``), so an
-      iteration may overrun with probability ``(1 - target) / tokens`` at most, ``tokens`` the
-      mean output length of the last ``window`` online requests finished (before the first, the
-      iterations seen so far, which no running request has outlived). The margin is that quantile
-      of the corrected model's relative error (measured / (correction x predicted)), read from a
+    - ``margin``: a request meets its SLO only if its first token and every next one do
+      (``metrics``), so each of its ``tokens + 1`` deadlines may be missed with probability
+      ``(1 - target) / (tokens + 1)`` at most, ``tokens`` the mean output length of the last
+      ``window`` online requests finished (before the first, the iterations seen so far, which no
+      running request has outlived). The margin, a decode's iteration, is that quantile of the
+      corrected model's relative error (measured / (correction x predicted)), read from a
       lognormal fit of the last ``window`` errors (median and interquartile range of their logs:
-      such a quantile lies far beyond what a window of a few hundred shows), at least 0.
+      such a quantile lies far beyond what a window of a few hundred shows), at least 0. The fit
+      itself goes to the decision too (``scales``): a prompt's first token, a deadline over N
+      iterations, is planned with the quantile of their sum (``rank.prompt_stretch``), and a prompt
+      at risk borrows its decodes' margin (``rank.borrow``).
 
     With exact predictions the ratio is 1, the correction stays 1, every error is 0 and the scale is
     exactly 1: the open loop's plans."""
 
     __slots__ = ("_errors", "_i", "_lengths", "_li", "_ln", "_lsum", "_n", "_since", "_z",
-                 "correction", "every", "margin", "observed", "quantile", "target", "weight")
+                 "correction", "every", "margin", "median", "observed", "quantile", "sd",
+                 "target", "weight")
 
     def __init__(self, target: float, weight: float, window: int, every: int = 8) -> None:
         self.target, self.weight, self.every = target, weight, every
         self.correction, self.margin = 1.0, 0.0
+        self.median = self.sd = 0.0  # the fit of the log errors
         self._errors = np.zeros(window)  # log errors of the corrected model
         self._i = self._n = self._since = 0
         self._lengths = np.zeros(window)  # output tokens of the last online requests finished
@@ -56,6 +62,13 @@ class ClosedLoop:
     @property
     def scale(self) -> float:
         return self.correction * (1.0 + self.margin)
+
+    @property
+    def scales(self) -> tuple[float, float, float, float, float, float]:
+        """What the decision plans with (``Workspace.set_scales``): the correction, the decodes' TBT
+        shrink, the fit (median, spread, a deadline's quantile) and the risk."""
+        return (self.correction, 1.0 / (1.0 + self.margin), self.median, self.sd, self._z,
+                1.0 - self.target if self.sd > 0.0 else 0.0)
 
     @property
     def tbt_shrink(self) -> float:
@@ -83,7 +96,7 @@ class ClosedLoop:
         if not (predicted > 0.0 and measured > 0.0 and math.isfinite(predicted)
                 and math.isfinite(measured)):
             return False
-        before = (self.correction, self.margin)
+        before = (self.correction, self.margin, self.median, self.sd)
         ratio = measured / predicted
         if abs(ratio - 1.0) <= EXACT:
             ratio = 1.0
@@ -98,16 +111,18 @@ class ClosedLoop:
         # (a fit of the window every few iterations: a partition, a few microseconds)
         if self._since >= self.every or self._n < self.every:
             self._since = 0
-            self.margin = self._margin()
-        return (self.correction, self.margin) != before
+            self._fit()
+        return (self.correction, self.margin, self.median, self.sd) != before
 
-    def _margin(self) -> float:
+    def _fit(self) -> None:
         m = self._n
         lo, mid, hi = (m - 1) // 4, (m - 1) // 2, (3 * (m - 1)) // 4
         e = np.partition(self._errors[:m], (lo, mid, hi))
         median, sd = float(e[mid]), float(e[hi] - e[lo]) / IQR_SD
-        q = 1.0 - (1.0 - self.target) / max(self.tokens, 1.0)
+        # (a request's deadlines: its first token's and each next token's)
+        q = 1.0 - (1.0 - self.target) / (max(self.tokens, 1.0) + 1.0)
         if q != self.quantile:
             self.quantile, self._z = q, _NORMAL.inv_cdf(q)
+        self.median, self.sd = median, sd
         margin = math.expm1(median + self._z * sd)
-        return margin if margin > 0.0 else 0.0
+        self.margin = margin if margin > 0.0 else 0.0

@@ -127,14 +127,14 @@ class AccelGenPolicy(Policy):
         """The closed loop takes in a step the backend measured: the cost model's latency of its
         batch and what it took (no effect in the open loop)."""
         if self.loop is not None and self.loop.observe(predicted, measured):
-            self._ws.set_scales(self.loop.correction, self.loop.tbt_shrink)
+            self._ws.set_scales(*self.loop.scales)
 
     def _measured(self, latency: float) -> None:
         """The closed loop takes in the iteration of the last decision (it took ``latency``)."""
         loop = self.loop
         assert loop is not None
         if loop.observe(self._planned, latency):
-            self._ws.set_scales(loop.correction, loop.tbt_shrink)
+            self._ws.set_scales(*loop.scales)
         self._planned = math.nan
 
     # -- decision ------------------------------------------------------------------------------

@@ -4,6 +4,8 @@ column, and the table's compiled per-step refresh (``read_rows``, ``decode_rows`
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from accelgen.policies.accelgen import era
@@ -79,6 +81,60 @@ def slack(to_deadline: float, chunks: float, t_max: float) -> float:
 
 
 @jit
+def prompt_stretch(par: st.Params, chunks: float) -> float:
+    """The closed loop's margin on a prompt's time left, 1 + its error quantile over ``chunks``
+    iterations (at least 1): the log error of their sum spreads as one iteration's / sqrt(N)."""
+    stretch = math.exp(par.err_median + par.err_z * par.err_sd / math.sqrt(chunks))
+    return stretch if stretch > 1.0 else 1.0
+
+
+@jit
+def upper_quantile(p: float) -> float:
+    """z with P(Z > z) = p for a standard normal Z (0 < p <= 0.5), by bisection."""
+    lo, hi = 0.0, 40.0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if 0.5 * math.erfc(mid / math.sqrt(2.0)) > p:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+@jit
+def borrow(cs: st.Candidates, par: st.Params, t_max: float) -> bool:
+    """The closed loop lends a prompt at risk of its TTFT some of its co-running decodes' margin.
+    Under the margin a prompt gets the chunks the shrunk TBT SLOs leave, and may miss for sure what
+    it would make at the plain ones. An online prompt waiting for its first token, not lost, with
+    slack under ``t_max`` (it must run now, or it is late by the plan's estimate) is at risk; the n
+    online decodes not lost then run, for the N iterations its plan spans (``n_chunks``; the
+    largest N of those at risk), at the margin where each overruns with probability
+    ``risk / (N x n)`` per iteration: a near-sure miss traded for at most one request's share of
+    the attainment target, ``risk`` = 1 - target, in expectation. Returns whether it lent (the
+    decodes' columns changed)."""
+    n_prompt, n_dec = 0.0, 0
+    for i in cs.active:
+        r, c = cs.req[i], cs.cand[i]
+        if c.online_decode:
+            n_dec += not r.lost
+        elif (r.online and r.n_out == 0 and c.slack < t_max and c.to_deadline > 0.0
+              and not c.lost and c.n_chunks > n_prompt):
+            n_prompt = c.n_chunks
+    if n_prompt == 0.0 or n_dec == 0:
+        return False
+    margin = math.expm1(par.err_median + upper_quantile(par.risk / (n_prompt * n_dec)) * par.err_sd)
+    shrink = 1.0 / (1.0 + margin) if margin > 0.0 else 1.0
+    if not shrink > par.tbt_shrink:
+        return False
+    for i in cs.active:
+        r, c = cs.req[i], cs.cand[i]
+        if c.online_decode and not r.lost:
+            c.slo_iter = r.tbt * shrink
+            c.to_deadline += r.tbt * (shrink - par.tbt_shrink)
+    return True
+
+
+@jit
 def columns(cs: st.Candidates, s: int, par: st.Params, led: st.Ledger) -> None:
     """The columns of candidate ``s`` that hold for the whole pass."""
     r, c = cs.req[s], cs.cand[s]
@@ -88,13 +144,20 @@ def columns(cs: st.Candidates, s: int, par: st.Params, led: st.Ledger) -> None:
     c.n_chunks = n_chunks(c.rem, c.is_decode, cs.chunk_mean)
     c.to_deadline = r.deadline - cs.now
     c.online_decode = c.is_decode and r.online
-    # (the closed loop plans a decode's iteration within its TBT SLO shrunk by the margin)
-    c.slo_iter = r.tbt * par.tbt_shrink if c.online_decode else c.to_deadline / c.n_chunks
+    c.lost = par.order and par.lost_last and r.online and (r.lost or c.to_deadline < 0.0)
+    if c.online_decode:
+        # (the closed loop plans a decode's iteration within its TBT SLO shrunk by the margin, its
+        # next token too, so its slack and urgency; a request already lost has no attainment left
+        # for the margin to keep)
+        shrink = 1.0 if r.lost else par.tbt_shrink
+        c.slo_iter = r.tbt * shrink
+        c.to_deadline -= r.tbt * (1.0 - shrink)
+    else:
+        if par.err_sd > 0.0 and r.online and c.to_deadline > 0.0:
+            c.to_deadline /= prompt_stretch(par, c.n_chunks)
+        c.slo_iter = c.to_deadline / c.n_chunks
     c.is_long = era.is_long(par, c.total, c.is_decode)
     c.eligible = era.admits(led.era_owner_start, s, c.is_long)
-    c.lost = par.order and par.lost_last and r.online and (r.lost or c.to_deadline < 0.0)
-    if c.online_decode:  # (its next token planned by the shrunk TBT SLO: its slack and urgency too)
-        c.to_deadline -= r.tbt * (1.0 - par.tbt_shrink)
     c.available = c.member = c.urgent = c.counted = False
     c.next_blocks = c.owed = c.admission_blocks = st.UNKNOWN
     c.stamp = led.pass_id

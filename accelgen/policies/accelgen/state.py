@@ -198,6 +198,12 @@ class Params:
     cost_calibrated: bool  # the calibrated model (its constants in ``Cost.calibrated``)
     time_scale: float  # every predicted latency x this (the closed loop's correction; 1)
     tbt_shrink: float  # an online decode's TBT SLO x this in the plan (the closed loop's 1 / (1 + margin); 1)
+    # The closed loop's fit of one iteration's log error (all 0 in the open loop): its median and
+    # spread, the standard normal quantile of a deadline's share of the risk, the risk (1 - target)
+    err_median: float
+    err_sd: float
+    err_z: float
+    risk: float
 
 
 class DormantEntry:

@@ -28,6 +28,10 @@ if TYPE_CHECKING:
     from accelgen.policies.accelgen.table import RequestTable
 
 
+# The closed loop's parameters (``Workspace.set_scales``), in its order.
+SCALES = ("time_scale", "tbt_shrink", "err_median", "err_sd", "err_z", "risk")
+
+
 def _records(dtype: np.dtype, n: int) -> np.recarray:
     return np.zeros(n, dtype=dtype).view(np.recarray)
 
@@ -50,9 +54,8 @@ class Workspace:
         self._outcome = self._part(state, "outcome", np.int64)
         self._oracle = self._part(state, "oracle", np.int64)
         self.info_values = self._part(state, "info", np.float64)
-        # (the closed loop's two parameters, set every iteration under noise: plain views too)
-        self._time_scale = self._param(state, "time_scale")
-        self._tbt_shrink = self._param(state, "tbt_shrink")
+        # (the closed loop's parameters, set every iteration under noise: plain views too)
+        self._scales = tuple(self._param(state, f) for f in SCALES)
         times = _records(BUDGET_TIME, 1)
         self._full_batch = times.view(np.ndarray)["full_batch"]
         self.arrays = DecisionArrays(table.rows, _records(CANDIDATE, 0), np.zeros((len(LISTS), 0), np.int64),
@@ -63,15 +66,27 @@ class Workspace:
         self.cap = 0
         self.exact_kv = False
         self._terms: LinearTerms | None = None
-        self.time_scale = 1.0  # ``Params.time_scale`` and ``Params.tbt_shrink`` (``set_scales``)
-        self.tbt_shrink = 1.0
+        # ``Params.time_scale``, ``tbt_shrink``, ``err_median``, ``err_sd``, ``err_z``, ``risk``
+        self.scales: tuple[float, ...] = (1.0, 1.0, 0.0, 0.0, 0.0, 0.0)
 
-    def set_scales(self, time_scale: float, tbt_shrink: float) -> None:
-        """From the next decision on, every latency the decision predicts x ``time_scale`` and every
-        online decode planned within its TBT SLO x ``tbt_shrink``."""
-        if time_scale != self.time_scale or tbt_shrink != self.tbt_shrink:
-            self.time_scale, self.tbt_shrink = time_scale, tbt_shrink
-            self._time_scale[0], self._tbt_shrink[0] = time_scale, tbt_shrink
+    @property
+    def time_scale(self) -> float:
+        return self.scales[0]
+
+    @property
+    def tbt_shrink(self) -> float:
+        return self.scales[1]
+
+    def set_scales(self, time_scale: float, tbt_shrink: float, err_median: float = 0.0,
+                   err_sd: float = 0.0, err_z: float = 0.0, risk: float = 0.0) -> None:
+        """From the next decision on, every latency the decision predicts x ``time_scale``, every
+        online decode planned within its TBT SLO x ``tbt_shrink``; the closed loop's fit of the log
+        errors (median, spread, a deadline's quantile) and its risk (``rank.borrow``)."""
+        scales = (time_scale, tbt_shrink, err_median, err_sd, err_z, risk)
+        if scales != self.scales:
+            self.scales = scales
+            for view, v in zip(self._scales, scales, strict=True):
+                view[0] = v
 
     @staticmethod
     def _param(state: np.ndarray, name: str) -> np.ndarray:
@@ -121,7 +136,8 @@ class Workspace:
         par.cost_calibrated = calibrated is not None
         if calibrated is not None:
             self.arrays.state.view(np.ndarray)["calibrated"][0] = tuple(calibrated)
-        par.time_scale, par.tbt_shrink = self.time_scale, self.tbt_shrink
+        (par.time_scale, par.tbt_shrink, par.err_median, par.err_sd, par.err_z,
+         par.risk) = self.scales
         times = _records(BUDGET_TIME, cap + 2)
         self._full_batch = times.view(np.ndarray)["full_batch"]
         self._full_batch[:] = math.nan
