@@ -195,7 +195,10 @@ def test_sigterm_while_requests_keep_arriving_ends_the_server(tmp_path: Path) ->
     from accelgen.serving.stop_under_load import StopConfig, closing_line, stop_under_load
     from accelgen.vllm_integration.logsink import SHUTDOWN_REASON
 
-    cfg = StopConfig(clients=16, load_s=5.0, stop_limit_s=45.0, max_tokens=400)
+    # Replies far longer than the load and the grace on any host: streams are in flight at
+    # SIGTERM and still running when the grace ends (with 400 tokens they could all end within
+    # the grace and the check below found nothing to check).
+    cfg = StopConfig(clients=16, load_s=5.0, stop_limit_s=45.0, max_tokens=4000)
     report = stop_under_load(tmp_path, cfg, server_args=["--shutdown-grace", "1"])
     print(closing_line(report, tmp_path))
     detail = json.dumps(report, indent=1, default=str)

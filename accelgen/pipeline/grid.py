@@ -452,14 +452,18 @@ class Grid:
 
     def _share_identical(self, figs: dict[str, Any]) -> None:
         """Runs that are one simulation under two system names (the same command on the same
-        trace, e.g. a tuned budget equal to one of the envelope's ladder) run once: every ref's
+        trace, e.g. a tuned budget equal to one of the envelope's ladder; with ``backend: vllm``
+        the same replay command) run once: every ref's
         ``dir`` is the results directory of the first name in sorted order (``same_as``)."""
         first: dict[tuple[Any, ...], Run] = {}
         key_of: dict[Run, tuple[Any, ...]] = {}
         for refs, _, _ in figs.values():
             for r in refs:
                 run = Run(r["variant"], r["deployment"], r["system"], r["seed"])
-                key = (tuple(self.system_args(run.system, run.variant, run.deployment)),
+                # The real engine's command: one policy's model may be two engine runs (stock
+                # vLLM and the plugin hosting the same policy).
+                command = self.replay_args if self.cfg.backend == "vllm" else self.system_args
+                key = (tuple(command(run.system, run.variant, run.deployment)),
                        run.variant, run.deployment, run.seed)
                 if key not in first or run < first[key]:
                     first[key] = run

@@ -133,7 +133,9 @@ def stop_under_load(out: Path | str, cfg: StopConfig | None = None, *,
     logs = out / "plugin-logs"
     if logs.exists():
         shutil.rmtree(logs)
-    server = ServerProcess(["--tiny-dir", str(out / "tiny"), "--max-model-len", "2048",
+    # Room for the longest client's prompt and reply.
+    max_model_len = max(2048, cfg.prompt_len + cfg.max_tokens + cfg.max_tokens // 2)
+    server = ServerProcess(["--tiny-dir", str(out / "tiny"), "--max-model-len", str(max_model_len),
                             "--log-dir", str(logs), *(server_args or [])],
                            log_path=out / "server.log", stop_timeout_s=cfg.stop_limit_s)
     t_exit = [float("nan")]
