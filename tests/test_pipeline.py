@@ -54,6 +54,99 @@ def test_schema_is_up_to_date():
         "--out config/schema.json`")
 
 
+@pytest.mark.parametrize("path", [QUICK, PAPER], ids=["quick", "paper"])
+def test_configs_validate_and_expand(path):
+    grid = Grid(pc.load_file(path))
+    keys = set(grid.figures)
+    assert {f"fig{i:02d}" for i in range(1, 13)} <= keys, "every figure of SPEC section 8"
+    assert grid.runs() and grid.traces()
+    # Every run has a trace; system names are path-safe.
+    traces = set(grid.traces())
+    for run in grid.runs():
+        assert grid.trace_path(run.variant, run.deployment, run.seed) in traces
+        assert pc.SEGMENT_RE.match(run.system), run.system
+
+
+def test_paper_config_is_the_paper_setup():
+    cfg = pc.load_file(PAPER)
+    assert cfg.workload.num_requests == 20000
+    assert cfg.workload.arrival.rate == 8.0
+    ev = cfg.experiments.evaluation
+    assert set(ev.deployments) == {"opt-13b", "opt-175b", "llama-13b", "llama-3-70b"}
+    assert {"vllm", "orca", "fastgen", "sarathi", "fastserve", "accelgen", "oracle"} <= \
+        set(ev.systems)
+    assert len(cfg.seeds) == 3
+
+
+BAD = {
+    "unknown policy": ({"systems": {"vllm": {"policy": "fastgn"}}}, "systems.vllm.policy"),
+    "negative rate": ({"workload": {"arrival": {"rate": -1.0}}}, "workload.arrival.rate"),
+    "missing trace file": ({"workload": {"kind": "vidur_csv", "path": "data/no/such/trace.csv",
+                                         "sampling": "sequential", "num_requests": None}},
+                           "workload.path"),
+    "unknown deployment": ({"experiments": {"evaluation": {"deployments": ["opt-13"]}}},
+                           "experiments.evaluation.deployments[0]"),
+    "bad policy parameter": ({"systems": {"accelgen": {"policy": "accelgen",
+                                                       "params": {"gamma": -3}}}},
+                             "systems.accelgen.params"),
+    "typo in a key": ({"experiments": {"ablation": {"sytems": ["accelgen"]}}},
+                      "experiments.ablation.sytems"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD), ids=list(BAD))
+def test_bad_config_names_the_key(case):
+    over, key = BAD[case]
+    data = pc.deep_merge(quick_dict(), over)
+    with pytest.raises(pc.PipelineConfigError) as err:
+        pc.load(data)
+    assert key in str(err.value), str(err.value)
+
+
+# Errors only the grid's expansion shows (a derived workload), raised when the Grid is built.
+BAD_GRID = {
+    "long-prompt shares of a non-synthetic workload": (
+        {"workload_variants": {"small": {"kind": "vidur_csv",
+                                         "path": "tests/fixtures/workloads/vidur.csv",
+                                         "sampling": "sequential", "num_requests": None}}},
+        "experiments.sensitivity.long_fractions: needs a synthetic workload"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_GRID), ids=list(BAD_GRID))
+def test_bad_derived_workload_names_the_key(case):
+    over, key = BAD_GRID[case]
+    cfg = pc.load(pc.deep_merge(quick_dict(), over))
+    with pytest.raises(pc.PipelineConfigError) as err:
+        Grid(cfg)
+    assert str(err.value).startswith("invalid pipeline config:") and key in str(err.value)
+
+
+@pytest.mark.parametrize("case", ["unknown policy", "negative rate", "missing trace file",
+                                  *BAD_GRID])
+def test_bad_config_stops_snakemake_before_any_job(case, tmp_path):
+    over, key = {**BAD, **BAD_GRID}[case]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(pc.deep_merge(quick_dict(), over)))
+    res = snakemake("-n", "--configfile", str(bad))
+    assert res.returncode != 0
+    out = res.stdout + res.stderr
+    assert key in out, out[-3000:]
+    assert "Building DAG" not in out and "Job stats" not in out
+
+
+def test_lint_is_clean():
+    res = snakemake("--lint")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "Congratulations, your workflow is in a good condition" in res.stdout + res.stderr
+
+
+def test_lint_is_clean_with_the_vllm_backend():
+    res = snakemake("--lint", "--config", "backend=vllm")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "good condition" in res.stdout + res.stderr
+
+
 def assert_plans_the_grid(counts: dict[str, int], path: Path) -> None:
     """A dry run's job counts (``job_counts``) of the config file ``path`` with nothing built are
     the grid's: every simulation, trace, figure and notebook, once."""
