@@ -17,13 +17,14 @@ both alike. This module imports neither backend. The files:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import shutil
 import tempfile
 from array import array
-from collections.abc import Iterable, Mapping, MutableMapping
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -488,10 +489,7 @@ def write_results(out_dir: Path | str, requests: pd.DataFrame, iterations: pd.Da
                   timing: pd.DataFrame | None = None,
                   timing_summary: dict[str, Any] | None = None) -> Path:
     """Write a results directory atomically: all files appear together or none do."""
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with _atomic_dir(out_dir) as tmp:
         pq.write_table(_table(requests), tmp / "requests.parquet")
         # Arrow's allocator keeps what the writer of a 17 M-value column freed (~150 MB on the
         # paper trace) for its next allocations; numpy's (the iteration table's) cannot use it.
@@ -503,13 +501,24 @@ def write_results(out_dir: Path | str, requests: pd.DataFrame, iterations: pd.Da
             pq.write_table(_table(timing), tmp / "timing.parquet")
         if timing_summary is not None:
             (tmp / "timing.json").write_text(dumps(timing_summary))
+    return Path(out_dir)
+
+
+@contextlib.contextmanager
+def _atomic_dir(out_dir: Path | str) -> Iterator[Path]:
+    """A scratch directory beside ``out_dir`` to write into; it replaces ``out_dir`` when the
+    block ends, or is removed when the block raises (no half-written results directory)."""
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        yield tmp
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return out
 
 
 @dataclass(slots=True)
@@ -551,23 +560,14 @@ class StoredRun:
 
     def write(self, out_dir: Path | str) -> Path:
         """Write the results directory (atomically, as ``write_results`` does)."""
-        out = Path(out_dir)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-        try:
+        with _atomic_dir(out_dir) as tmp:
             for name in ("requests.parquet", "iterations.parquet", "timing.parquet",
                          "timing.json"):
                 if (self.src / name).exists() or name.startswith(("requests", "iterations")):
                     shutil.copyfile(self.src / name, tmp / name)
             (tmp / "summary.json").write_text(dumps(self.summary))
             (tmp / "config.json").write_text(dumps(self.config))
-            if out.exists():
-                shutil.rmtree(out)
-            os.replace(tmp, out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return out
+        return Path(out_dir)
 
 
 def read_results(out_dir: Path | str) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
