@@ -206,19 +206,22 @@ def test_a_backend_that_measures_steps_itself_feeds_the_closed_loop() -> None:
                                                              policy.loop.tbt_shrink)
 
 
+class Noisy(CalibratedCostModel):
+    """The calibrated model x a seeded lognormal step error (10 %, mean 1): the engine's noise."""
+
+    def __init__(self, terms: CalibratedTerms) -> None:
+        super().__init__(terms)
+        self.draws = iter(np.random.default_rng(7).lognormal(-0.005, 0.1, 100_000).tolist())
+
+    def iteration_time(self, shape: BatchShape) -> float:
+        return next(self.draws) * super().iteration_time(shape)
+
+
 def test_the_closed_loop_keeps_a_tight_decode_on_time_under_per_step_noise() -> None:
     """The simulator charges the model's latency x a lognormal step error (10 %, mean 1): the open
     loop plans the iterations beside four 15 ms decodes to their SLO and many of their tokens come
     late (148 of 1200 here); the closed loop's margin (the error quantile at which a request of
     their length stays on time) keeps them on time (none late)."""
-    class Noisy(CalibratedCostModel):
-        def __init__(self, terms: CalibratedTerms) -> None:
-            super().__init__(terms)
-            self.draws = iter(np.random.default_rng(7).lognormal(-0.005, 0.1, 100_000).tolist())
-
-        def iteration_time(self, shape: BatchShape) -> float:
-            return next(self.draws) * super().iteration_time(shape)
-
     trace = ([(0.0, 64, 300, 0.015, 2.0, None)] * 4
              + [(0.02 * i, 600, 8, 0.5, 5.0, None) for i in range(1, 100)])
     late = {}
@@ -262,14 +265,6 @@ def test_an_at_risk_prompt_borrows_its_decodes_margin_under_noise() -> None:
     (slack under T_max) the decodes are planned at the margin of risk (1 - target) / (N x 2) per
     iteration (a smaller one, never above their TBT): bigger iterations, an earlier first token
     than the same prompt gets with a loose TTFT, which never borrows."""
-    class Noisy(CalibratedCostModel):
-        def __init__(self, terms: CalibratedTerms) -> None:
-            super().__init__(terms)
-            self.draws = iter(np.random.default_rng(7).lognormal(-0.005, 0.1, 100_000).tolist())
-
-        def iteration_time(self, shape: BatchShape) -> float:
-            return next(self.draws) * super().iteration_time(shape)
-
     plan, ttft = {}, {}
     for slo in (0.45, 50.0):
         trace = [(0.0, 64, 400, 0.047, 1.0, None)] * 2 + [(5.0, 3000, 4, 0.5, slo, None)]
