@@ -7,7 +7,7 @@ Builds two traces with `accelgen trace` (OPT-13B, A100):
 
 and simulates each policy on each trace, every run in a fresh process (``accelgen.sim.runner``,
 as ``accelgen simulate`` does, results written to a temporary directory), one at a time. Per run
-it prints the wall time of the whole process (trace load, simulation, metrics, files), the
+it prints the wall and CPU time of the whole process (trace load, simulation, metrics, files), the
 simulation loop's own wall time and iterations per second, the peak RSS (``ru_maxrss`` of the
 child), and the ratio of the wall time to the ``vllm`` policy's in the same session. ``oracle``
 runs one point of the Oracle's search (the Oracle's policy with its default parameters).
@@ -68,6 +68,7 @@ class Run:
     trace: str
     policy: str
     wall_s: float = float("nan")
+    cpu_s: float = float("nan")  # user + system time of the child (less disturbed by load)
     sim_s: float = float("nan")
     iterations: int = 0
     rss_mb: float = float("nan")
@@ -109,6 +110,7 @@ def run_one(tree: Path, label: str, trace_name: str, trace: Path, policy: str,
                 time.sleep(0.05)
         run.wall_s = time.perf_counter() - t0
         run.rss_mb = rusage.ru_maxrss / 1024  # KiB on Linux
+        run.cpu_s = rusage.ru_utime + rusage.ru_stime
         proc.returncode = os.waitstatus_to_exitcode(status)
         stderr = proc.stderr.read() if proc.stderr else ""
         if not run.error and proc.returncode != 0:
@@ -158,7 +160,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         trace_dir = args.trace_dir or Path(tmp)
         trace_dir.mkdir(parents=True, exist_ok=True)
-        print(f"{'trace':6} {'policy':10} {'tree':8} {'wall s':>8} {'sim s':>8} "
+        print(f"{'trace':6} {'policy':10} {'tree':8} {'wall s':>8} {'CPU s':>8} {'sim s':>8} "
               f"{'iterations':>10} {'it/s':>8} {'RSS MB':>7}", flush=True)
         for trace_name in args.traces:
             trace = trace_dir / f"{trace_name}.parquet"
@@ -172,7 +174,7 @@ def main() -> int:
                         runs.append(r)
                         note = f"  {r.error}" if r.error else ""
                         print(f"{trace_name:6} {policy:10} {label:8} {r.wall_s:8.1f} "
-                              f"{r.sim_s:8.1f} {r.iterations:10d} {r.it_per_s:8.0f} "
+                              f"{r.cpu_s:8.1f} {r.sim_s:8.1f} {r.iterations:10d} {r.it_per_s:8.0f} "
                               f"{r.rss_mb:7.0f}{note}", flush=True)
     print(f"load after: {os.getloadavg()[0]:.2f} (1 min)")
     print("\nmedians (wall: the whole process; x vllm: wall / vllm's wall in the same tree"
@@ -191,7 +193,12 @@ def main() -> int:
                 if compared and label == "this":
                     other = _median([r for r in runs if (r.trace, r.policy, r.tree)
                                      == (trace_name, policy, other_label)], "wall_s")
-                    line += f"  this/{other_label} {wall / other:5.2f}"
+                    cpus = [_median([r for r in runs if (r.trace, r.policy, r.tree)
+                                     == (trace_name, policy, t)], "cpu_s")
+                            for t in ("this", other_label)]
+                    line += (f"  this/{other_label} {wall / other:5.2f}"
+                             f" (CPU {cpus[0]:.1f} / {cpus[1]:.1f} s: {other_label}/this "
+                             f"{cpus[1] / cpus[0]:5.2f})")
                     if args.noise is not None:
                         sims = [_median([r for r in runs if (r.trace, r.policy, r.tree)
                                          == (trace_name, policy, t)], "sim_s")
