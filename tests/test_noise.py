@@ -18,7 +18,9 @@ from accelgen.costmodel.noise import (
     NoisyCost,
     ReplayRatios,
     StepNoise,
+    autocorrelation,
     fit_noise,
+    fit_phase,
     fit_replays,
     read_noise,
     sensitivity_noise,
@@ -52,7 +54,7 @@ def _run(policy: str, noise: NoiseSpec | None = None, seed: int = 0):
 
 def test_lognormal_draws_have_the_spec_statistics() -> None:
     spec = NoiseSpec(kind="lognormal", step_mu=0.05, step_sigma=0.2, run_mu=math.log(1.3))
-    noise = StepNoise(spec, seed=3)
+    noise = StepNoise(spec, seed=4)
     assert noise.run_factor == pytest.approx(1.3)  # run_sigma 0: the factor is exp(run_mu)
     logs = np.log(noise.block(200_000) / 1.3)
     assert logs.mean() == pytest.approx(0.05, abs=0.003)
@@ -68,6 +70,51 @@ def test_empirical_draws_follow_the_quantiles() -> None:
     x = StepNoise(NoiseSpec(kind="empirical", step_quantiles=q), seed=0).block(100_000)
     assert x.min() >= 0.8 and x.max() <= 2.0
     assert np.quantile(x, [0.25, 0.5, 0.75]) == pytest.approx([0.9, 1.0, 1.2], abs=0.01)
+
+
+def _lag_corr(x: np.ndarray, k: int) -> float:
+    z = np.log(x)
+    return float(np.corrcoef(z[:-k], z[k:])[0, 1])
+
+
+def test_a_host_phase_keeps_the_distribution_and_makes_runs() -> None:
+    """With a phase the errors' quantiles stay the spec's; their scores correlate as
+    share x persistence^k, across block boundaries too."""
+    q = [0.8, 0.9, 1.0, 1.2, 2.0]
+    spec = NoiseSpec(kind="empirical", step_quantiles=q, phase_share=0.8, phase_persistence=0.95)
+    noise = StepNoise(spec, seed=4)
+    x = np.concatenate([noise.block(1000) for _ in range(1000)])  # the phase carries across
+    assert np.quantile(x, [0.25, 0.5, 0.75]) == pytest.approx([0.9, 1.0, 1.2], abs=0.03)
+    logn = StepNoise(spec.model_copy(update={"kind": "lognormal", "step_sigma": 0.2}), seed=4)
+    y = logn.block(200_000)
+    assert np.log(y).std() == pytest.approx(0.2, rel=0.03)
+    assert _lag_corr(y, 1) == pytest.approx(0.8 * 0.95, abs=0.02)
+    assert _lag_corr(y, 20) == pytest.approx(0.8 * 0.95 ** 20, abs=0.04)
+    assert abs(_lag_corr(StepNoise(NoiseSpec(kind="lognormal", step_sigma=0.2), 4)
+                         .block(200_000), 1)) < 0.01  # no phase: independent
+    acf, _ = autocorrelation([ReplayRatios("x", x, x.size)], (1, 20))
+    assert acf[1] == pytest.approx(0.76, abs=0.05)  # (blocks of 1,000 chained)
+
+
+def test_the_fit_recovers_a_host_phase() -> None:
+    truth = NoiseSpec(kind="lognormal", step_sigma=0.2, phase_share=0.85, phase_persistence=0.96)
+    reps = [ReplayRatios(f"r{s}", StepNoise(truth, s).block(20_000), 20_000) for s in (1, 2)]
+    spec, record = fit_noise(reps, "lognormal")
+    assert spec.phase_share == pytest.approx(0.85, abs=0.08)
+    assert spec.phase_persistence == pytest.approx(0.96, abs=0.01)
+    assert record["phase"]["autocorrelation"]["lag1"] == pytest.approx(0.85 * 0.96, abs=0.03)
+    flat, _ = fit_noise(reps, "lognormal", phase=False)
+    assert (flat.phase_share, flat.phase_persistence) == (0.0, 0.0)
+    iid = [ReplayRatios("i", StepNoise(NoiseSpec(kind="lognormal", step_sigma=0.2), 3)
+                        .block(20_000), 20_000)]
+    assert fit_noise(iid, "lognormal")[0].phase_share == 0.0  # within the noise floor: none
+    short = [ReplayRatios("s", reps[0].ratios[:50], 50)]  # too short to read phases from
+    assert fit_noise(short, "lognormal")[0].phase_share == 0.0
+    # the rule's edges: a decay faster than an AR(1) is that AR(1); no lag-20 value the same
+    assert fit_phase({1: 0.5, 20: 0.0}, 10_000) == (1.0, 0.5)
+    assert fit_phase({1: -0.3, 20: 0.1}, 10_000) == (0.0, 0.0)
+    share, rho = fit_phase({1: 0.8, 20: 0.9}, 10_000)  # no decay at all: the longest phase
+    assert rho == 0.999 and share == pytest.approx(0.8 / 0.999)
 
 
 def test_seeded_and_deterministic() -> None:
@@ -95,6 +142,10 @@ def test_spec_validation() -> None:
         NoiseSpec(kind="empirical", step_quantiles=[1.0, 0.9])
     with pytest.raises(ValidationError):
         NoiseSpec(kind="lognormal", step_sigma=-0.1)
+    with pytest.raises(ValidationError, match="phase_persistence"):
+        NoiseSpec(kind="lognormal", phase_share=0.5, phase_persistence=1.0)
+    with pytest.raises(ValidationError, match="phase_share"):
+        NoiseSpec(kind="lognormal", phase_share=1.5)
     with pytest.raises(ValueError, match="lognormal or empirical"):
         fit_noise([ReplayRatios("x", np.ones(3), 3)], "gamma")
     with pytest.raises(ValueError, match="no steps"):

@@ -37,6 +37,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kind", choices=("empirical", "lognormal"), default="empirical")
     p.add_argument("--after-idle", action="store_true",
                    help="keep the steps that woke an idle engine")
+    p.add_argument("--independent", action="store_true",
+                   help="draw every step's error independently (no host phase fitted)")
     p.add_argument("--out", required=True, type=Path, help="the noise file (YAML)")
     p.set_defaults(func=run)
 
@@ -52,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     dep = Deployment.model_validate(data["deployment"])
     try:
         spec, record = fit_replays(args.runs, make_cost_model(dep), args.kind,
-                                   after_idle=args.after_idle)
+                                   after_idle=args.after_idle, phase=not args.independent)
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -64,6 +66,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"step error (pooled): p1 {e['p1']:.3f}, p10 {e['p10']:.3f}, p90 {e['p90']:.3f}, "
           f"p99 {e['p99']:.3f}; log sigma (robust) {record['step_error_log_sigma_robust']:.3f};"
           f" run factor: log mean {spec.run_mu:+.3f}, log sigma {spec.run_sigma:.3f}")
+    ph = record["phase"]
+    lags = ", ".join(f"{k} {v:.2f}" for k, v in ph["autocorrelation"].items())
+    print(f"host phase: share {spec.phase_share:.2f}, persistence {spec.phase_persistence:.3f}"
+          + (f" (autocorrelation {lags})" if lags else "")
+          + ("" if ph["fitted"] else " (--independent)"))
     write_noise(args.out, spec, record, "accelgen fit-noise " + shlex.join(sys.argv[2:]))
     n = len(record["replays"])
     print(f"wrote {args.out}: {args.kind} noise from {record['steps']} steps of {n} "

@@ -179,9 +179,15 @@ class Deployment(StrictModel):
 class NoiseSpec(StrictModel):
     """The engine's deviation from the cost model, in the simulator (SPEC 13): every iteration
     is charged ``predicted x run factor x step error``. The run factor is drawn once per run,
-    ``exp(N(run_mu, run_sigma))``; the step error once per iteration, independently:
-    ``lognormal``: ``exp(N(step_mu, step_sigma))``; ``empirical``: from the measured errors'
-    quantiles (``step_quantiles`` at evenly spaced probabilities 0..1, linear between them).
+    ``exp(N(run_mu, run_sigma))``; the step error once per iteration: ``lognormal``:
+    ``exp(N(step_mu, step_sigma))``; ``empirical``: from the measured errors' quantiles
+    (``step_quantiles`` at evenly spaced probabilities 0..1, linear between them). Each step
+    error is read off a standard normal score; ``phase_share`` of that score's variance is a
+    host phase that carries over from step to step (an AR(1) process, ``phase_persistence``
+    its correlation between consecutive iterations), the rest is drawn anew each step:
+    ``phase_share`` 0 (the default) draws every step independently. Either way the step
+    errors' distribution is the one given; the phase only decides whether slow steps come
+    alone or in runs, as a real host's do.
     Seeded (``seed``, default the run's seed): the same draws for the same run. ``none``: the
     deterministic simulator, exactly as without this section. The policy never sees the noise:
     it plans with the cost model. ``accelgen fit-noise`` fits it to real replays
@@ -193,6 +199,8 @@ class NoiseSpec(StrictModel):
     step_quantiles: list[PositiveFloat] | None = None
     run_mu: float = Field(0.0, allow_inf_nan=False)
     run_sigma: float = Field(0.0, ge=0.0, allow_inf_nan=False)
+    phase_share: float = Field(0.0, ge=0.0, le=1.0, allow_inf_nan=False)
+    phase_persistence: float = Field(0.0, ge=0.0, lt=1.0, allow_inf_nan=False)
     seed: int | None = None
     source: str = ""  # what it was fitted on
 

@@ -7,7 +7,11 @@ CPU engine), the step error what is left step by step. :class:`NoisyCost` charge
 that way (``accelgen.core.specs.NoiseSpec``); the policy keeps planning with the plain model, as
 the plugin inside the engine does. :func:`fit_noise` fits the two parts to replays' steps:
 ``ratio = measured span / predicted`` per step (``accelgen.costmodel.points``), a replay's run
-factor is the median of its ratios, and the step errors are the ratios over it, pooled.
+factor is the median of its ratios, and the step errors are the ratios over it, pooled. A real
+host's slow steps come in runs (its phases: clocks, neighbours, the client beside the engine);
+the fit reads how much of the step error carries over between steps from the errors'
+autocorrelation and the simulator draws the errors with that much of a phase
+(``NoiseSpec.phase_share``, ``phase_persistence``).
 """
 
 from __future__ import annotations
@@ -26,6 +30,11 @@ from accelgen.costmodel.base import CostModel
 
 BLOCK = 65_536  # step errors drawn at a time (a fixed size: the same draws for a seed)
 QUANTILES = 201  # an empirical fit's step-error quantiles (every 0.5 %)
+# The phase's persistence is read off the autocorrelation at lag 1 and at this lag: a host's
+# phases last tens of steps (CPU engine: lag-1 0.6-0.9, lag-20 0.0-0.7 in one sweep's replays).
+PHASE_LAG = 20
+PHASE_MIN_STEPS = 5 * PHASE_LAG  # a replay shorter than this says nothing of its phases
+MAX_PERSISTENCE = 0.999  # (a phase that never changes is the run factor's job)
 
 
 def _generator(seed: int) -> np.random.Generator:
@@ -36,7 +45,7 @@ def _generator(seed: int) -> np.random.Generator:
 class StepNoise:
     """The factors ``run factor x step error`` of one run, in the order iterations draw them."""
 
-    __slots__ = ("_probs", "_q", "_rng", "run_factor", "spec")
+    __slots__ = ("_phase", "_probs", "_q", "_rng", "run_factor", "spec")
 
     def __init__(self, spec: NoiseSpec, seed: int) -> None:
         if not spec.on:
@@ -45,6 +54,9 @@ class StepNoise:
         self._rng = _generator(spec.seed if spec.seed is not None else seed)
         self.run_factor = float(math.exp(spec.run_mu + spec.run_sigma
                                          * float(self._rng.standard_normal())))
+        # The phase before the first step: a draw from its stationary law, N(0, 1). (Nothing is
+        # drawn without a phase: the independent draws stay those of a spec without one.)
+        self._phase = float(self._rng.standard_normal()) if spec.phase_share > 0 else 0.0
         if spec.kind == "empirical":
             q = np.asarray(spec.step_quantiles, dtype=np.float64)
             self._q = q
@@ -53,11 +65,30 @@ class StepNoise:
     def block(self, n: int = BLOCK) -> np.ndarray:
         """The next ``n`` factors."""
         spec = self.spec
-        if spec.kind == "lognormal":
+        if spec.phase_share > 0:
+            from scipy.special import ndtr
+
+            z = self._scores(n)
+            err = (np.exp(spec.step_mu + spec.step_sigma * z) if spec.kind == "lognormal"
+                   else np.interp(ndtr(z), self._probs, self._q))
+        elif spec.kind == "lognormal":
             err = np.exp(spec.step_mu + spec.step_sigma * self._rng.standard_normal(n))
         else:
             err = np.interp(self._rng.random(n), self._probs, self._q)
         return err * self.run_factor
+
+    def _scores(self, n: int) -> np.ndarray:
+        """The next ``n`` standard normal scores: ``phase_share`` of the variance the phase's
+        (an AR(1) process, continued from the last block), the rest drawn for each step."""
+        from scipy.signal import lfilter
+
+        share, rho = self.spec.phase_share, self.spec.phase_persistence
+        shocks = self._rng.standard_normal(n)
+        phase = lfilter([math.sqrt(1.0 - rho * rho)], [1.0, -rho], shocks,
+                        zi=[rho * self._phase])[0]
+        self._phase = float(phase[-1])
+        fresh = self._rng.standard_normal(n)
+        return math.sqrt(share) * phase + math.sqrt(1.0 - share) * fresh
 
 
 class NoisyCost(CostModel):
@@ -139,15 +170,61 @@ def replay_ratios(run_dir: Path | str, cost: CostModel, *,
     return ReplayRatios(str(run_dir), ratio[keep], len(ratio))
 
 
+def autocorrelation(replays: Sequence[ReplayRatios],
+                    lags: Sequence[int]) -> tuple[dict[int, float], int]:
+    """The step errors' autocorrelation at ``lags``: of their normal scores (ranks within each
+    replay through the normal quantile, so a stall of tens of times the model counts as one
+    high score), pooled over the replays of at least ``PHASE_MIN_STEPS`` steps (weighted by
+    their pairs). Consecutive kept steps count as neighbours (a step left out breaks no pair).
+    Returns the autocorrelations (empty without such a replay) and the pairs at the first lag."""
+    from scipy.special import ndtri
+    from scipy.stats import rankdata
+
+    sums = dict.fromkeys(lags, 0.0)
+    pairs = dict.fromkeys(lags, 0)
+    for r in replays:
+        n = r.ratios.size
+        if n < PHASE_MIN_STEPS:
+            continue
+        z = ndtri((rankdata(r.ratios) - 0.5) / n)
+        z = (z - z.mean()) / z.std()
+        for k in lags:
+            sums[k] += float(np.dot(z[:-k], z[k:]))
+            pairs[k] += n - k
+    return {k: sums[k] / pairs[k] for k in lags if pairs[k]}, pairs[lags[0]]
+
+
+def fit_phase(acf: dict[int, float], pairs: int) -> tuple[float, float]:
+    """``(phase_share, phase_persistence)`` whose autocorrelation ``share x persistence^k``
+    matches ``acf`` at lag 1 and ``PHASE_LAG``, ``pairs`` the lag-1 pairs it was read on. An
+    autocorrelation within two standard errors of 0 (2 / sqrt(pairs)) counts as 0: no phase at
+    lag 1; at ``PHASE_LAG``, or any decay faster than a pure AR(1) of lag-1 ``acf[1]``, that
+    AR(1) (share 1)."""
+    noise_floor = 2.0 / math.sqrt(pairs) if pairs else math.inf
+    a1, a_l = acf.get(1, 0.0), acf.get(PHASE_LAG, 0.0)
+    if a1 <= noise_floor:
+        return 0.0, 0.0
+    if a_l <= noise_floor:
+        a_l = 0.0
+    a1 = min(a1, MAX_PERSISTENCE)
+    if a_l <= a1 ** PHASE_LAG:
+        return 1.0, a1
+    rho = min((a_l / a1) ** (1.0 / (PHASE_LAG - 1)), MAX_PERSISTENCE)
+    return min(a1 / rho, 1.0), rho
+
+
 def fit_noise(replays: Sequence[ReplayRatios], kind: str = "empirical", *,
-              quantiles: int = QUANTILES, source: str = "") -> tuple[NoiseSpec, dict[str, Any]]:
+              quantiles: int = QUANTILES, source: str = "",
+              phase: bool = True) -> tuple[NoiseSpec, dict[str, Any]]:
     """The noise of ``replays``: each replay's run factor is the median of its ratios, the
     step errors its ratios over that factor, pooled over the replays. ``lognormal``: step_mu /
     step_sigma the median and the robust standard deviation (interquartile range / 1.349) of
     the errors' logs (stalls of tens of times the model would blow up a plain standard
     deviation); ``empirical``: ``quantiles`` quantiles of the errors. The run factor's log mean
-    and standard deviation over the replays (sigma 0 from one replay). Returns the spec and a
-    record of the fit (per replay: steps, run factor, step-error p10/p50/p90)."""
+    and standard deviation over the replays (sigma 0 from one replay). With ``phase``, the
+    phase from the errors' autocorrelation (``fit_phase``), else every step independent.
+    Returns the spec and a record of the fit (per replay: steps, run factor, step-error
+    p10/p50/p90; the autocorrelation and the phase)."""
     if kind not in ("lognormal", "empirical"):
         raise ValueError(f"noise kind must be lognormal or empirical, got {kind!r}")
     if quantiles < 2:
@@ -163,14 +240,16 @@ def fit_noise(replays: Sequence[ReplayRatios], kind: str = "empirical", *,
     run_mu = float(log_f.mean())
     run_sigma = float(log_f.std(ddof=1)) if len(used) > 1 else 0.0
     q25, q50, q75 = np.quantile(logs, [0.25, 0.5, 0.75])
+    acf, pairs = autocorrelation(used, (1, PHASE_LAG)) if phase else ({}, 0)
+    share, persistence = fit_phase(acf, pairs)
+    both = {"run_mu": run_mu, "run_sigma": run_sigma, "phase_share": share,
+            "phase_persistence": persistence, "source": source}
     if kind == "lognormal":
         spec = NoiseSpec(kind="lognormal", step_mu=float(q50),
-                         step_sigma=float((q75 - q25) / 1.349), run_mu=run_mu,
-                         run_sigma=run_sigma, source=source)
+                         step_sigma=float((q75 - q25) / 1.349), **both)
     else:
         q = np.quantile(errors, np.linspace(0.0, 1.0, quantiles))
-        spec = NoiseSpec(kind="empirical", step_quantiles=[float(x) for x in q],
-                         run_mu=run_mu, run_sigma=run_sigma, source=source)
+        spec = NoiseSpec(kind="empirical", step_quantiles=[float(x) for x in q], **both)
     record = {
         "kind": kind, "steps": int(errors.size),
         "step_error": {f"p{p}": float(v) for p, v in
@@ -179,6 +258,8 @@ def fit_noise(replays: Sequence[ReplayRatios], kind: str = "empirical", *,
         "step_error_log_sigma_robust": float((q75 - q25) / 1.349),
         "step_error_mean": float(errors.mean()),
         "run_factor_median": float(np.median(factors)),
+        "phase": {"fitted": phase, "share": share, "persistence": persistence,
+                  "autocorrelation": {f"lag{k}": v for k, v in acf.items()}},
         "replays": [{"replay": r.name, "steps": r.steps, "fitted_steps": int(r.ratios.size),
                      "run_factor": float(f),
                      **{f"step_error_p{p}": float(v) for p, v in
@@ -235,10 +316,11 @@ def write_noise(path: Path | str, spec: NoiseSpec, record: dict[str, Any],
 
 
 def fit_replays(run_dirs: Sequence[Path | str], cost: CostModel, kind: str = "empirical", *,
-                after_idle: bool = False,
-                source: str = "") -> tuple[NoiseSpec, dict[str, Any]]:
+                after_idle: bool = False, source: str = "",
+                phase: bool = True) -> tuple[NoiseSpec, dict[str, Any]]:
     """``fit_noise`` on the steps of results directories against ``cost``."""
     reps = [replay_ratios(d, cost, after_idle=after_idle) for d in run_dirs]
-    spec, record = fit_noise(reps, kind, source=source or ", ".join(str(d) for d in run_dirs))
+    spec, record = fit_noise(reps, kind, source=source or ", ".join(str(d) for d in run_dirs),
+                             phase=phase)
     record["after_idle_included"] = after_idle
     return spec, record
