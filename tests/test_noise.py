@@ -117,6 +117,53 @@ def test_the_fit_recovers_a_host_phase() -> None:
     assert rho == 0.999 and share == pytest.approx(0.8 / 0.999)
 
 
+def test_stalls_add_seconds_to_a_share_of_the_steps() -> None:
+    """A stall is seconds added to the step (the same on a short and a long step), drawn for
+    ``stall_prob`` of the steps; the other steps keep the step error's distribution."""
+    stalls = [0.005, 0.01, 0.03]  # s, at probabilities 0, .5, 1
+    spec = NoiseSpec(kind="empirical", step_quantiles=[0.8, 1.0, 1.2], stall_prob=0.05,
+                     stall_quantiles=stalls, run_mu=math.log(1.1))
+    factors, added = StepNoise(spec, seed=2).draw(200_000)
+    assert added is not None
+    hit = added > 0
+    assert hit.mean() == pytest.approx(0.05, abs=0.003)
+    assert np.median(added[hit]) == pytest.approx(0.01, rel=0.05)
+    assert np.all(factors[hit] == pytest.approx(1.1))  # a stalled step: the model's time + stall
+    assert np.median(factors[~hit] / 1.1) == pytest.approx(1.0, abs=0.01)
+    cost = make_cost_model(DEP)
+    short, long = BatchShape(decode_seqs=1, decode_ctx=100), BatchShape(decode_seqs=64,
+                                                                        decode_ctx=64_000)
+    a, b = NoisyCost(cost, spec, 2), NoisyCost(cost, spec, 2)
+    ta = np.array([a.iteration_time(short) for _ in range(2000)])
+    tb = np.array([b.iteration_time(long) for _ in range(2000)])
+    f, extra = StepNoise(spec, 2).draw()
+    assert extra is not None
+    assert ta == pytest.approx(cost.iteration_time(short) * f[:2000] + extra[:2000], rel=1e-12)
+    assert tb == pytest.approx(cost.iteration_time(long) * f[:2000] + extra[:2000], rel=1e-12)
+    with pytest.raises(ValidationError, match="stall_quantiles"):
+        NoiseSpec(kind="lognormal", stall_prob=0.1)
+
+
+def test_the_fit_tells_stalls_from_the_step_error() -> None:
+    rng = np.random.default_rng(9)
+    n = 20_000
+    pred = rng.uniform(0.002, 0.004, n)
+    span = pred * 1.2 * np.exp(0.1 * rng.standard_normal(n))
+    stalled = rng.random(n) < 0.02
+    span[stalled] += 0.01  # 10 ms stalls on 2-4 ms steps
+    rep = ReplayRatios("r", span / pred, n, pred)
+    spec, record = fit_noise([rep], "lognormal")
+    assert spec.stall_prob == pytest.approx(0.02, abs=0.003)
+    assert record["stalls"]["seconds_p50"] == pytest.approx(0.01, abs=0.001)
+    assert math.exp(spec.run_mu) == pytest.approx(1.2, rel=0.02)
+    assert spec.step_sigma == pytest.approx(0.1, rel=0.1)  # the body, stalls left out
+    plain, rec = fit_noise([rep], "lognormal", stalls=False)
+    assert plain.stall_prob == 0.0 and not rec["stalls"]["fitted"]
+    assert fit_noise([ReplayRatios("r", rep.ratios, n)])[0].stall_prob == 0.0  # no predictions
+    few = ReplayRatios("r", (pred * 1.2)[:500] / pred[:500], 500, pred[:500])
+    assert fit_noise([few])[0].stall_prob == 0.0  # fewer than MIN_STALLS: none
+
+
 def test_seeded_and_deterministic() -> None:
     spec = NoiseSpec(kind="lognormal", step_sigma=0.1, run_sigma=0.2)
     a, b, c = StepNoise(spec, 7), StepNoise(spec, 7), StepNoise(spec, 8)

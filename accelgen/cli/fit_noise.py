@@ -39,6 +39,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="keep the steps that woke an idle engine")
     p.add_argument("--independent", action="store_true",
                    help="draw every step's error independently (no host phase fitted)")
+    p.add_argument("--no-stalls", action="store_true",
+                   help="charge every step's error as a factor (no stalls fitted: steps over "
+                        "twice the model are then the error's tail)")
     p.add_argument("--out", required=True, type=Path, help="the noise file (YAML)")
     p.set_defaults(func=run)
 
@@ -54,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
     dep = Deployment.model_validate(data["deployment"])
     try:
         spec, record = fit_replays(args.runs, make_cost_model(dep), args.kind,
-                                   after_idle=args.after_idle, phase=not args.independent)
+                                   after_idle=args.after_idle, phase=not args.independent,
+                                   stalls=not args.no_stalls)
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -71,6 +75,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"host phase: share {spec.phase_share:.2f}, persistence {spec.phase_persistence:.3f}"
           + (f" (autocorrelation {lags})" if lags else "")
           + ("" if ph["fitted"] else " (--independent)"))
+    st = record["stalls"]
+    print(f"stalls (steps over {st['over_ratio']:g} x the model): " + (
+        f"{st['count']} ({st['share']:.2%}), adding {1e3 * st['seconds_p50']:.1f} ms at the "
+        f"median, {1e3 * st['seconds_p90']:.1f} ms at p90" if st["fitted"] and st["count"]
+        else "none fitted" + (" (--no-stalls)" if args.no_stalls else "")))
     write_noise(args.out, spec, record, "accelgen fit-noise " + shlex.join(sys.argv[2:]))
     n = len(record["replays"])
     print(f"wrote {args.out}: {args.kind} noise from {record['steps']} steps of {n} "

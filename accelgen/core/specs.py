@@ -16,6 +16,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    NonNegativeFloat,
     PositiveFloat,
     PositiveInt,
     model_serializer,
@@ -187,7 +188,11 @@ class NoiseSpec(StrictModel):
     its correlation between consecutive iterations), the rest is drawn anew each step:
     ``phase_share`` 0 (the default) draws every step independently. Either way the step
     errors' distribution is the one given; the phase only decides whether slow steps come
-    alone or in runs, as a real host's do.
+    alone or in runs, as a real host's do. A share ``stall_prob`` of the steps (the slowest
+    scores) are stalls instead: the step takes its predicted time x run factor plus a stall of
+    ``stall_quantiles`` seconds (at evenly spaced probabilities), added rather than multiplied,
+    since a host's stall (the client or another process holding the core) does not grow with
+    the batch; the other steps draw the step error from the rest of the scores.
     Seeded (``seed``, default the run's seed): the same draws for the same run. ``none``: the
     deterministic simulator, exactly as without this section. The policy never sees the noise:
     it plans with the cost model. ``accelgen fit-noise`` fits it to real replays
@@ -201,6 +206,8 @@ class NoiseSpec(StrictModel):
     run_sigma: float = Field(0.0, ge=0.0, allow_inf_nan=False)
     phase_share: float = Field(0.0, ge=0.0, le=1.0, allow_inf_nan=False)
     phase_persistence: float = Field(0.0, ge=0.0, lt=1.0, allow_inf_nan=False)
+    stall_prob: float = Field(0.0, ge=0.0, lt=1.0, allow_inf_nan=False)
+    stall_quantiles: list[NonNegativeFloat] | None = None  # seconds added to a stalled step
     seed: int | None = None
     source: str = ""  # what it was fitted on
 
@@ -211,6 +218,11 @@ class NoiseSpec(StrictModel):
             raise ValueError("kind 'empirical' needs step_quantiles (at least 2 values)")
         if q is not None and any(b < a for a, b in itertools.pairwise(q)):
             raise ValueError("step_quantiles: must not decrease")
+        sq = self.stall_quantiles
+        if self.stall_prob > 0 and (sq is None or len(sq) < 2):
+            raise ValueError("stall_prob > 0 needs stall_quantiles (at least 2 values)")
+        if sq is not None and any(b < a for a, b in itertools.pairwise(sq)):
+            raise ValueError("stall_quantiles: must not decrease")
         return self
 
     @property

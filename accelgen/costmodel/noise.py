@@ -11,7 +11,10 @@ factor is the median of its ratios, and the step errors are the ratios over it, 
 host's slow steps come in runs (its phases: clocks, neighbours, the client beside the engine);
 the fit reads how much of the step error carries over between steps from the errors'
 autocorrelation and the simulator draws the errors with that much of a phase
-(``NoiseSpec.phase_share``, ``phase_persistence``).
+(``NoiseSpec.phase_share``, ``phase_persistence``). A step that took more than ``STALL_RATIO``
+times the model at its run's level is a stall: fitted and charged as seconds added to the step
+(``stall_prob``, ``stall_quantiles``), not as a factor, since the engine's stalls (22-33 ms on
+2.7 ms decode steps of the CPU engine) do not grow with the batch.
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ QUANTILES = 201  # an empirical fit's step-error quantiles (every 0.5 %)
 PHASE_LAG = 20
 PHASE_MIN_STEPS = 5 * PHASE_LAG  # a replay shorter than this says nothing of its phases
 MAX_PERSISTENCE = 0.999  # (a phase that never changes is the run factor's job)
+STALL_RATIO = 2.0  # a step over this many times the model (at its run's level) is a stall
+MIN_STALLS = 5  # fewer stalls than this in the replays: no stall distribution fitted
+STALL_QUANTILES = 101  # the stalls' quantiles (every 1 %)
 
 
 def _generator(seed: int) -> np.random.Generator:
@@ -63,8 +69,14 @@ class StepNoise:
             self._probs = np.linspace(0.0, 1.0, len(q))
 
     def block(self, n: int = BLOCK) -> np.ndarray:
-        """The next ``n`` factors."""
+        """The next ``n`` factors (a spec with stalls: ``draw``)."""
+        return self.draw(n)[0]
+
+    def draw(self, n: int = BLOCK) -> tuple[np.ndarray, np.ndarray | None]:
+        """The next ``n`` factors and, with stalls, the seconds each step adds (else None)."""
         spec = self.spec
+        if spec.stall_prob > 0:
+            return self._with_stalls(n)
         if spec.phase_share > 0:
             from scipy.special import ndtr
 
@@ -75,7 +87,29 @@ class StepNoise:
             err = np.exp(spec.step_mu + spec.step_sigma * self._rng.standard_normal(n))
         else:
             err = np.interp(self._rng.random(n), self._probs, self._q)
-        return err * self.run_factor
+        return err * self.run_factor, None
+
+    def _with_stalls(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Factors and stalls: the scores above ``1 - stall_prob`` are stalls (the model's time
+        x the run factor, plus a stall from its quantiles); the others the step error, read
+        off the rest of the scores."""
+        from scipy.special import ndtr, ndtri
+
+        spec = self.spec
+        p = spec.stall_prob
+        u = ndtr(self._scores(n)) if spec.phase_share > 0 else self._rng.random(n)
+        stalled = u >= 1.0 - p
+        body = np.minimum(u / (1.0 - p), 1.0)
+        if spec.kind == "lognormal":
+            err = np.exp(spec.step_mu + spec.step_sigma
+                         * ndtri(np.clip(body, 1e-12, 1.0 - 1e-12)))
+        else:
+            err = np.interp(body, self._probs, self._q)
+        err[stalled] = 1.0
+        sq = np.asarray(spec.stall_quantiles, dtype=np.float64)
+        stall = np.zeros(n)
+        stall[stalled] = np.interp((u[stalled] - (1.0 - p)) / p, np.linspace(0.0, 1.0, len(sq)), sq)
+        return err * self.run_factor, stall
 
     def _scores(self, n: int) -> np.ndarray:
         """The next ``n`` standard normal scores: ``phase_share`` of the variance the phase's
@@ -102,6 +136,7 @@ class NoisyCost(CostModel):
         self.noise = StepNoise(spec, seed)
         self._time = base.iteration_time
         self._buf: list[float] = []
+        self._stalls: list[float] | None = None  # seconds added per step (a spec with stalls)
         self._i = 0
         self.drawn = 0  # factors used so far
 
@@ -113,11 +148,15 @@ class NoisyCost(CostModel):
         i = self._i
         buf = self._buf
         if i == len(buf):
-            buf = self._buf = self.noise.block().tolist()
+            factors, stalls = self.noise.draw()
+            buf = self._buf = factors.tolist()
+            self._stalls = None if stalls is None else stalls.tolist()
             i = 0
         self._i = i + 1
         self.drawn += 1
-        return self._time(shape) * buf[i]
+        if self._stalls is None:
+            return self._time(shape) * buf[i]
+        return self._time(shape) * buf[i] + self._stalls[i]
 
     def forward_time(self, forward_size: int) -> float:
         return self.base.forward_time(forward_size)
@@ -151,6 +190,7 @@ class ReplayRatios:
     name: str
     ratios: np.ndarray
     steps: int  # steps in the replay (before dropping the ones woken from idle)
+    predicted: np.ndarray | None = None  # the model's time of each step (s), for the stalls
 
 
 def replay_ratios(run_dir: Path | str, cost: CostModel, *,
@@ -167,7 +207,7 @@ def replay_ratios(run_dir: Path | str, cost: CostModel, *,
     keep = np.isfinite(ratio) & (ratio > 0)
     if not after_idle:
         keep &= ~np.asarray(log.after_idle, dtype=bool)
-    return ReplayRatios(str(run_dir), ratio[keep], len(ratio))
+    return ReplayRatios(str(run_dir), ratio[keep], len(ratio), pred[keep])
 
 
 def autocorrelation(replays: Sequence[ReplayRatios],
@@ -213,9 +253,35 @@ def fit_phase(acf: dict[int, float], pairs: int) -> tuple[float, float]:
     return min(a1 / rho, 1.0), rho
 
 
+@dataclass(frozen=True, slots=True)
+class Stalls:
+    prob: float  # the share of steps that stalled
+    quantiles: list[float]  # the seconds a stall added, at evenly spaced probabilities
+    count: int
+
+
+def fit_stalls(replays: Sequence[ReplayRatios], factors: np.ndarray) -> Stalls | None:
+    """The steps of ``replays`` over ``STALL_RATIO`` times the model at their replay's level
+    (``factors``): their share and the seconds each took beyond that level (span - factor x
+    predicted). None without predicted times or with fewer than ``MIN_STALLS`` of them."""
+    if any(r.predicted is None for r in replays):
+        return None
+    extra, n = [], 0
+    for r, f in zip(replays, factors, strict=True):
+        assert r.predicted is not None
+        stalled = r.ratios / f > STALL_RATIO
+        extra.append((r.ratios[stalled] - f) * r.predicted[stalled])
+        n += r.ratios.size
+    seconds = np.concatenate(extra)
+    if seconds.size < MIN_STALLS:
+        return None
+    q = np.quantile(seconds, np.linspace(0.0, 1.0, STALL_QUANTILES))
+    return Stalls(seconds.size / n, [float(x) for x in q], int(seconds.size))
+
+
 def fit_noise(replays: Sequence[ReplayRatios], kind: str = "empirical", *,
               quantiles: int = QUANTILES, source: str = "",
-              phase: bool = True) -> tuple[NoiseSpec, dict[str, Any]]:
+              phase: bool = True, stalls: bool = True) -> tuple[NoiseSpec, dict[str, Any]]:
     """The noise of ``replays``: each replay's run factor is the median of its ratios, the
     step errors its ratios over that factor, pooled over the replays. ``lognormal``: step_mu /
     step_sigma the median and the robust standard deviation (interquartile range / 1.349) of
@@ -223,8 +289,11 @@ def fit_noise(replays: Sequence[ReplayRatios], kind: str = "empirical", *,
     deviation); ``empirical``: ``quantiles`` quantiles of the errors. The run factor's log mean
     and standard deviation over the replays (sigma 0 from one replay). With ``phase``, the
     phase from the errors' autocorrelation (``fit_phase``), else every step independent.
+    With ``stalls`` (and every replay's predicted times), the steps over ``STALL_RATIO`` are
+    stalls if there are at least ``MIN_STALLS``: their share and the seconds each took beyond
+    the model at its run's level (``fit_stalls``), the step error fitted on the other steps.
     Returns the spec and a record of the fit (per replay: steps, run factor, step-error
-    p10/p50/p90; the autocorrelation and the phase)."""
+    p10/p50/p90; the autocorrelation and the phase; the stalls)."""
     if kind not in ("lognormal", "empirical"):
         raise ValueError(f"noise kind must be lognormal or empirical, got {kind!r}")
     if quantiles < 2:
@@ -235,20 +304,24 @@ def fit_noise(replays: Sequence[ReplayRatios], kind: str = "empirical", *,
                          + (", ".join(r.name for r in replays) or "no replays given"))
     factors = np.array([float(np.median(r.ratios)) for r in used])
     errors = np.concatenate([r.ratios / f for r, f in zip(used, factors, strict=True)])
-    logs = np.log(errors)
     log_f = np.log(factors)
     run_mu = float(log_f.mean())
     run_sigma = float(log_f.std(ddof=1)) if len(used) > 1 else 0.0
+    stall = fit_stalls(used, factors) if stalls else None
+    body = errors if stall is None else errors[errors <= STALL_RATIO]
+    logs = np.log(body)
     q25, q50, q75 = np.quantile(logs, [0.25, 0.5, 0.75])
     acf, pairs = autocorrelation(used, (1, PHASE_LAG)) if phase else ({}, 0)
     share, persistence = fit_phase(acf, pairs)
-    both = {"run_mu": run_mu, "run_sigma": run_sigma, "phase_share": share,
-            "phase_persistence": persistence, "source": source}
+    both: dict[str, Any] = {"run_mu": run_mu, "run_sigma": run_sigma, "phase_share": share,
+                            "phase_persistence": persistence, "source": source}
+    if stall is not None:
+        both |= {"stall_prob": stall.prob, "stall_quantiles": stall.quantiles}
     if kind == "lognormal":
         spec = NoiseSpec(kind="lognormal", step_mu=float(q50),
                          step_sigma=float((q75 - q25) / 1.349), **both)
     else:
-        q = np.quantile(errors, np.linspace(0.0, 1.0, quantiles))
+        q = np.quantile(body, np.linspace(0.0, 1.0, quantiles))
         spec = NoiseSpec(kind="empirical", step_quantiles=[float(x) for x in q], **both)
     record = {
         "kind": kind, "steps": int(errors.size),
@@ -260,6 +333,12 @@ def fit_noise(replays: Sequence[ReplayRatios], kind: str = "empirical", *,
         "run_factor_median": float(np.median(factors)),
         "phase": {"fitted": phase, "share": share, "persistence": persistence,
                   "autocorrelation": {f"lag{k}": v for k, v in acf.items()}},
+        "stalls": {"fitted": stall is not None, "over_ratio": STALL_RATIO,
+                   "share": 0.0 if stall is None else stall.prob,
+                   "count": 0 if stall is None else stall.count,
+                   **({} if stall is None else
+                      {f"seconds_p{p}": float(np.interp(p / 100, np.linspace(0, 1, len(
+                          stall.quantiles)), stall.quantiles)) for p in (10, 50, 90)})},
         "replays": [{"replay": r.name, "steps": r.steps, "fitted_steps": int(r.ratios.size),
                      "run_factor": float(f),
                      **{f"step_error_p{p}": float(v) for p, v in
@@ -317,10 +396,10 @@ def write_noise(path: Path | str, spec: NoiseSpec, record: dict[str, Any],
 
 def fit_replays(run_dirs: Sequence[Path | str], cost: CostModel, kind: str = "empirical", *,
                 after_idle: bool = False, source: str = "",
-                phase: bool = True) -> tuple[NoiseSpec, dict[str, Any]]:
+                phase: bool = True, stalls: bool = True) -> tuple[NoiseSpec, dict[str, Any]]:
     """``fit_noise`` on the steps of results directories against ``cost``."""
     reps = [replay_ratios(d, cost, after_idle=after_idle) for d in run_dirs]
     spec, record = fit_noise(reps, kind, source=source or ", ".join(str(d) for d in run_dirs),
-                             phase=phase)
+                             phase=phase, stalls=stalls)
     record["after_idle_included"] = after_idle
     return spec, record
