@@ -27,7 +27,7 @@ REFERENCE_REQUESTS = 20_000
 MEASURED_ON = ("scripts/bench_sim.py --traces paper bursty, every policy in one session, "
                "2026-11-25, 2-core development VM, build 74eb80c (load 1.0 before and after); "
                "vllm, sarathi, fastgen and vllm-priority rescaled by side-by-side runs of later builds, "
-               "2026-11-27")
+               "2026-11-27; accelgen re-measured on build 16e56c4, 2026-11-28")
 STARTUP_S = 3.0  # interpreter, imports, trace load: not scaled
 BASE_MB = 250.0  # the process before the run (interpreter, numpy, pandas, pyarrow)
 
@@ -65,7 +65,11 @@ MEASURED: dict[str, JobCost] = {
     "edf": JobCost(seconds=85.5, rss_mb=918.0),
     "orca": JobCost(seconds=68.0, rss_mb=1590.0),  # 16.9 M iterations (batches of 8)
     "oracle": JobCost(seconds=91.1, rss_mb=1353.0),  # one point of a search
-    "accelgen": JobCost(seconds=59.9, rss_mb=1109.0),
+    # AccelGen re-measured on the build with exact plans and the closed loop, by CPU time of the
+    # whole process on the paper trace, quiet host (load 1.0-1.5), 2026-11-28 (`bench_sim.py
+    # --traces paper --policies accelgen --checkout <660746d>`: 81.8 s, the build before it
+    # 101.0 s; under load 100.8-119.6 s). It was 59.9 s on the host of 2026-11-25.
+    "accelgen": JobCost(seconds=81.8, rss_mb=1201.0),
     # Not a paper-trace run: vllm's cost scaled by the CPU-time ratio of the two side by side
     # (quick 500-request trace at 8 req/s, three alternating runs each, medians net of the
     # 1.46 s start-up: 3.28 s / 2.86 s = 1.15), peak memory as vllm's; then its after-decodes
