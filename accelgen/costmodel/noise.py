@@ -51,7 +51,8 @@ def _generator(seed: int) -> np.random.Generator:
 class StepNoise:
     """The factors ``run factor x step error`` of one run, in the order iterations draw them."""
 
-    __slots__ = ("_phase", "_probs", "_q", "_rng", "run_factor", "spec")
+    __slots__ = ("_phase", "_probs", "_q", "_rng", "_stall_probs", "_stall_q", "run_factor",
+                 "spec")
 
     def __init__(self, spec: NoiseSpec, seed: int) -> None:
         if not spec.on:
@@ -67,6 +68,10 @@ class StepNoise:
             q = np.asarray(spec.step_quantiles, dtype=np.float64)
             self._q = q
             self._probs = np.linspace(0.0, 1.0, len(q))
+        if spec.stall_prob > 0:
+            sq = np.asarray(spec.stall_quantiles, dtype=np.float64)
+            self._stall_q = sq
+            self._stall_probs = np.linspace(0.0, 1.0, len(sq))
 
     def block(self, n: int = BLOCK) -> np.ndarray:
         """The next ``n`` factors (a spec with stalls: ``draw``)."""
@@ -106,9 +111,8 @@ class StepNoise:
         else:
             err = np.interp(body, self._probs, self._q)
         err[stalled] = 1.0
-        sq = np.asarray(spec.stall_quantiles, dtype=np.float64)
         stall = np.zeros(n)
-        stall[stalled] = np.interp((u[stalled] - (1.0 - p)) / p, np.linspace(0.0, 1.0, len(sq)), sq)
+        stall[stalled] = np.interp((u[stalled] - (1.0 - p)) / p, self._stall_probs, self._stall_q)
         return err * self.run_factor, stall
 
     def _scores(self, n: int) -> np.ndarray:
