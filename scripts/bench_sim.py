@@ -128,6 +128,11 @@ def _median(runs: list[Run], attr: str) -> float:
     return statistics.median(vals) if vals else float("nan")
 
 
+def _median_of(runs: list[Run], trace: str, policy: str, tree: str, attr: str) -> float:
+    """``_median`` of the runs of one trace, policy and tree."""
+    return _median([r for r in runs if (r.trace, r.policy, r.tree) == (trace, policy, tree)], attr)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -182,8 +187,7 @@ def main() -> int:
              if compared else ")"))
     for trace_name in args.traces:
         for _, label in trees:
-            ref = _median([r for r in runs if (r.trace, r.policy, r.tree)
-                           == (trace_name, "vllm", label)], "wall_s")
+            ref = _median_of(runs, trace_name, "vllm", label, "wall_s")
             for policy in policies:
                 sel = [r for r in runs if (r.trace, r.policy, r.tree) == (trace_name, policy, label)]
                 wall = _median(sel, "wall_s")
@@ -191,17 +195,14 @@ def main() -> int:
                         f"{_median(sel, 'it_per_s'):8.0f} it/s  RSS {_median(sel, 'rss_mb'):6.0f} MB"
                         f"  {wall / ref:5.2f} x vllm")
                 if compared and label == "this":
-                    other = _median([r for r in runs if (r.trace, r.policy, r.tree)
-                                     == (trace_name, policy, other_label)], "wall_s")
-                    cpus = [_median([r for r in runs if (r.trace, r.policy, r.tree)
-                                     == (trace_name, policy, t)], "cpu_s")
+                    other = _median_of(runs, trace_name, policy, other_label, "wall_s")
+                    cpus = [_median_of(runs, trace_name, policy, t, "cpu_s")
                             for t in ("this", other_label)]
                     line += (f"  this/{other_label} {wall / other:5.2f}"
                              f" (CPU {cpus[0]:.1f} / {cpus[1]:.1f} s: {other_label}/this "
                              f"{cpus[1] / cpus[0]:5.2f})")
                     if args.noise is not None:
-                        sims = [_median([r for r in runs if (r.trace, r.policy, r.tree)
-                                         == (trace_name, policy, t)], "sim_s")
+                        sims = [_median_of(runs, trace_name, policy, t, "sim_s")
                                 for t in ("this", "noise")]
                         line += (f"  noise/this {other / wall:5.2f} (loop {sims[1] / sims[0]:5.2f}"
                                  ")")
