@@ -276,6 +276,30 @@ def test_fit_noise_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert "no iterations.parquet" in capsys.readouterr().err and not bad.exists()
 
 
+def test_fit_noise_command_fits_phase_and_stalls_unless_told_not_to(tmp_path: Path) -> None:
+    """A replay whose steps come in runs and stall: fitted with both by default, with neither
+    under --independent --no-stalls."""
+    import yaml
+
+    from accelgen.cli import main
+
+    truth = NoiseSpec(kind="lognormal", step_sigma=0.1, phase_share=0.9, phase_persistence=0.97,
+                      stall_prob=0.05, stall_quantiles=[0.05, 0.1])
+    _run("vllm", truth, 4).write(tmp_path / "replay")
+    (tmp_path / "dep.yaml").write_text(yaml.safe_dump(
+        {"deployment": DEP.model_dump(mode="json", exclude_none=True)}))
+    base = ["fit-noise", "--runs", str(tmp_path / "replay"), "--deployment",
+            str(tmp_path / "dep.yaml"), "--kind", "lognormal", "--out"]
+    assert main([*base, str(tmp_path / "both.yaml")]) == 0
+    both = read_noise(tmp_path / "both.yaml")
+    # (how close the fit comes is test_the_fit_recovers_a_host_phase's and
+    # test_the_fit_tells_stalls_from_the_step_error's: here the phase clusters the stalls)
+    assert both.phase_share > 0.5 and both.stall_prob > 0.01
+    assert main([*base, str(tmp_path / "none.yaml"), "--independent", "--no-stalls"]) == 0
+    none = read_noise(tmp_path / "none.yaml")
+    assert (none.phase_share, none.stall_prob) == (0.0, 0.0)
+
+
 # Golden digests of noisy runs (``tests/accelgen_golden.results_digest``: every column of
 # requests.parquet and iterations.parquet): a change of the noise's draws or of how they are
 # charged changes them. Recorded on this build; vLLM and Sarathi-Serve, whose decisions no
