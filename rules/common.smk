@@ -26,7 +26,8 @@ validate(config, "../config/schema.json", set_default=False)
 # Jobs run the interpreter that runs Snakemake (the project's venv), not whatever is on PATH. Its
 # path reaches them through the environment (set here) and not through the shell commands, since
 # Snakemake re-runs every job whose command text changed, e.g. after the checkout was moved.
-os.environ.update(ACCELGEN_PYTHON=sys.executable)
+# Under `accelgen warm` (scripts/main.sh) it is the warm server's shim (accelgen/cli/warm.py).
+os.environ.update(ACCELGEN_PYTHON=os.environ.get("ACCELGEN_WARM_PYTHON") or sys.executable)
 PY = '"$ACCELGEN_PYTHON"'
 ACCELGEN = f"{PY} -m accelgen.cli"
 PIPELINE = f"{PY} -m accelgen.pipeline"

@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "engine-sweep": "accelgen.cli.engine_sweep",
     "oracle": "accelgen.cli.oracle",
     "capacity": "accelgen.cli.capacity",
+    "warm": "accelgen.cli.warm",
 }
 
 
