@@ -24,8 +24,9 @@ import os
 import shutil
 import tempfile
 from array import array
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from pathlib import Path
 from typing import Any, cast
 
@@ -125,6 +126,27 @@ class IterationLog:
             self._append_info(info, len(rows))
         if len(rows) >= self.CHUNK_ROWS:
             self._store()
+
+    def append_rows(self, rows: Sequence[tuple[Any, ...]],
+                    info: MutableMapping[str, float]) -> None:
+        """``append`` of rows already in column order (what ``append`` builds from its
+        arguments), each with no decision time and the diagnostics ``info``: the same log, for
+        the simulator's runs of decode iterations."""
+        done = 0
+        while done < len(rows):
+            part = rows[done:done + self.CHUNK_ROWS - len(self._rows)]
+            done += len(part)
+            base = len(self._rows)
+            self._rows.extend(part)
+            self.decision_time.frombytes(bytes(8 * len(part)))  # 0.0 each
+            for i in range(len(part)):
+                if (type(info) is InfoRow and info._extra is None
+                        and info._index is self._fast_index):
+                    self._fast_rows.extend(repeat(info._values, len(part) - i))
+                    break
+                self._append_info(info, base + i + 1)
+            if len(self._rows) >= self.CHUNK_ROWS:
+                self._store()
 
     def _append_info(self, info: MutableMapping[str, float], num_rows: int) -> None:
         """Add one row's diagnostics; ``num_rows``: rows not yet stored, this one too."""

@@ -8,6 +8,7 @@ import random
 import timeit
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -534,3 +535,21 @@ def test_cost_model_never_reads_the_shared_folder() -> None:
         for line in path.read_text().splitlines():
             if not line.lstrip().startswith("#"):
                 assert "shared/calibration" not in line, f"{path}: {line}"
+
+
+@pytest.mark.parametrize("deployment", [
+    Deployment(model="opt-13b", hardware="a100"),
+    Deployment(model="opt-175b", hardware="a100", tp=8),  # with the TP all-reduce term
+    Deployment(model="llama-3-70b", hardware="a100", tp=4),
+])
+def test_decode_times_are_iteration_times_to_the_last_bit(deployment: Deployment) -> None:
+    """A run of decode iterations priced at once (the simulator's ``_decode_run``) costs what
+    each iteration priced alone does, bit for bit."""
+    model = make_cost_model(deployment)
+    rng = np.random.default_rng(11)
+    for n in (1, 2, 7, 64, 300):
+        ctx = np.sort(rng.integers(n, n * 20_000, 50))
+        times = model.decode_times(n, ctx)
+        assert times is not None
+        alone = [model.iteration_time(BatchShape(0, 0, 0.0, n, int(c))) for c in ctx]
+        assert times.tolist() == alone

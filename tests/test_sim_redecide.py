@@ -17,6 +17,9 @@ from accelgen.core.iteration import Pivot
 from accelgen.core.kvcache import BlockManager
 from accelgen.core.policy import Decision, Policy, SchedulerView
 from accelgen.core.request import Request
+from accelgen.core.specs import Deployment
+from accelgen.costmodel.base import CostModel
+from accelgen.costmodel.factory import make_cost_model
 from accelgen.policies.accelgen import AccelGenPolicy
 from accelgen.policies.accelgen.oracle import OraclePolicy
 from accelgen.policies.fastgen import FastGenPolicy
@@ -53,6 +56,8 @@ class AskingVLLMPriority(VLLMPriorityPolicy):
     schedule_after_decodes = Policy.schedule_after_decodes
 
 
+ANALYTIC = make_cost_model(Deployment(model="opt-13b", hardware="a100"))
+
 _BASELINES: dict[str, tuple[type[Policy], type[Policy]]] = {
     "vllm": (VLLMPolicy, AskingVLLM), "sarathi": (SarathiPolicy, AskingSarathi),
     "fastgen": (FastGenPolicy, AskingFastGen),
@@ -77,8 +82,11 @@ def _requests(specs: list[Spec]) -> list[Request]:
 
 
 def _run(policy: Policy, specs: list[Spec], *, num_blocks: int, block_size: int,
-         max_iterations: int | None, horizon_s: float | None) -> SimulationResult:
-    cost = LinearCost()
+         max_iterations: int | None, horizon_s: float | None,
+         analytic: bool = False) -> SimulationResult:
+    # The analytic model prices a run of decode iterations at once (``decode_times``), the
+    # linear one iteration by iteration: both paths of ``Simulator._decode_run``.
+    cost: CostModel = ANALYTIC if analytic else LinearCost()
     sim = Simulator(_requests(specs), [o for _, _, o, _ in specs], policy, cost,
                     BlockManager(num_blocks, block_size),
                     Pivot(s_pf=64, t_pf=cost.forward_time(64)), max_model_len=100_000,
@@ -119,20 +127,45 @@ def test_deciding_after_decodes_gives_the_results_of_asking(
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(specs=_specs, num_blocks=st.integers(min_value=8, max_value=40),
        block_size=st.sampled_from([4, 16]), token_budget=st.sampled_from([None, 3, 64]),
-       max_num_seqs=st.sampled_from([2, 256]), max_iterations=st.sampled_from([None, 9]),
+       max_num_seqs=st.sampled_from([2, 256]), max_iterations=st.sampled_from([None, 9, 300]),
+       horizon_s=st.sampled_from([None, 0.7]), analytic=st.booleans(),
        baseline=st.sampled_from(sorted(_BASELINES)))
 def test_baseline_after_decodes_gives_the_results_of_asking(
         specs: list[Spec], num_blocks: int, block_size: int, token_budget: int | None,
-        max_num_seqs: int, max_iterations: int | None, baseline: str) -> None:
+        max_num_seqs: int, max_iterations: int | None, horizon_s: float | None,
+        analytic: bool, baseline: str) -> None:
     """vLLM's, vLLM priority's, Sarathi-Serve's and FastGen's decision handed back after
     decode steps: blocks running short (preemption; FastGen skips the decode), a head-of-line
     request that does not fit, a budget or seat limit cutting the batch, an ongoing prompt
-    left without budget."""
+    left without budget; runs of decode iterations cut by an arrival, a finish, a block that
+    does not fit, the horizon or ``max_iterations``."""
     kw = {"token_budget": token_budget, "max_num_seqs": max_num_seqs}
     fast_cls, ref_cls = _BASELINES[baseline]
     assert fast_cls(**kw).after_decodes_while_blocks_fit()  # (the loop counts the blocks)
     _same(fast_cls(**kw), ref_cls(**kw), specs, num_blocks=num_blocks, block_size=block_size,
-          max_iterations=max_iterations, horizon_s=None)
+          max_iterations=max_iterations, horizon_s=horizon_s, analytic=analytic)
+
+
+@pytest.mark.parametrize("analytic", [False, True])
+def test_decode_iterations_run_at_once(analytic: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Requests served nearly alone (the capacity sweep's lowest rates): most iterations pass
+    in runs of decode iterations, with the results of asking vLLM at every iteration."""
+    rng = np.random.default_rng(7)
+    specs = [(float(a), int(p), int(o), 1) for a, p, o in zip(
+        np.arange(12) * 3.0, rng.integers(20, 120, 12), rng.integers(50, 200, 12), strict=True)]
+    run_steps = [0]
+    decode_run = Simulator._decode_run
+
+    def counted(self: Simulator, *a: Any) -> float:
+        before = self._iteration
+        out = decode_run(self, *a)
+        run_steps[0] += self._iteration - before
+        return out
+
+    monkeypatch.setattr(Simulator, "_decode_run", counted)
+    fast, _ = _same(VLLMPolicy(), AskingVLLM(), specs, num_blocks=200, block_size=16,
+                    max_iterations=None, horizon_s=None, analytic=analytic)
+    assert run_steps[0] > 0.8 * len(fast.iterations)
 
 
 def test_most_decode_iterations_reuse_the_decision(monkeypatch: pytest.MonkeyPatch) -> None:

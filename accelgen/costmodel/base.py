@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 from accelgen.core.iteration import BatchShape
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from accelgen.costmodel.analytic import RooflineTerms
     from accelgen.costmodel.calibrated import CalibratedConsts
     from accelgen.costmodel.linear import LinearTerms
@@ -36,6 +38,14 @@ class CostModel(ABC):
     def calibrated_consts(self) -> CalibratedConsts | None:
         """The constants when ``iteration_time`` is exactly ``calibrated.calibrated_time`` of them (the
         calibrated model says so; no other model does): compiled code evaluates it too."""
+        return None
+
+    def decode_times(self, decode_seqs: int, decode_ctx: np.ndarray) -> np.ndarray | None:
+        """``iteration_time`` of decode-only batches of ``decode_seqs`` sequences reading
+        ``decode_ctx[j]`` context tokens, for every ``j`` at once: the same values to the last
+        bit, or None where the model has no such shortcut (or draws per call, as a noisy model
+        does: every iteration must then be asked in turn). The simulator's runs of decode
+        iterations (``Simulator._decode_run``) use it."""
         return None
 
     def forward_time(self, forward_size: int) -> float:

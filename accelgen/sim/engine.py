@@ -16,6 +16,7 @@ from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -510,6 +511,10 @@ class Simulator:
         block_size = kv.block_size
         while (self._now < self._next_arrival and self._now < horizon
                and self._iteration < max_iterations):
+            run_latency = self._decode_run(decision, horizon, max_iterations)
+            if run_latency:
+                latency = run_latency
+                continue
             view.now = self._now
             need = decode_ctx = 0
             for r, _ in scheduled:
@@ -538,6 +543,130 @@ class Simulator:
                 break
         policy.on_step_end(view, decision, latency)
         return None
+
+    def _decode_run(self, decision: Decision, horizon: float, max_iterations: float) -> float:
+        """``_redecide_on_block_need``'s iterations, several at once: while no request of the
+        decode-only ``decision`` finishes, no new block is short and no arrival, horizon or
+        ``max_iterations`` comes, each iteration is the same batch one token further on, so
+        the requests are updated once for the whole run (their tokens, times, blocks) and
+        only the clock, the latency and the log row are worked out per iteration: the same
+        values, in the same order, as iteration by iteration. Returns the last iteration's
+        latency, or 0.0 when no run of ``MIN_DECODE_RUN`` iterations is possible (the caller
+        then runs the next iteration itself)."""
+        scheduled = decision.scheduled
+        target, kv = self._target, self.kv
+        block_size = kv.block_size
+        steps = max_iterations - self._iteration
+        decode_ctx = 0
+        first_need = []  # per request: the run's first iteration that needs it a new block
+        for r, n in scheduled:
+            out, ctx = r.num_output_tokens, r.num_computed_tokens
+            if n != 1 or out < 1 or ctx + 1 != r.prompt_len + out:
+                return 0.0
+            # (iterations that emit one of its tokens without finishing it)
+            steps = min(steps, target[r.req_id] - out - 1)
+            if steps < MIN_DECODE_RUN:
+                return 0.0
+            decode_ctx += ctx
+            first_need.append(r.num_blocks * block_size - ctx)
+        steps = int(steps)
+        need = [0] * steps
+        for j in first_need:
+            for k in range(j, steps, block_size):
+                need[k] += 1
+        n = len(scheduled)
+        free = kv.num_free_blocks
+        total_blocks = kv.num_total_blocks
+        used_tokens = self._kv_used_tokens
+        overlap = self.swap_overlap
+        queues = (len(self._waiting), len(self._running), len(self._swapped))
+        now, until = self._now, min(self._next_arrival, horizon)
+        contexts = decode_ctx + n * np.arange(steps, dtype=np.int64)
+        times = self.cost.decode_times(n, contexts)
+        if times is not None:
+            return self._decode_run_at_once(decision, times, contexts, need, first_need, until)
+        iteration_time, log_append, info = self.cost.iteration_time, self.log.append, decision.info
+        ends: list[float] = []
+        latency = start = 0.0
+        for k in range(steps):
+            if now >= until or need[k] > free:
+                break
+            free -= need[k]
+            shape = BatchShape(0, 0, 0.0, n, decode_ctx)
+            compute = iteration_time(shape)
+            latency = (max(compute, 0.0) if overlap else compute + 0.0) + 0.0
+            used_tokens += n
+            log_append(now, latency, shape, n, total_blocks - free, total_blocks, used_tokens,
+                       0.0, 0, *queues, 0.0, info)
+            start = now
+            now += latency
+            ends.append(now)
+            decode_ctx += n
+        done = len(ends)
+        if done == 0:
+            return 0.0
+        for (r, _), j in zip(scheduled, first_need, strict=True):
+            r.num_computed_tokens += done
+            r.num_output_tokens += done
+            r.token_times.extend(ends)
+            r.last_token_time = now
+            if done > j:
+                r.num_blocks += (done - j - 1) // block_size + 1
+        kv.num_free_blocks = free
+        self._kv_used_tokens = used_tokens
+        self._now = now
+        self._view.now = start  # as the iteration by iteration loop leaves it
+        self._iteration += done
+        self._decide_s = 0.0
+        return latency
+
+    def _decode_run_at_once(self, decision: Decision, compute: np.ndarray, ctx: np.ndarray,
+                            need: list[int], first_need: list[int], until: float) -> float:
+        """``_decode_run`` with the iterations' compute times known for the whole run (a
+        deterministic cost model's ``decode_times``): the clock, the run's end (the arrival or
+        horizon, the first new block that does not fit) and the log rows as arrays. Every value
+        is the one the iteration by iteration loop gives: the latencies are the same
+        elementwise arithmetic, the clock the same sums in the same order (a running sum)."""
+        kv, n = self.kv, len(decision.scheduled)
+        latency = (np.maximum(compute, 0.0) if self.swap_overlap else compute + 0.0) + 0.0
+        steps = len(latency)
+        clock = np.empty(steps + 1)
+        clock[0] = self._now
+        clock[1:] = latency
+        np.cumsum(clock, out=clock)  # clock[j]: iteration j's start, clock[j + 1] its end
+        new_blocks = np.cumsum(np.asarray(need, dtype=np.int64))
+        free = kv.num_free_blocks
+        done = min(int(np.searchsorted(clock[:steps], until, side="left")),
+                   int(np.searchsorted(new_blocks, free, side="right")))
+        if done == 0:
+            return 0.0
+        total_blocks = kv.num_total_blocks
+        used_tokens = self._kv_used_tokens + n * np.arange(1, done + 1, dtype=np.int64)
+        used_blocks = total_blocks - free + new_blocks[:done]
+        self.log.append_rows(list(zip(
+            clock[:done].tolist(), latency[:done].tolist(), repeat(n), repeat(0), repeat(n),
+            repeat(0), repeat(n), repeat(0.0), ctx[:done].tolist(), used_blocks.tolist(),
+            repeat(total_blocks), used_tokens.tolist(), repeat(0), repeat(len(self._waiting)),
+            repeat(len(self._running)), repeat(len(self._swapped)), repeat(0.0))),
+            decision.info)
+        ends = clock[1:done + 1]
+        end = float(ends[-1])
+        ends_list = ends.tolist()
+        block_size = kv.block_size
+        for (r, _), j in zip(decision.scheduled, first_need, strict=True):
+            r.num_computed_tokens += done
+            r.num_output_tokens += done
+            r.token_times.extend(ends_list)
+            r.last_token_time = end
+            if done > j:
+                r.num_blocks += (done - j - 1) // block_size + 1
+        kv.num_free_blocks = free - int(new_blocks[done - 1])
+        self._kv_used_tokens = int(used_tokens[-1])
+        self._now = end
+        self._view.now = float(clock[done - 1])
+        self._iteration += done
+        self._decide_s = 0.0
+        return float(latency[done - 1])
 
     def _decode_batch(self, scheduled: list[tuple[Request, int]]) -> BatchShape:
         """``_form_batch`` of decode steps of running requests (one token each; what the
@@ -624,6 +753,9 @@ class Simulator:
 
 
 _RUNNING, _WAITING = Status.RUNNING, Status.WAITING
+# The fewest iterations ``Simulator._decode_run`` runs at once: below it, the run's setup costs
+# about what the iterations would.
+MIN_DECODE_RUN = 4
 
 # The collector's thresholds during the loop (Python's defaults: 700, 10, 10).
 LOOP_GC_THRESHOLDS = (100_000, 50, 100)
