@@ -9,6 +9,14 @@ the CPU time of the simulation command on a 1-request trace (interpreter, import
 Prints one line per job (policy, requests, measured CPU s, estimated s) and the totals; the
 sample is every ``len(runs) / sample``-th run of the grid in its order, over all experiments.
 Synthetic workloads and built-in deployments only (no downloads, no profile stage).
+
+``--checkout DIR`` also runs every job (and the fixed part) on another source tree (e.g. a clone
+of the build before a change), alternating the two trees job by job, and prints both CPU times,
+their ratio and whether the two runs' results files are byte-identical; ``--policies`` keeps the
+runs of those policies:
+
+    python scripts/measure_jobs.py config/paper.yaml --only capacity --per-policy --sample 4 \
+        --policies vllm sarathi --checkout /tmp/before
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def _cpu() -> float:
@@ -28,11 +37,14 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _run(cmd: list[str], log: Path) -> float:
-    """CPU seconds (user + system) of one command, its output in ``log``."""
+def _run(cmd: list[str], log: Path, tree: Path | None = None) -> float:
+    """CPU seconds (user + system) of one command, its output in ``log``; with ``tree``, on
+    that source tree (``python -m`` puts the working directory first on the path, so the
+    command runs there too)."""
+    env = None if tree is None else {**os.environ, "PYTHONPATH": str(tree)}
     before = _cpu()
     with open(log, "w") as fh:
-        subprocess.run(cmd, check=True, stdout=fh, stderr=subprocess.STDOUT)
+        subprocess.run(cmd, check=True, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=tree)
     return _cpu() - before
 
 
@@ -46,6 +58,13 @@ def main(argv: list[str] | None = None) -> int:
                          "instead of --sample runs in all")
     ap.add_argument("--startup-repeats", type=int, default=3)
     ap.add_argument("--work", type=Path, default=Path("/tmp/measure_jobs"))
+    ap.add_argument("--checkout", type=Path,
+                    help="another source tree to run every job on too, alternating")
+    ap.add_argument("--policies", nargs="+", metavar="POLICY",
+                    help="only the runs of these policies (base names: vllm, accelgen, ...)")
+    ap.add_argument("--systems", nargs="+", metavar="SYSTEM", help="only these systems")
+    ap.add_argument("--deployments", nargs="+", metavar="NAME", help="only these deployments")
+    ap.add_argument("--seeds", nargs="+", type=int, metavar="SEED", help="only these seeds")
     a = ap.parse_args(argv)
 
     from accelgen.pipeline.estimate import load_grid
@@ -54,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
 
     grid, names = load_grid(a.config)
     py = sys.executable
-    work = a.work
+    work = a.work.resolve()
     (work / "logs").mkdir(parents=True, exist_ok=True)
     deployments: dict[str, Path] = {}
     traces: dict[tuple[str, str, int], Path] = {}
@@ -86,19 +105,26 @@ def main(argv: list[str] | None = None) -> int:
             traces[key] = out
         return traces[key]
 
-    def simulate(run: Run, trace_file: Path, tag: str) -> float:
-        """CPU seconds of the run's job; an Oracle search reads its floor (AccelGen's own run,
-        simulated first and not counted) as the pipeline's does."""
+    def simulate(run: Run, trace_file: Path, tag: str, tree: Path | None = None) -> float:
+        """CPU seconds of the run's job (on ``tree``'s sources when given); an Oracle search
+        reads its floor (AccelGen's own run, simulated first and not counted) as the
+        pipeline's does."""
         v, d, s, sd = run.variant, run.deployment, run.system, run.seed
         floor = grid.floor_run(run)
         extra = []
         if floor is not None:
-            simulate(floor, trace_file, tag)
+            simulate(floor, trace_file, tag, tree)
             extra = ["--floor-run", str(work / "runs" / tag / v / d / floor.system / f"seed{sd}")]
         cmd = [py, *grid.system_args(s, v, d), *extra, "--trace", str(trace_file), "--config",
                str(deployment_yaml(d)), "--seed", str(sd), "--out",
                str(work / "runs" / tag / v / d / s / f"seed{sd}")]
-        return _run(cmd, work / "logs" / f"{tag}-{v}-{d}-{s}-{sd}.log")
+        return _run(cmd, work / "logs" / f"{tag}-{v}-{d}-{s}-{sd}.log", tree)
+
+    def same_results(run: Run, tag: str, other: str) -> bool:
+        where = Path(run.variant) / run.deployment / run.system / f"seed{run.seed}"
+        return all((work / "runs" / tag / where / f).read_bytes()
+                   == (work / "runs" / other / where / f).read_bytes()
+                   for f in ("requests.parquet", "iterations.parquet", "summary.json"))
 
     load_factor: dict[Run, float] = {}
     for fig in grid.figures.values():
@@ -108,7 +134,12 @@ def main(argv: list[str] | None = None) -> int:
                                              ref["seed"])]] = ref["load_factor"]
 
     runs = [r for r in grid.runs() if not r.variant.startswith("scenario")
-            and (a.only is None or r.variant.startswith(a.only))]
+            and (a.only is None or r.variant.startswith(a.only))
+            and (a.policies is None
+                 or base_policy(run_job(grid, r.variant, r.system)[0]) in a.policies)
+            and (a.systems is None or r.system in a.systems)
+            and (a.deployments is None or r.deployment in a.deployments)
+            and (a.seeds is None or r.seed in a.seeds)]
     if a.per_policy:
         by_policy: dict[str, list[object]] = {}
         for r in runs:
@@ -128,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     fixed = [simulate(first, one, f"startup{i}") for i in range(a.startup_repeats)]
     print(f"fixed part ({first.system}, 1 request): CPU s {', '.join(f'{x:.2f}' for x in fixed)}"
           f" (median {statistics.median(fixed):.2f})")
+    checkout = a.checkout.resolve() if a.checkout is not None else None
+    if checkout is not None:
+        return _side_by_side(sample, checkout, trace, simulate, same_results, grid, load_factor,
+                             names)
 
     tot_m = tot_e = 0.0
     print(f"{'variant':28s} {'deployment':16s} {'system':22s} {'policy':16s} {'n':>6s} "
@@ -144,6 +179,36 @@ def main(argv: list[str] | None = None) -> int:
     print(f"measure_jobs: {names}: {len(sample)} of {len(runs)} simulation jobs measured "
           f"{tot_m:.1f} CPU s, the estimate {tot_e:.1f} s ({tot_e / tot_m - 1:+.0%} of measured)")
     return 0
+
+
+def _side_by_side(sample: list[Any], checkout: Path, trace: Any, simulate: Any,
+                  same_results: Any, grid: Any, load_factor: dict[Any, float],
+                  names: str) -> int:
+    """Every sampled job on this tree and on ``checkout``, alternating which runs first."""
+    from accelgen.pipeline.resources import run_job
+
+    here = Path(__file__).resolve().parent.parent
+    print(f"{'system':22s} {'policy':16s} {'deployment':16s} {'load':>9s} {'this_s':>8s} "
+          f"{'other_s':>8s} {'ratio':>6s} identical")
+    tot_this = tot_other = 0.0
+    differ = 0
+    for i, r in enumerate(sample):
+        tf = trace(r.variant, r.deployment, r.seed)
+        order = [("this", here), ("other", checkout)]
+        cpu = {tag: simulate(r, tf, tag, tree) for tag, tree in (order if i % 2 == 0
+                                                                 else order[::-1])}
+        same = same_results(r, "this", "other")
+        differ += not same
+        tot_this += cpu["this"]
+        tot_other += cpu["other"]
+        policy = run_job(grid, r.variant, r.system, r.deployment, r.seed)[0]
+        print(f"{r.system:22s} {policy:16s} {r.deployment:16s} "
+              f"{load_factor.get(r, math.nan):9.4g} {cpu['this']:8.2f} {cpu['other']:8.2f} "
+              f"{cpu['other'] / cpu['this']:6.2f} {same}", flush=True)
+    print(f"measure_jobs: {names}: {len(sample)} jobs on this tree and on {checkout}: "
+          f"{tot_this:.1f} vs {tot_other:.1f} CPU s ({tot_other / tot_this:.2f}x); "
+          f"{len(sample) - differ} with identical results, {differ} differ")
+    return 1 if differ else 0
 
 
 if __name__ == "__main__":

@@ -88,27 +88,34 @@ SCENARIO_REQUESTS = 100  # a fixed scenario (figure 6's ERA case and the like) i
 CAPACITY_MEASURED_ON = ("scripts/measure_jobs.py config/paper.yaml --only capacity --per-policy "
                         "--sample 4 (36 jobs) and --sample 22 (22 jobs; its Oracle jobs, run "
                         "before the floor was read, left out), 2026-11-28, 2-core development "
-                        "VM, build 639013c (load 2-3.7)")
+                        "VM, build 639013c (load 2-3.7); vllm, sarathi, fastgen and "
+                        "vllm-priority rescaled for the decode runs by side-by-side jobs "
+                        "(scripts/measure_jobs.py ... --systems vllm sarathi fastgen "
+                        "vllm-priority --deployments opt-13b-auto --seeds 0 --checkout <build "
+                        "c645535>, 44 jobs, 1.63x in all))")
 CAPACITY_REQUESTS = 1000
 # The fixed part of a job (a 1-request trace: interpreter, imports, the AccelGen kernels' load,
 # results written), measured the same way: not scaled by requests.
 FIXED_S = {"accelgen": 2.0, "other": 1.0}
-# policy -> ((load factor, CPU seconds of one job), ...), load factors ascending.
+# policy -> ((load factor, CPU seconds of one job), ...), load factors ascending. vLLM, vLLM
+# priority, Sarathi-Serve and FastGen: the measured jobs' variable part (net of FIXED_S)
+# scaled by what the simulator's runs of decode iterations saved side by side, per policy at
+# load factors up to 0.25 (0.45-0.52x) and from 0.5 (0.61-0.87x) (CAPACITY_MEASURED_ON).
 # (Several jobs at one load factor: their mean. Measured over 1,000 requests.)
 CAPACITY_MEASURED: dict[str, tuple[tuple[float, float], ...]] = {
     "accelgen": ((0.00390625, 14.84), (0.015625, 16.37), (0.0625, 16.95), (0.125, 12.8),
                 (0.25, 12.45), (0.5, 7.45), (2.0, 7.2)),
     "edf": ((0.00390625, 10.0), (0.0078125, 10.38), (0.03125, 9.96), (0.0625, 10.74), (2.0, 4.2)),
-    "fastgen": ((0.00390625, 5.6), (0.0625, 7.08), (1.0, 2.5), (2.0, 2.97)),
+    "fastgen": ((0.00390625, 3.4), (0.0625, 4.18), (1.0, 2.04), (2.0, 2.37)),
     "fastserve": ((0.00390625, 11.34), (0.0078125, 11.38), (0.03125, 13.25), (0.0625, 12.27),
                  (2.0, 5.65)),
     "oracle": ((0.00390625, 23.52), (0.0078125, 24.16), (0.0625, 24.22), (2.0, 10.5)),
     "orca": ((0.00390625, 7.36), (0.0078125, 5.45), (0.0625, 4.69), (2.0, 2.11)),
-    "sarathi": ((0.00390625, 5.09), (0.015625, 5.88), (0.0625, 5.81), (0.125, 4.9), (0.25, 3.33),
-               (2.0, 2.36)),
-    "vllm": ((0.00390625, 5.42), (0.03125, 6.21), (0.25, 2.89), (0.5, 2.64), (1.0, 3.71),
-            (2.0, 2.27)),
-    "vllm-priority": ((0.00390625, 8.25), (0.125, 6.64), (0.5, 3.63), (1.0, 4.53)),
+    "sarathi": ((0.00390625, 3.03), (0.015625, 3.43), (0.0625, 3.39), (0.125, 2.94), (0.25, 2.16),
+                (2.0, 1.82)),
+    "vllm": ((0.00390625, 2.98), (0.03125, 3.34), (0.25, 1.85), (0.5, 2.42), (1.0, 3.35),
+             (2.0, 2.1)),
+    "vllm-priority": ((0.00390625, 4.41), (0.125, 3.65), (0.5, 2.7), (1.0, 3.28)),
 }
 # The Oracle's jobs above ran this many simulations (its 2-point search, the floor read).
 CAPACITY_ORACLE_POINTS = 2
