@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 from accelgen.cli import warm_client
+from accelgen.cli.warm import ONE_THREAD
 from accelgen.workloads.trace import write_trace
 
 # The files of a run that do not time the machine (timing.* holds wall-clock measurements).
@@ -32,9 +33,11 @@ def _trace(path: Path, n: int = 24) -> None:
 
 
 def _warm(script: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    """``accelgen warm -- sh -c script``; the script finds the shim in $ACCELGEN_WARM_PYTHON."""
+    """``accelgen warm -- sh -c script``; the script finds the shim in $ACCELGEN_WARM_PYTHON.
+    Its jobs get the thread settings Snakemake gives a one-thread job."""
     return subprocess.run([sys.executable, "-m", "accelgen.cli", "warm", "--", "sh", "-c", script],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **ONE_THREAD})
 
 
 def test_warm_jobs_write_what_the_interpreter_writes(tmp_path: Path) -> None:
@@ -58,6 +61,8 @@ def test_warm_jobs_write_what_the_interpreter_writes(tmp_path: Path) -> None:
     lines = res.stdout.splitlines()
     assert lines[:4] == ["accelgen=0", "vllm=0", "bad=2", "declined=0"], res.stdout
     assert lines[4] == "0"  # the real interpreter, with its site-packages
+    # (the two simulations and the failing one forked; the other thread settings declined)
+    assert lines[5].endswith("jobs run warm: 3, handed back to the interpreter: 1"), lines[5]
     assert "missing.parquet" in res.stderr  # the job's stderr is the caller's
     for run in ("accelgen", "vllm"):
         for name in RESULT_FILES:

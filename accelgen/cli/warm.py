@@ -52,6 +52,7 @@ IMPORT_TIME_ENV = ("PYTHONPATH", "PYTHONHASHSEED", "OMP_NUM_THREADS", "OPENBLAS_
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "GOTO_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
               "MKL_NUM_THREADS": "1", "VECLIB_MAXIMUM_THREADS": "1", "NUMEXPR_NUM_THREADS": "1"}
 READY_TIMEOUT_S = 120.0
+STOP_GRACE_S = 10.0  # how long a stopping server waits for jobs still running
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -140,11 +141,20 @@ def serve(path: str) -> None:
     os.chmod(tmp, 0o600)
     listener.listen(64)
     os.rename(tmp, path)  # ready: the path appears once it accepts
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # jobs are reaped by the kernel
+    # Jobs are reaped here (not by the kernel, SIG_IGN): their CPU time then adds to the
+    # server's children's, and so to what `time accelgen warm -- ...` reports.
+    signal.signal(signal.SIGCHLD, _reap)
     counts = {"forked": 0, "declined": 0}
 
     def stop(_signum: int, _frame: object) -> None:
         Path(f"{path}.counts").write_text(json.dumps(counts))
+        # Jobs still running (none once Snakemake has ended): reaped as they end, for a while.
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        deadline = time.monotonic() + STOP_GRACE_S
+        with contextlib.suppress(ChildProcessError):
+            while time.monotonic() < deadline:
+                if not os.waitpid(-1, os.WNOHANG)[0]:
+                    time.sleep(0.05)
         os._exit(0)
 
     signal.signal(signal.SIGTERM, stop)
@@ -170,6 +180,12 @@ def serve(path: str) -> None:
             for fd in fds:
                 os.close(fd)
             conn.close()
+
+
+def _reap(_signum: int, _frame: object) -> None:
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
 
 
 def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
