@@ -147,24 +147,13 @@ def roofline_time(t: RooflineTerms, prefill_tokens: int, prefill_seqs: int, pref
 def roofline_decode_times(t: RooflineTerms, decode_seqs: int,
                           decode_ctx: np.ndarray) -> np.ndarray:
     """``roofline_time`` of decode-only iterations (``decode_seqs`` sequences, no prefill) at
-    each context total of ``decode_ctx``: the terms that do not depend on the context summed as
-    ``roofline_time`` sums them, then its last term per element, so every value is the one
-    ``roofline_time`` gives to the last bit (tests/test_costmodel.py checks it)."""
+    each context total of ``decode_ctx``: ``roofline_time`` itself with the array for the
+    context, so only its last term is elementwise and every value is the one it gives for that
+    context alone, to the last bit (tests/test_costmodel.py checks it)."""
     if decode_seqs <= 0:
         return np.zeros(len(decode_ctx))
-    n = decode_seqs
-    p, inv_p = t.p, t.inv_p
-    lin_w = t.lin_w_s
-    out = t.fixed_s + n * t.comm_tok_s
-    if t.ar_tok_s > 0.0:
-        m = n if n < t.ar_cap else t.ar_cap
-        ar = t.ar_startup_s + t.ar_tok_s * m ** t.ar_exp * (n / m)
-        out += ar if ar > t.ar_floor_s else t.ar_floor_s
-    out += lin_w * (1.0 + (n * t.lin_tok_s / lin_w) ** p) ** inv_p
-    lm_w = t.lm_w_s
-    out += lm_w * (1.0 + (n * t.lm_tok_s / lm_w) ** p) ** inv_p
-    return out + ((t.dec_fixed_s + n * t.dec_seq_s)
-                  + np.asarray(decode_ctx, dtype=np.float64) * t.dec_ctx_s)
+    times = roofline_time(t, 0, 0, 0.0, decode_seqs, decode_ctx)  # type: ignore[arg-type]
+    return np.asarray(times, dtype=np.float64)
 
 
 def _roofline(t_compute: float, t_memory: float, p: float) -> float:

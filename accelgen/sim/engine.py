@@ -602,22 +602,9 @@ class Simulator:
             now += latency
             ends.append(now)
             decode_ctx += n
-        done = len(ends)
-        if done == 0:
+        if not ends:
             return 0.0
-        for (r, _), j in zip(scheduled, first_need, strict=True):
-            r.num_computed_tokens += done
-            r.num_output_tokens += done
-            r.token_times.extend(ends)
-            r.last_token_time = now
-            if done > j:
-                r.num_blocks += (done - j - 1) // block_size + 1
-        kv.num_free_blocks = free
-        self._kv_used_tokens = used_tokens
-        self._now = now
-        self._view.now = start  # as the iteration by iteration loop leaves it
-        self._iteration += done
-        self._decide_s = 0.0
+        self._end_decode_run(scheduled, first_need, ends, start, free, used_tokens)
         return latency
 
     def _decode_run_at_once(self, decision: Decision, compute: np.ndarray, ctx: np.ndarray,
@@ -649,24 +636,32 @@ class Simulator:
             repeat(total_blocks), used_tokens.tolist(), repeat(0), repeat(len(self._waiting)),
             repeat(len(self._running)), repeat(len(self._swapped)), repeat(0.0))),
             decision.info)
-        ends = clock[1:done + 1]
-        end = float(ends[-1])
-        ends_list = ends.tolist()
-        block_size = kv.block_size
-        for (r, _), j in zip(decision.scheduled, first_need, strict=True):
+        self._end_decode_run(decision.scheduled, first_need, clock[1:done + 1].tolist(),
+                             float(clock[done - 1]), free - int(new_blocks[done - 1]),
+                             int(used_tokens[-1]))
+        return float(latency[done - 1])
+
+    def _end_decode_run(self, scheduled: list[tuple[Request, int]], first_need: list[int],
+                        ends: list[float], last_start: float, free: int,
+                        used_tokens: int) -> None:
+        """A run of decode iterations ending at ``ends`` (each iteration's end) taken in:
+        every request of the batch one token further per iteration (its times, its new
+        blocks), the KV counts, the clock and the iteration count where the iteration by
+        iteration loop leaves them (the view at the last iteration's start)."""
+        done, block_size = len(ends), self.kv.block_size
+        for (r, _), j in zip(scheduled, first_need, strict=True):
             r.num_computed_tokens += done
             r.num_output_tokens += done
-            r.token_times.extend(ends_list)
-            r.last_token_time = end
+            r.token_times.extend(ends)
+            r.last_token_time = ends[-1]
             if done > j:
                 r.num_blocks += (done - j - 1) // block_size + 1
-        kv.num_free_blocks = free - int(new_blocks[done - 1])
-        self._kv_used_tokens = int(used_tokens[-1])
-        self._now = end
-        self._view.now = float(clock[done - 1])
+        self.kv.num_free_blocks = free
+        self._kv_used_tokens = used_tokens
+        self._now = ends[-1]
+        self._view.now = last_start
         self._iteration += done
         self._decide_s = 0.0
-        return float(latency[done - 1])
 
     def _decode_batch(self, scheduled: list[tuple[Request, int]]) -> BatchShape:
         """``_form_batch`` of decode steps of running requests (one token each; what the
