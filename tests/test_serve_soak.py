@@ -9,6 +9,7 @@ its own xdist group, beside the engine tests' worker)."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,10 @@ def test_short_soak_under_faults_holds_every_check(tmp_path: Path) -> None:
     # The faults really happened: each kind was sent and ended as it should.
     kinds = load["by_kind"]
     assert kinds["abort"].get("aborted", 0) > 0, kinds
-    assert set(kinds["malformed"]) == {"refused"}, kinds
+    # (a malformed request still waiting for its answer at SIGTERM may find the server gone)
+    answered = (Counter(kinds["malformed"])
+                - Counter(load["by_kind_in_flight_at_sigterm"].get("malformed", {})))
+    assert set(+answered) == {"refused"}, (kinds, load["by_kind_in_flight_at_sigterm"])
     assert sum(kinds["impossible"].values()) > 0 and "error" not in kinds["impossible"]
     assert load["in_flight_at_sigterm"] > 0
     # Requests kept arriving while the server stopped: refused (503), not faults.

@@ -623,9 +623,12 @@ def evaluate(raw: dict[str, Any], log_dir: Path | str, cfg: SoakConfig, *,
             "iterations": summary["iterations"], "log_writes": summary["log_writes"]}
 
     by_kind: dict[str, Counter[str]] = {}
+    at_sigterm: dict[str, Counter[str]] = {}  # of them, those in flight at SIGTERM
     for s in raw["seen"]:
         if s.outcome != "unsent":
             by_kind.setdefault(s.kind, Counter())[s.outcome] += 1
+            if s.in_flight_at_sigterm:
+                at_sigterm.setdefault(s.kind, Counter())[s.outcome] += 1
     late_counts = Counter(f"{s.http_status}:{s.outcome}" + (":logged" if s.req_id in logged
                                                              else "") for s in late)
     return {
@@ -641,6 +644,8 @@ def evaluate(raw: dict[str, Any], log_dir: Path | str, cfg: SoakConfig, *,
                  "in_flight_at_sigterm": raw["in_flight_at_sigterm"],
                  "in_flight_at_sigterm_outcomes": dict(sorted(Counter(
                      s.outcome for s in raw["seen"] if s.in_flight_at_sigterm).items())),
+                 "by_kind_in_flight_at_sigterm": {k: dict(sorted(v.items()))
+                                                  for k, v in sorted(at_sigterm.items())},
                  "late_requests": dict(sorted(late_counts.items()))},
         "config": cfg.model_dump(mode="json"),
     }
