@@ -10,7 +10,7 @@ Prints one line per job (policy, requests, measured CPU s, estimated s) and the 
 sample is every ``len(runs) / sample``-th run of the grid in its order, over all experiments.
 Synthetic workloads and built-in deployments only (no downloads, no profile stage).
 
-``--checkout DIR`` also runs every job (and the fixed part) on another source tree (e.g. a clone
+``--checkout DIR`` also runs every sampled job on another source tree (e.g. a clone
 of the build before a change), alternating the two trees job by job, and prints both CPU times,
 their ratio and whether the two runs' results files are byte-identical; ``--policies`` keeps the
 runs of those policies:

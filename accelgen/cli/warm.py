@@ -65,7 +65,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    cmd = [a for a in args.cmd]
+    cmd = list(args.cmd)
     if cmd[:1] == ["--"]:
         cmd = cmd[1:]
     if not cmd:

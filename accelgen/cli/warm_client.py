@@ -84,12 +84,7 @@ def main(argv: list[str]) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, forward)
-    while True:
-        try:
-            last = _read_line(conn, buf)
-            break
-        except InterruptedError:
-            continue
+    last = _read_line(conn, buf)  # (a forwarded signal does not interrupt it: PEP 475)
     if last is None or "exit" not in last:
         print(f"accelgen warm: job {pid} ended without an exit status (killed?)",
               file=sys.stderr)

@@ -126,6 +126,9 @@ class Simulator:
         # Whether that decision stays exactly while the decode steps' new blocks fit
         # (``Policy.after_decodes_while_blocks_fit``): the loop checks the blocks itself.
         self._redecide_on_blocks = self._may_redecide and policy.after_decodes_while_blocks_fit()
+        # Whether the cost model prices a run of decode iterations at once
+        # (``CostModel.decode_times``; ``_decode_run``).
+        self._prices_decode_runs = type(cost).decode_times is not CostModel.decode_times
         # True: host transfers run beside the iteration's compute (a copy stream, as FastServe's
         # proactive swapping does), so an iteration takes max(compute, transfer), not the sum.
         self.swap_overlap = swap_overlap
@@ -575,16 +578,18 @@ class Simulator:
             for k in range(j, steps, block_size):
                 need[k] += 1
         n = len(scheduled)
+        until = min(self._next_arrival, horizon)
+        if self._prices_decode_runs:
+            contexts = decode_ctx + n * np.arange(steps, dtype=np.int64)
+            times = self.cost.decode_times(n, contexts)
+            assert times is not None  # (the model overrides it)
+            return self._decode_run_at_once(decision, times, contexts, need, first_need, until)
         free = kv.num_free_blocks
         total_blocks = kv.num_total_blocks
         used_tokens = self._kv_used_tokens
         overlap = self.swap_overlap
         queues = (len(self._waiting), len(self._running), len(self._swapped))
-        now, until = self._now, min(self._next_arrival, horizon)
-        contexts = decode_ctx + n * np.arange(steps, dtype=np.int64)
-        times = self.cost.decode_times(n, contexts)
-        if times is not None:
-            return self._decode_run_at_once(decision, times, contexts, need, first_need, until)
+        now = self._now
         iteration_time, log_append, info = self.cost.iteration_time, self.log.append, decision.info
         ends: list[float] = []
         latency = start = 0.0
