@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
 # The scaled paper run end to end: config/paper-scaled.yaml over config/paper.yaml (the paper
-# config's whole grid, 200 requests per trace), every job of the default target (every figure,
-# claims.csv, the fidelity and engine stages), from nothing (--forceall). Then one line: jobs,
-# wall time, the simulations' measured CPU time (benchmarks/paper-scaled/runs) and the runtime
-# estimate's for the same config (python -m accelgen.pipeline estimate), and their ratio.
+# config's whole grid, 100 requests per trace), every job of the default target (every figure,
+# claims.csv, the fidelity and engine stages), from nothing (--forceall), under `accelgen warm`
+# as scripts/main.sh runs the quick config. Then one line: jobs, wall time, the simulations'
+# measured CPU time (each fork's own, from `accelgen warm --jobs-log`; with --cold, Snakemake's
+# benchmark files of jobs that start their own interpreters) and the runtime estimate's for the
+# same config (python -m accelgen.pipeline estimate [--warm]), and their ratio.
 #
-#   bash scripts/paper_scaled.sh [--cores N] [extra Snakemake arguments]
+#   bash scripts/paper_scaled.sh [--cold] [--cores N] [extra Snakemake arguments]
 #   bash scripts/paper_scaled.sh -n          # plan only: the job count
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CONFIGS=(config/paper.yaml config/paper-scaled.yaml)
-ARGS=("$@")
+JOBS_LOG=benchmarks/paper-scaled/warm-jobs.jsonl
+ARGS=()
+WARM=1
+for a in "$@"; do
+    if [[ "$a" == "--cold" ]]; then WARM=0; else ARGS+=("$a"); fi
+done
 [[ " ${ARGS[*]} " == *" --cores "* ]] || ARGS=(--cores all "${ARGS[@]}")
 export PYTHONHASHSEED=0
 plan=$(.venv/bin/snakemake -n --forceall --configfile "${CONFIGS[@]}" "${ARGS[@]}" 2>&1 | tail -n 400)
@@ -27,17 +34,26 @@ for a in "${ARGS[@]}"; do
     fi
 done
 start=$(date +%s)
-.venv/bin/snakemake --forceall --configfile "${CONFIGS[@]}" "${ARGS[@]}"
+if (( WARM )); then
+    rm -f "$JOBS_LOG"
+    .venv/bin/python -m accelgen.cli warm --jobs-log "$JOBS_LOG" -- \
+        .venv/bin/snakemake --forceall --configfile "${CONFIGS[@]}" "${ARGS[@]}"
+else
+    .venv/bin/snakemake --forceall --configfile "${CONFIGS[@]}" "${ARGS[@]}"
+fi
 wall=$(( $(date +%s) - start ))
-.venv/bin/python - "$jobs" "$wall" "${CONFIGS[@]}" <<'PY'
+.venv/bin/python - "$jobs" "$wall" "$WARM" "$JOBS_LOG" "${CONFIGS[@]}" <<'PY'
 import sys
-from accelgen.pipeline.estimate import estimated_seconds, measured_times
+from accelgen.pipeline.estimate import estimated_seconds, measured_times, measured_warm_times
 
-jobs, wall, configs = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
-meas = measured_times("benchmarks/paper-scaled")
+jobs, wall, warm, jobs_log, configs = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1",
+                                       sys.argv[4], sys.argv[5:])
+meas = (measured_warm_times(jobs_log, "results/paper-scaled") if warm
+        else measured_times("benchmarks/paper-scaled"))
 cpu = float(meas["cpu_time"].sum())
-est = estimated_seconds(configs)
+est = estimated_seconds(configs, warm=warm)
+how = "forked by accelgen warm" if warm else "each in its own interpreter"
 print(f"paper_scaled: {jobs} jobs in {wall} s wall ({wall / 60:.1f} min); "
-      f"{len(meas)} simulations measured {cpu / 3600:.2f} CPU-hours, estimate "
+      f"{len(meas)} simulations ({how}) measured {cpu / 3600:.2f} CPU-hours, estimate "
       f"{est / 3600:.2f} CPU-hours ({est / cpu - 1:+.0%} of measured)")
 PY

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -56,7 +57,8 @@ def test_paper_grid_jobs_and_estimate() -> None:
 def test_scaled_paper_overlay_is_the_paper_grid_with_fewer_requests() -> None:
     """config/paper-scaled.yaml over config/paper.yaml (scripts/paper_scaled.sh): the same
     simulations and traces (a capacity sweep's rates are placed by its own traces' capacity
-    estimate: the same points, other names), each of at most 200 requests, priced lower."""
+    estimate: the same points, other names), each of at most 100 requests, priced lower; lower
+    still as forks of ``accelgen warm`` (how scripts/paper_scaled.sh runs it)."""
     from accelgen.pipeline.estimate import estimated_seconds, load_grid
 
     paper_cfg = ROOT / "config" / "paper.yaml"
@@ -67,8 +69,36 @@ def test_scaled_paper_overlay_is_the_paper_grid_with_fewer_requests() -> None:
     key = lambda r: (r.variant.split("-rate")[0], r.deployment, r.system, r.seed)  # noqa: E731
     assert sorted(map(key, scaled.runs())) == sorted(map(key, paper.runs()))
     assert len(scaled.traces()) == len(paper.traces()) and len(scaled.figures) == len(paper.figures)
-    assert all(run_job(scaled, r.variant, r.system)[1] <= 200 for r in scaled.runs())
+    assert all(run_job(scaled, r.variant, r.system)[1] <= 100 for r in scaled.runs())
     assert estimated_seconds(files) < estimated_seconds(paper_cfg) / 2
+    assert estimated_seconds(files, warm=True) < estimated_seconds(files) / 2
+
+
+def test_warm_jobs_log_gives_the_simulations_cpu_time(tmp_path: Path) -> None:
+    """``accelgen warm --jobs-log``'s lines (scripts/paper_scaled.sh): a simulation job's line
+    is its run's row (the last one if it ran twice); failed jobs, traces and another results
+    directory's simulations are not."""
+    from accelgen.pipeline.estimate import measured_warm_times
+
+    run = "runs/capacity-rate0.5/opt-13b-auto/vllm/seed0"
+    lines = [
+        {"argv": ["-m", "accelgen.cli", "simulate", "--out", f"results/x/{run}"], "exit": 0,
+         "cpu_s": 9.0, "wall_s": 9.5},
+        {"argv": ["-m", "accelgen.cli", "simulate", "--out", f"results/x/{run}"], "exit": 0,
+         "cpu_s": 1.5, "wall_s": 1.6},
+        {"argv": ["-m", "accelgen.cli", "oracle", "--out", f"results/x/{run}".replace(
+            "vllm", "oracle")], "exit": 1, "cpu_s": 0.2, "wall_s": 0.2},
+        {"argv": ["-m", "accelgen.cli", "trace", "--out", "data/x/traces/a/b/seed0.parquet"],
+         "exit": 0, "cpu_s": 0.4, "wall_s": 0.4},
+        {"argv": ["-m", "accelgen.cli", "simulate", "--out", f"results/y/{run}"], "exit": 0,
+         "cpu_s": 3.0, "wall_s": 3.0},
+    ]
+    log = tmp_path / "jobs.jsonl"
+    log.write_text("".join(json.dumps({**j, "cwd": str(tmp_path)}) + "\n" for j in lines))
+    rows = measured_warm_times(log, tmp_path / "results" / "x")
+    assert rows.to_dict("records") == [{"variant": "capacity-rate0.5", "deployment":
+                                        "opt-13b-auto", "system": "vllm", "seed": 0, "s": 1.6,
+                                        "cpu_time": 1.5}]
 
 
 def test_one_simulation_under_two_names_runs_once_and_the_oracle_reads_its_floor() -> None:

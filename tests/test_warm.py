@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -32,10 +33,11 @@ def _trace(path: Path, n: int = 24) -> None:
         "predicted_output_len": 150}), {}, path)
 
 
-def _warm(script: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    """``accelgen warm -- sh -c script``; the script finds the shim in $ACCELGEN_WARM_PYTHON.
-    Its jobs get the thread settings Snakemake gives a one-thread job."""
-    return subprocess.run([sys.executable, "-m", "accelgen.cli", "warm", "--", "sh", "-c", script],
+def _warm(script: str, tmp_path: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    """``accelgen warm [options] -- sh -c script``; the script finds the shim in
+    $ACCELGEN_WARM_PYTHON. Its jobs get the thread settings Snakemake gives a one-thread job."""
+    return subprocess.run([sys.executable, "-m", "accelgen.cli", "warm", *options, "--", "sh",
+                           "-c", script],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300,
                           env={**os.environ, **ONE_THREAD})
 
@@ -56,13 +58,19 @@ def test_warm_jobs_write_what_the_interpreter_writes(tmp_path: Path) -> None:
         f"OMP_NUM_THREADS=2 {py} {sim.format('vllm', 'declined')} > /dev/null; echo declined=$?",
         # not a warm job: the interpreter runs it
         f"{py} -c 'import sys; print(sys.flags.no_site)'"])
-    res = _warm(script, tmp_path)
+    res = _warm(script, tmp_path, "--jobs-log", "logs/jobs.jsonl")
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
     assert lines[:4] == ["accelgen=0", "vllm=0", "bad=2", "declined=0"], res.stdout
     assert lines[4] == "0"  # the real interpreter, with its site-packages
     # (the two simulations and the failing one forked; the other thread settings declined)
-    assert lines[5].endswith("jobs run warm: 3, handed back to the interpreter: 1"), lines[5]
+    assert "jobs run warm: 3, handed back to the interpreter: 1; jobs log: " in lines[5], lines[5]
+    # one line per forked job, with what the fork used (not the shim, not the server)
+    logged = [json.loads(x) for x in (tmp_path / "logs/jobs.jsonl").read_text().splitlines()]
+    assert [(j["argv"][-1], j["exit"]) for j in logged] == [
+        ("warm-accelgen", 0), ("warm-vllm", 0), ("x", 2)]
+    assert all(j["cwd"] == str(tmp_path) and 0 < j["cpu_s"] <= j["wall_s"] * 1.5 + 0.1
+               and j["max_rss_mb"] > 0 for j in logged), logged
     assert "missing.parquet" in res.stderr  # the job's stderr is the caller's
     for run in ("accelgen", "vllm"):
         for name in RESULT_FILES:

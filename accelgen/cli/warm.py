@@ -10,8 +10,11 @@ notebooks) runs the real interpreter as before. Results are the same files: the 
 code on the same inputs, in a process that has imported what it would import.
 
 A job's benchmark file (Snakemake's ``benchmark:``) then times the shim: its wall time is the
-job's, its CPU time and memory are not (the fork is not the shim's child). The per-job costs of
-``accelgen.pipeline.resources`` are measured without ``accelgen warm``.
+job's, its CPU time and memory are not (the fork is not the shim's child). ``--jobs-log FILE``
+appends one JSON line per forked job with what the fork itself used (its arguments and working
+directory, exit status, wall and CPU seconds, peak RSS): the CPU time of the pipeline's
+simulations under ``accelgen warm`` (``scripts/paper_scaled.sh`` compares it with the runtime
+estimate's ``--warm`` prices).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import contextlib
 import importlib
 import json
 import os
+import resource
 import runpy
 import shlex
 import signal
@@ -59,6 +63,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "warm", help="run a command (Snakemake) with a warm interpreter for its short jobs",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--jobs-log", type=Path, metavar="FILE",
+                   help="append one JSON line per forked job: argv, cwd, exit, wall_s, cpu_s, "
+                        "max_rss_mb")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD",
                    help="the command and its arguments (after --)")
     p.set_defaults(func=run)
@@ -71,7 +78,10 @@ def run(args: argparse.Namespace) -> int:
     if not cmd:
         raise ValueError("no command given (accelgen warm -- snakemake ...)")
     counts: dict[str, int] = {}
-    with serving(counts) as env:
+    jobs_log = args.jobs_log.resolve() if args.jobs_log else None
+    if jobs_log:
+        jobs_log.parent.mkdir(parents=True, exist_ok=True)
+    with serving(counts, jobs_log) as env:
         proc = subprocess.Popen(cmd, env=env)
         while True:
             try:
@@ -81,19 +91,22 @@ def run(args: argparse.Namespace) -> int:
                 continue
     print(f"accelgen warm: {shlex.join(cmd)} exited with {code}; jobs run warm: "
           f"{counts.get('forked', 0)}, handed back to the interpreter: "
-          f"{counts.get('declined', 0)}")
+          f"{counts.get('declined', 0)}" + (f"; jobs log: {jobs_log}" if jobs_log else ""))
     return code
 
 
 @contextlib.contextmanager
-def serving(counts: dict[str, int] | None = None) -> Iterator[dict[str, str]]:
+def serving(counts: dict[str, int] | None = None,
+            jobs_log: Path | None = None) -> Iterator[dict[str, str]]:
     """A warm server for the time of the block; yields the environment a command runs in for
-    its jobs to use it. ``counts``: filled at the end with the jobs forked and declined."""
+    its jobs to use it. ``counts``: filled at the end with the jobs forked and declined;
+    ``jobs_log``: the file each forked job appends its line to."""
     with tempfile.TemporaryDirectory(prefix="accelgen-warm-") as tmp:
         path = Path(tmp) / "socket"
         shim = Path(tmp) / "python"
         env = {**os.environ, **ONE_THREAD}
-        server = subprocess.Popen([sys.executable, "-m", "accelgen.cli.warm", str(path)],
+        server = subprocess.Popen([sys.executable, "-m", "accelgen.cli.warm", str(path),
+                                   *([str(jobs_log)] if jobs_log else [])],
                                   env=env, stdin=subprocess.DEVNULL)
         try:
             try:
@@ -128,8 +141,9 @@ def _wait_ready(path: Path, server: subprocess.Popen[bytes]) -> None:
 
 
 # -- the server -------------------------------------------------------------------------------
-def serve(path: str) -> None:
-    """Import what the jobs import, then fork one process per job handed over on ``path``."""
+def serve(path: str, jobs_log: str | None = None) -> None:
+    """Import what the jobs import, then fork one process per job handed over on ``path``
+    (each appends its line to ``jobs_log``, when given)."""
     for module in PRELOAD:
         importlib.import_module(module)
     from accelgen.policies.accelgen import build
@@ -172,7 +186,7 @@ def serve(path: str) -> None:
             if pid == 0:
                 listener.close()
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                _run_job(conn, request, fds)  # never returns
+                _run_job(conn, request, fds, jobs_log)  # never returns
             counts["forked"] += 1
         except (OSError, ValueError):
             pass
@@ -214,8 +228,9 @@ def _send(conn: socket.socket, message: dict) -> None:
     conn.sendall(json.dumps(message).encode() + b"\n")
 
 
-def _run_job(conn: socket.socket, request: dict, fds: list[int]) -> None:
+def _run_job(conn: socket.socket, request: dict, fds: list[int], jobs_log: str | None) -> None:
     code = 1
+    start = time.monotonic()
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the job may wait for its own children
         for fd, stream in zip(fds, STREAMS, strict=True):
@@ -232,9 +247,30 @@ def _run_job(conn: socket.socket, request: dict, fds: list[int]) -> None:
         with contextlib.suppress(Exception):
             sys.stdout.flush()
             sys.stderr.flush()
+        if jobs_log:
+            with contextlib.suppress(OSError):
+                _log_job(jobs_log, request, code, time.monotonic() - start)
         with contextlib.suppress(OSError):
             _send(conn, {"exit": code})
         os._exit(code)
+
+
+def _log_job(jobs_log: str, request: dict, code: int, wall_s: float) -> None:
+    """Append the job's line: a fork starts with its CPU counters at zero (fork(2)), so its own
+    usage plus its waited-for children's is the job's."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
+        resource.RUSAGE_CHILDREN)
+    line = json.dumps({"argv": request["argv"], "cwd": request["cwd"], "exit": code,
+                       "wall_s": round(wall_s, 4),
+                       "cpu_s": round(own.ru_utime + own.ru_stime + kids.ru_utime
+                                      + kids.ru_stime, 4),
+                       "max_rss_mb": round(max(own.ru_maxrss, kids.ru_maxrss) / 1024, 1)})
+    # One write of a line under O_APPEND: lines of jobs ending together do not interleave.
+    fd = os.open(jobs_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
 
 
 def _run_module(module: str) -> int:
@@ -253,4 +289,4 @@ def _run_module(module: str) -> int:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1])
+    serve(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)

@@ -5,7 +5,7 @@
     aggregate   --spec JSON|@FILE|@- --out FILE.csv  a figure's CSV from its results directories
     schema      [--out config/schema.json]    the JSON schema of the pipeline config
     check       CONFIG.yaml                   validate a config and print the grid's size
-    estimate    CONFIG.yaml... [--benchmarks DIR] jobs of a config and a runtime estimate
+    estimate    CONFIG.yaml... [--benchmarks DIR] [--warm]  jobs of a config and a runtime estimate
     claims-md   CLAIMS.csv [--update DOC]     the paper's claims beside ours, Markdown (SPEC 11)
     budgets     CONFIG.yaml                   the token budget of every tuned system (SPEC 12)
     capacity-md FIG13.csv                     figure 13's capacities as a Markdown table
@@ -147,7 +147,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from accelgen.pipeline.estimate import estimate, estimate_measured
 
     if args.benchmarks is None:
-        print(estimate_measured(args.config, cores=args.cores))
+        print(estimate_measured(args.config, cores=args.cores, warm=args.warm))
     else:
         print(estimate(args.config, args.benchmarks, cores=args.cores, alpha=args.alpha,
                        measured_config=args.measured_config))
@@ -197,6 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--measured-config", type=Path,
                    help="config of the measured run (default: config/<benchmarks dir name>.yaml)")
     s.add_argument("--cores", type=int, default=2)
+    s.add_argument("--warm", action="store_true",
+                   help="price every simulation as a job forked by `accelgen warm` (its fixed "
+                        "part that of a fork, not of an interpreter's start)")
     s.add_argument("--alpha", type=float, default=1.0,
                    help="time ~ requests^alpha (1: linear; >1: superlinear schedulers)")
     s.set_defaults(func=cmd_estimate)

@@ -10,6 +10,7 @@ the Oracle, FastServe) scale worse, so ``alpha`` > 1 gives a more pessimistic fi
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
@@ -58,19 +59,42 @@ def measured_times(bench_dir: Path | str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def estimated_seconds(config: ConfigFiles) -> float:
+def measured_warm_times(jobs_log: Path | str, results_dir: Path | str) -> pd.DataFrame:
+    """``measured_times``'s rows from the jobs log of ``accelgen warm --jobs-log`` (a warm job's
+    benchmark file times the shim, not the fork): every simulation job (``--out`` under
+    ``results_dir/runs``) that exited 0, its last line if it ran more than once."""
+    root = Path(results_dir).resolve() / "runs"
+    rows: dict[Path, dict[str, Any]] = {}
+    for line in Path(jobs_log).read_text().splitlines():
+        job = json.loads(line)
+        argv = job["argv"]
+        if job["exit"] != 0 or "--out" not in argv:
+            continue
+        out = Path(job["cwd"], argv[argv.index("--out") + 1]).resolve()
+        if out.parent.parent.parent.parent != root:
+            continue  # not a simulation of this run (a trace, a workload config)
+        rows[out] = {"variant": out.parts[-4], "deployment": out.parts[-3],
+                     "system": out.parts[-2], "seed": int(out.name.removeprefix("seed")),
+                     "s": float(job["wall_s"]), "cpu_time": float(job["cpu_s"])}
+    return pd.DataFrame(list(rows.values()),
+                        columns=["variant", "deployment", "system", "seed", "s", "cpu_time"])
+
+
+def estimated_seconds(config: ConfigFiles, warm: bool = False) -> float:
     """The estimate's total (CPU seconds of every simulation), as ``estimate_measured`` prices
-    them: to compare with a finished run's measured times (scripts/paper_scaled.sh)."""
+    them: to compare with a finished run's measured times (scripts/paper_scaled.sh); ``warm``:
+    every simulation forked by ``accelgen warm``."""
     from accelgen.pipeline.resources import job_seconds
 
     target, _ = load_grid(config)
-    return sum(job_seconds(target, r) for r in target.runs())
+    return sum(job_seconds(target, r, warm) for r in target.runs())
 
 
-def estimate_measured(config: ConfigFiles, cores: int = 2) -> str:
+def estimate_measured(config: ConfigFiles, cores: int = 2, warm: bool = False) -> str:
     """The estimate from the per-job costs measured on full-size runs
     (``accelgen.pipeline.resources``): each simulation's policy, request count and search
-    points priced by ``job_seconds``."""
+    points priced by ``job_seconds`` (``warm``: with a fork's fixed part, as under
+    ``accelgen warm``)."""
     from accelgen.pipeline.resources import (
         CAPACITY_MEASURED_ON,
         MEASURED,
@@ -92,7 +116,7 @@ def estimate_measured(config: ConfigFiles, cores: int = 2) -> str:
     per_policy: dict[str, float] = defaultdict(float)
     for run in runs:
         policy = run_job(target, run.variant, run.system)[0]
-        t = job_seconds(target, run)
+        t = job_seconds(target, run, warm)
         total += t
         per_exp[exp_of_run.get((run.variant, run.deployment, run.system, run.seed), "?")] += t
         per_policy[policy] += t
@@ -100,7 +124,8 @@ def estimate_measured(config: ConfigFiles, cores: int = 2) -> str:
                         - set(MEASURED))
     lines = [f"{names}: {len(runs)} simulations, {len(target.traces())} traces, "
              f"{len(target.figures)} figures",
-             f"estimated simulation time: {total / 3600:.1f} CPU-hours "
+             f"estimated simulation time{' under accelgen warm' if warm else ''}: "
+             f"{total / 3600:.1f} CPU-hours "
              f"(~{total / 3600 / cores:.1f} h on {cores} cores), per-job times measured on "
              f"full-size runs ({MEASURED_ON}; accelgen/pipeline/resources.py), scaled by requests; "
              f"the capacity sweep's jobs from jobs measured per policy and load factor "

@@ -97,6 +97,11 @@ CAPACITY_REQUESTS = 1000
 # The fixed part of a job (a 1-request trace: interpreter, imports, the AccelGen kernels' load,
 # results written), measured the same way: not scaled by requests.
 FIXED_S = {"accelgen": 2.0, "other": 1.0}
+# Under ``accelgen warm`` (a job forked from a server that has imported everything and loaded
+# AccelGen's kernels) the fixed part is what the fork itself uses: the same 1-request command,
+# 20 forks (accelgen, vllm, sarathi, edf; `accelgen warm --jobs-log`, 2026-11-28, this VM):
+# 0.072-0.159 CPU s, median 0.093, for every policy alike.
+WARM_FIXED_S = 0.1
 # policy -> ((load factor, CPU seconds of one job), ...), load factors ascending. vLLM, vLLM
 # priority, Sarathi-Serve and FastGen: the measured jobs' variable part (net of FIXED_S)
 # scaled by what the simulator's runs of decode iterations saved side by side, per policy at
@@ -121,18 +126,21 @@ CAPACITY_MEASURED: dict[str, tuple[tuple[float, float], ...]] = {
 CAPACITY_ORACLE_POINTS = 2
 
 
-def fixed_seconds(policy: str) -> float:
+def fixed_seconds(policy: str, warm: bool = False) -> float:
     """The measured fixed part of one job of ``policy`` (AccelGen and its variants load their
-    compiled kernels)."""
+    compiled kernels; ``warm``: a job forked by ``accelgen warm``)."""
+    if warm:
+        return WARM_FIXED_S
     return FIXED_S["accelgen" if base_policy(policy) in ("accelgen", "accelgen-closed", "oracle")
                    else "other"]
 
 
 def capacity_seconds(policy: str, num_requests: int, load_factor: float,
-                     search_points: int = 1) -> float | None:
+                     search_points: int = 1, warm: bool = False) -> float | None:
     """CPU seconds of one capacity-sweep job of ``policy`` at ``load_factor`` (None when the
     policy was not measured there): the measured jobs interpolated in log(load factor), held at
-    the ends, net of the fixed part scaled by requests (and by search points for the Oracle)."""
+    the ends, net of the fixed part scaled by requests (and by search points for the Oracle);
+    ``warm``: with the fixed part of a job forked by ``accelgen warm``."""
     pts = CAPACITY_MEASURED.get(policy) or CAPACITY_MEASURED.get(base_policy(policy))
     if not pts:
         return None
@@ -150,13 +158,13 @@ def capacity_seconds(policy: str, num_requests: int, load_factor: float,
         var = ts[i - 1] + w * (ts[i] - ts[i - 1])
     if base_policy(policy) == "oracle":
         var *= search_points / CAPACITY_ORACLE_POINTS
-    return fixed + var * num_requests / CAPACITY_REQUESTS
+    return fixed_seconds(policy, warm) + var * num_requests / CAPACITY_REQUESTS
 
 
-def job_seconds(grid: Grid, run: Run) -> float:
+def job_seconds(grid: Grid, run: Run, warm: bool = False) -> float:
     """CPU seconds of one simulation job of ``grid``: a capacity-sweep job from the jobs measured
     at its load factor (``capacity_seconds``), any other from the full-size runs
-    (``sim_seconds``)."""
+    (``sim_seconds``); ``warm``: forked by ``accelgen warm`` (its fixed part)."""
     policy, n, points = run_job(grid, run.variant, run.system, run.deployment, run.seed)
     lf = grid.load_factor.get(grid.same_as.get(run, run))
     if lf is None and run.variant in grid.rate_sweep:
@@ -171,10 +179,10 @@ def job_seconds(grid: Grid, run: Run) -> float:
                                          for lf, _ in pts):
             lf = rate / est
     if lf is not None:
-        t = capacity_seconds(policy, n, lf, points)
+        t = capacity_seconds(policy, n, lf, points, warm)
         if t is not None:
             return t
-    return sim_seconds(policy, n, points)
+    return sim_seconds(policy, n, points, warm)
 
 
 def base_policy(policy: str) -> str:
@@ -191,12 +199,14 @@ def job_cost(policy: str) -> JobCost:
             or max(MEASURED.values(), key=lambda c: c.seconds))
 
 
-def sim_seconds(policy: str, num_requests: int, search_points: int = 1) -> float:
+def sim_seconds(policy: str, num_requests: int, search_points: int = 1,
+                warm: bool = False) -> float:
     """Wall seconds of one job of ``num_requests`` requests (``search_points``: the Oracle's
-    search runs that many simulations)."""
+    search runs that many simulations; ``warm``: forked by ``accelgen warm``, its start-up
+    that of a fork)."""
     cost = job_cost(policy)
     scale = num_requests / REFERENCE_REQUESTS
-    return STARTUP_S + search_points * max(cost.seconds - STARTUP_S, 0.0) * scale
+    return (WARM_FIXED_S if warm else STARTUP_S) + search_points * max(cost.seconds - STARTUP_S, 0.0) * scale
 
 
 def sim_mem_mb(policy: str, num_requests: int) -> int:
