@@ -70,15 +70,16 @@ def test_search_keeps_the_best_schedule() -> None:
 
 def test_search_holds_only_the_best_run_so_far(monkeypatch: pytest.MonkeyPatch) -> None:
     """A schedule's run is dropped once a better one is known (a search holding all its runs
-    needs that many runs' memory: ~1 GB each on the paper trace); ties go to the earlier one."""
-    goodputs = iter([1.0, 3.0, 2.0, 3.0, 0.5])  # 4 grid points, then the floor
+    needs that many runs' memory: ~1 GB each on the paper trace); ties go to the earlier one.
+    The floor runs first (its goodput is the bar from the first candidate on) and is held."""
+    goodputs = iter([0.5, 1.0, 3.0, 2.0, 3.0])  # the floor, then the 4 grid points
     live, most = [0], [0]
 
     class _Run(RunOutput):
         def __del__(self) -> None:
             live[0] -= 1
 
-    def fake_run(args: object) -> RunOutput:
+    def fake_run(args: object, best: float | None = None) -> RunOutput:
         live[0] += 1
         most[0] = max(most[0], live[0])
         summary = {"goodput_rps": next(goodputs), "slo_attainment_request": 0.5}
@@ -87,7 +88,7 @@ def test_search_holds_only_the_best_run_so_far(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(oracle_search, "_run", fake_run)
     grid = {"kv_plan": ["exact", "none"], "gamma": [0.25, 1.5]}
     res = search(_tiny_trace(), _cfg(), grid)
-    assert most[0] == 2  # the best so far and the one just run
+    assert most[0] == 3  # the floor, the best so far and the one just run
     assert res.table["best"].tolist() == [False, True, False, False, False]
     assert res.best_params == grid_points(grid)[1] and res.best.summary["goodput_rps"] == 3.0
     assert res.table["goodput_rps"].tolist() == [1.0, 3.0, 2.0, 3.0, 0.5]

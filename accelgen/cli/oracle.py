@@ -23,6 +23,9 @@ def _configure(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
                     help="results directory of AccelGen's own run of this trace (accelgen "
                          "simulate --policy accelgen, same config and seed): read as the "
                          "floor's results instead of simulating it again")
+    ap.add_argument("--no-prune", action="store_true",
+                    help="run every schedule to its end (by default one whose goodput can no "
+                         "longer reach the best so far is stopped: the same best schedule)")
     ap.add_argument("--no-progress", action="store_true")
     ap.set_defaults(func=run)
     return ap
@@ -49,7 +52,8 @@ def run(a: argparse.Namespace) -> int:
     grid = json.loads(a.grid) if a.grid else None
     res = search_to_dir(load_trace(a.trace), cfg, a.out, grid, metric=a.metric,
                         processes=a.processes, trace_path=str(a.trace),
-                        progress=not a.no_progress, floor_run=a.floor_run)
+                        progress=not a.no_progress, floor_run=a.floor_run,
+                        prune=not a.no_prune)
     print("\n".join(closing_lines(res, a.out)))
     return 0
 

@@ -14,6 +14,15 @@ whatever the grid; the floor is last in the table, so it wins only when it is st
 than every clairvoyant point (then the Oracle adds nothing on this trace, and the results say
 so). ``oracle_search.csv`` lists every schedule tried.
 
+Candidates that cannot win are stopped (searching by goodput, the default): each candidate's
+simulation is checked every few thousand iterations against the best goodput so far (the
+floor's, when read from AccelGen's run, before any candidate runs) with an upper bound on its
+final goodput (``goodput_bound``: requests already lost to a late token cannot come back, and
+the span only grows). A candidate stopped there could not have been chosen, so the best run is
+the one the full search finds; its row in ``oracle_search.csv`` says ``stopped`` with the bound
+and the simulated time it stopped at, and has no other metrics. ``prune=False`` runs every
+candidate to its end.
+
 Command line (``accelgen.cli.oracle``; writes the best run as a normal results directory
 plus the search table)::
 
@@ -31,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from accelgen.experiments.goodput_bound import CannotWin, GoodputBound
 from accelgen.policies.accelgen import AccelGenParams
 from accelgen.policies.accelgen.oracle import OracleParams
 from accelgen.results import RunOutput, StoredRun, dumps, outcome_counts
@@ -116,38 +126,63 @@ def read_floor(run_dir: Path | str, cfg: ExperimentConfig,
     return run
 
 
-def _run(args: tuple[pd.DataFrame, ExperimentConfig, str, dict[str, Any]]) -> RunOutput:
+PRUNE_METRIC = "goodput_rps"  # the metric GoodputBound bounds
+
+
+def _run(args: tuple[pd.DataFrame, ExperimentConfig, str, dict[str, Any]],
+         best: float | None = None) -> RunOutput | CannotWin:
+    """One schedule's simulation; with ``best``, stopped (its ``CannotWin``) once its goodput
+    cannot reach it."""
     from accelgen.core.specs import PolicySpec
     from accelgen.sim.runner import simulate
 
     trace, cfg, policy, params = args
-    return simulate(trace, cfg.model_copy(update={"policy": PolicySpec(name=policy,
-                                                                       params=params)}))
+    run_cfg = cfg.model_copy(update={"policy": PolicySpec(name=policy, params=params)})
+    if best is None:
+        return simulate(trace, run_cfg)
+    try:
+        return simulate(trace, run_cfg, check=GoodputBound(best))
+    except CannotWin as stop:
+        return stop
 
 
 def search(trace: pd.DataFrame, cfg: ExperimentConfig,
            grid: Mapping[str, Sequence[Any]] | None = None, *, metric: str = "goodput_rps",
            processes: int = 1, progress: bool = False,
-           floor_run: StoredRun | None = None) -> SearchResult:
+           floor_run: StoredRun | None = None, prune: bool = True) -> SearchResult:
     """CLAIRVOYANT: simulate the Oracle at every grid point on ``trace`` (so the choice knows every
     arrival), and AccelGen's own schedule (the floor), and keep the best ``metric`` (ties: higher
     request-level SLO attainment, then the earlier schedule, the floor last). ``cfg`` gives the
     deployment and simulator options; policy params in ``cfg`` (if it names the oracle) are the
     base the grid overrides. ``progress``: a bar over the schedules. ``floor_run``: AccelGen's
     own run of ``trace`` (``read_floor``), which stands for the floor instead of simulating it
-    again."""
+    again. ``prune`` (with ``metric`` goodput): stop a schedule once its goodput cannot reach
+    the best so far (module docstring); with ``processes`` > 1 the bar is the floor's."""
     import pandas as pd
 
     points = grid_points(DEFAULT_GRID if grid is None else grid)
     base, floor = base_params(cfg), floor_params(cfg)
     jobs = [(trace, cfg, "oracle", {**base, **pt}) for pt in points]
     jobs.append((trace, cfg, FLOOR_POLICY, floor))
-    to_run = jobs if floor_run is None else jobs[:-1]
-    bar = _progress(len(to_run)) if progress else None
-    # Only the best run so far is kept (with its tables: ~1 GB on the paper trace), the others'
-    # summaries: a search holding all 13 runs would need 13 times one run's memory.
+    to_run = jobs[:-1]
+    bar = _progress(len(jobs) if floor_run is None else len(to_run)) if progress else None
+    floor_out: RunOutput | StoredRun | None = floor_run
+    if floor_out is None:
+        # The floor first (never stopped: it is the search's fallback), so that its goodput is
+        # the bar from the first candidate on, as when it is read from AccelGen's own run: the
+        # same schedules stopped, the same table. Its row stays last.
+        first = _run(jobs[-1])
+        assert not isinstance(first, CannotWin)
+        floor_out = first
+        if bar is not None:
+            bar.update()
+    # Only the floor and the best run so far are kept (with their tables: ~1 GB each on the
+    # paper trace), the others' summaries: a search holding all 13 runs would need 13 times
+    # one run's memory.
     summaries: list[dict[str, Any]] = []
+    stops: list[CannotWin | None] = []  # per schedule: why it was stopped (None: it ran out)
     best, best_run = -1, None
+    prune = prune and metric == PRUNE_METRIC
 
     def score(i: int) -> tuple[float, float, int]:
         s = summaries[i]
@@ -156,23 +191,37 @@ def search(trace: pd.DataFrame, cfg: ExperimentConfig,
         return (m if m is not None and m == m else -math.inf,
                 att if att is not None and att == att else -math.inf, -i)
 
-    def keep(run: RunOutput | StoredRun) -> None:
+    def keep(run: RunOutput | StoredRun | CannotWin) -> None:
         nonlocal best, best_run
+        if isinstance(run, CannotWin):
+            summaries.append({})
+            stops.append(run)
+            return
         summaries.append(run.summary)
+        stops.append(None)
         if best < 0 or score(len(summaries) - 1) > score(best):
             best, best_run = len(summaries) - 1, run
 
+    def bar_to_beat() -> float | None:
+        """The goodput a schedule must reach to be chosen (None: no bound, or none yet)."""
+        values = [s.get(metric) for s in summaries] + [floor_out.summary.get(metric)]
+        known = [float(m) for m in values if m is not None and m == m]
+        return max(known) if prune and known else None
+
     with (ProcessPoolExecutor(min(processes, len(to_run))) if processes > 1
           else contextlib.nullcontext()) as ex:
-        for run in (ex.map(_run, to_run) if ex is not None else map(_run, to_run)):
+        if ex is not None:
+            runs: Any = ex.map(_run, to_run, itertools.repeat(bar_to_beat()))
+        else:
+            runs = (_run(job, bar_to_beat()) for job in to_run)
+        for run in runs:
             keep(run)
             del run  # (not held while the next one runs)
             if bar is not None:
                 bar.update()
     if bar is not None:
         bar.close()
-    if floor_run is not None:
-        keep(floor_run)
+    keep(floor_out)
     # The floor's row shows AccelGen's own value of each grid parameter it has.
     accel = AccelGenParams(**floor)
     floor_row = {k: getattr(accel, k) for k in points[0] if k in AccelGenParams.model_fields}
@@ -184,6 +233,11 @@ def search(trace: pd.DataFrame, cfg: ExperimentConfig,
         row.update({k: v for k, v in summary.items() if isinstance(v, int | float | str)})
         rows.append(row)
     table = pd.DataFrame(rows)
+    # Last, whatever the first schedule was: stopped or not, and a stopped one's bound.
+    table["stopped"] = [stop is not None for stop in stops]
+    table["goodput_bound"] = [math.nan if stop is None else stop.bound for stop in stops]
+    table["stopped_at_s"] = [math.nan if stop is None else stop.now for stop in stops]
+    table["requests_lost"] = [pd.NA if stop is None else stop.lost for stop in stops]
     table["best"] = [i == best for i in range(len(summaries))]
     floor_won = best == len(points)
     assert best_run is not None
@@ -195,14 +249,14 @@ def search_to_dir(trace: pd.DataFrame, cfg: ExperimentConfig, out: Path | str,
                   grid: Mapping[str, Sequence[Any]] | None = None, *,
                   metric: str = "goodput_rps", processes: int = 1,
                   trace_path: str | None = None, progress: bool = False,
-                  floor_run: Path | str | None = None) -> SearchResult:
+                  floor_run: Path | str | None = None, prune: bool = True) -> SearchResult:
     """Run ``search`` and write the best run like ``accelgen simulate`` does, plus
     ``oracle_search.csv`` (every schedule tried) in the same directory. ``floor_run``: the
     results directory of AccelGen's own run of the trace (``read_floor``; the same results as
     simulating the floor)."""
     floor = None if floor_run is None else read_floor(floor_run, cfg, trace_path)
     res = search(trace, cfg, grid, metric=metric, processes=processes, progress=progress,
-                 floor_run=floor)
+                 floor_run=floor, prune=prune)
     run = res.best
     run.summary["policy"] = "oracle"
     run.summary["clairvoyant"] = True
@@ -227,7 +281,8 @@ def closing_lines(res: SearchResult, out: Path | str) -> list[str]:
             f"  goodput {s['goodput_rps']:.4g} req/s (AccelGen's own schedule: "
             f"{floor['goodput_rps']:.4g}); SLO attainment request "
             f"{s['slo_attainment_request']:.3f}; preemptions {s['num_preemptions']}",
-            f"  results: {out} ({outcome_counts(s)}; every schedule in oracle_search.csv)"]
+            f"  results: {out} ({outcome_counts(s)}; every schedule in oracle_search.csv, "
+            f"{int(t['stopped'].sum())} stopped once they could not win)"]
 
 
 def _progress(total: int) -> Any:  # pragma: no cover - cosmetic

@@ -13,7 +13,7 @@ import gc
 import math
 import time
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -27,6 +27,10 @@ from accelgen.core.policy import Decision, Policy, SchedulerView
 from accelgen.core.request import Request, Status, length_cap_reason, served_output_len
 from accelgen.costmodel.base import CostModel
 from accelgen.results import IterationLog
+
+# How often ``Simulator(check=...)`` is called: a check scans the requests still open, a few
+# thousand iterations (a few simulated seconds under load) apart keep it off the loop's cost.
+CHECK_EVERY_ITERATIONS = 2048
 
 
 class PolicyError(RuntimeError):
@@ -86,6 +90,8 @@ class Simulator:
         horizon_s: float | None = None,
         progress: bool = False,
         planning_cost: CostModel | None = None,
+        check: Callable[[float, Sequence[Request]], None] | None = None,
+        check_every: int | None = None,
     ) -> None:
         self.requests = sorted(requests, key=lambda r: (r.arrival, r.req_id))
         n = len(self.requests)
@@ -134,6 +140,11 @@ class Simulator:
         self.swap_overlap = swap_overlap
         self.max_iterations = max_iterations
         self.horizon_s = horizon_s
+        # Called with the clock and the requests (arrival order) every ``check_every``
+        # iterations, before a decision; an exception it raises ends the run (an Oracle
+        # candidate that cannot win: ``experiments.goodput_bound``).
+        self.check = check
+        self.check_every = CHECK_EVERY_ITERATIONS if check_every is None else check_every
         self.progress = progress
         self.log = IterationLog()
 
@@ -175,7 +186,11 @@ class Simulator:
         horizon = math.inf if self.horizon_s is None else self.horizon_s
         policy, view = self.policy, self._view
         decided: Decision | None = None  # the next iteration's decision, when already made
+        check, next_check = self.check, math.inf if self.check is None else self.check_every
         while self._n_done < n_total:
+            if self._iteration >= next_check:
+                next_check = self._iteration + self.check_every
+                check(self._now, self.requests)  # type: ignore[misc]
             if decided is not None:
                 decision, decided = decided, None
             else:

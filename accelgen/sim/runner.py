@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pandas as pd
 
 from accelgen import metrics
 from accelgen.core.kvcache import BlockManager
+from accelgen.core.request import Request
 from accelgen.core.specs import ExperimentConfig
 from accelgen.costmodel.base import CostModel
 from accelgen.costmodel.factory import (
@@ -25,10 +27,12 @@ from accelgen.workloads.trace import to_requests
 
 
 def simulate(trace: pd.DataFrame, cfg: ExperimentConfig, *,
-             progress: bool = False, charge_cost: CostModel | None = None) -> RunOutput:
+             progress: bool = False, charge_cost: CostModel | None = None,
+             check: Callable[[float, Sequence[Request]], None] | None = None) -> RunOutput:
     """Simulate ``trace`` under ``cfg``. ``charge_cost``: a cost model that charges the
     iterations instead of the deployment's, which the policy still plans with (and which gives
-    the pivot)."""
+    the pivot). ``check``: the simulator's periodic check (``Simulator``); what it raises ends
+    the run and propagates."""
     dep = cfg.deployment
     model = resolve_model(dep.model)
     hardware = resolve_hardware(dep.hardware)
@@ -53,6 +57,7 @@ def simulate(trace: pd.DataFrame, cfg: ExperimentConfig, *,
         horizon_s=cfg.sim.horizon_s,
         progress=progress and cfg.sim.progress,
         planning_cost=cost,
+        check=check,
     )
     res = sim.run()
     # (the requests are done: the frame takes their token times rather than a copy)
