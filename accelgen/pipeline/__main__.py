@@ -73,11 +73,12 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from accelgen.pipeline.config_file import load_file
+    from accelgen.pipeline.config_file import load_files
     from accelgen.pipeline.grid import Grid
 
-    grid = Grid(load_file(args.config))
-    print(f"{args.config}: valid; {len(grid.traces())} traces, {len(grid.runs())} runs, "
+    grid = Grid(load_files([args.config]))
+    print(f"{args.config}: valid (over config/quick.yaml, as Snakemake reads it); "
+          f"{len(grid.traces())} traces, {len(grid.runs())} runs, "
           f"{len(grid.figures)} figures in {grid.figures_dir}/")
     return 0
 
@@ -117,10 +118,10 @@ def cmd_capacity_md(args: argparse.Namespace) -> int:
 
 
 def cmd_budgets(args: argparse.Namespace) -> int:
-    from accelgen.pipeline.config_file import load_file
+    from accelgen.pipeline.config_file import load_files
     from accelgen.pipeline.grid import Grid
 
-    grid = Grid(load_file(args.config))
+    grid = Grid(load_files([args.config]))
     fig = grid.figures.get("fig13")
     rows = fig.options.get("tuned_budgets", []) if fig is not None else []
     lines = ["| deployment | systems | tightest TBT SLO (ms) | decodes at the knee | their mean "

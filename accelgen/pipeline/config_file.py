@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
@@ -790,6 +791,31 @@ def load_file(path: Path | str) -> PipelineConfig:
     from accelgen.core.specs import load_yaml
 
     return load(load_yaml(path))
+
+
+# The Snakefile's own config (`configfile:`), which Snakemake merges every --configfile over.
+SNAKEFILE_CONFIG = Path(__file__).resolve().parents[2] / "config" / "quick.yaml"
+
+
+def merged_files(paths: Sequence[Path | str]) -> dict[str, Any]:
+    """The config Snakemake runs with ``--configfile PATHS...``: the Snakefile's own
+    (``SNAKEFILE_CONFIG``) with each file merged over it in order (``deep_merge``), so a key a
+    file does not set is the quick config's (the runtime estimate and ``check`` price and count
+    the grid that runs)."""
+    from accelgen.core.specs import load_yaml
+
+    if not SNAKEFILE_CONFIG.exists():
+        raise FileNotFoundError(f"{SNAKEFILE_CONFIG}: the Snakefile's config not found (run from "
+                                "a checkout of the repository)")
+    merged = load_yaml(SNAKEFILE_CONFIG)
+    for path in paths:
+        merged = deep_merge(merged, load_yaml(path))
+    return merged
+
+
+def load_files(paths: Sequence[Path | str]) -> PipelineConfig:
+    """``load`` of ``merged_files(paths)``."""
+    return load(merged_files(paths))
 
 
 def json_schema() -> dict[str, Any]:

@@ -19,23 +19,20 @@ from typing import Any
 
 import pandas as pd
 
-from accelgen.core.specs import load_yaml
-from accelgen.pipeline.config_file import deep_merge, load
+from accelgen.pipeline.config_file import load_files
 from accelgen.pipeline.grid import SCENARIO_PREFIX, Grid
 
 ConfigFiles = Path | str | Sequence[Path | str]
 
 
 def load_grid(config: ConfigFiles) -> tuple[Grid, str]:
-    """The grid of one config file, or of several merged in order (a later file's keys over the
-    earlier ones', nested mappings merged: Snakemake's ``--configfile A B``); and their names."""
+    """The grid Snakemake runs with ``--configfile`` one config file, or several merged in order
+    (a later file's keys over the earlier ones', nested mappings merged, all over the
+    Snakefile's config/quick.yaml: ``config_file.merged_files``); and their names."""
     files = [config] if isinstance(config, (str, Path)) else list(config)
     if not files:
         raise ValueError("no config file given")
-    merged: dict[str, Any] = {}
-    for f in files:
-        merged = deep_merge(merged, load_yaml(f))
-    return Grid(load(merged)), " + ".join(str(f) for f in files)
+    return Grid(load_files(files)), " + ".join(str(f) for f in files)
 
 
 def _num_requests(grid: Grid, variant: str) -> int:
@@ -149,7 +146,7 @@ def estimate(config: ConfigFiles, bench_dir: Path | str, cores: int = 2, alpha: 
     if meas.empty:
         raise ValueError(f"no benchmark files under {bench_dir}/runs (run the pipeline first)")
     src_cfg = measured_config or Path("config") / f"{Path(bench_dir).name}.yaml"
-    source = Grid(load(load_yaml(src_cfg)))
+    source = Grid(load_files([src_cfg]))
     meas["n"] = [_num_requests(source, v) for v in meas["variant"]]
     # (measured seconds, measured request count) per (deployment, system) and per system.
     by_dep_sys: dict[tuple[str, str, bool], list[tuple[float, int]]] = defaultdict(list)
