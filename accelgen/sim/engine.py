@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import math
+import sys
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
@@ -186,7 +187,8 @@ class Simulator:
         horizon = math.inf if self.horizon_s is None else self.horizon_s
         policy, view = self.policy, self._view
         decided: Decision | None = None  # the next iteration's decision, when already made
-        check, next_check = self.check, math.inf if self.check is None else self.check_every
+        # (an int: the comparison below is made on every pass of the loop)
+        check, next_check = self.check, sys.maxsize if self.check is None else self.check_every
         while self._n_done < n_total:
             if self._iteration >= next_check:
                 next_check = self._iteration + self.check_every
