@@ -38,7 +38,7 @@ def _sim(trace: list, policy: str, num_blocks: int, check: object = None) -> Sim
 
 
 @pytest.mark.parametrize("policy", ["accelgen", "oracle", "vllm", "sarathi", "edf"])
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(trace=mixed_slo_traces, num_blocks=st.integers(min_value=8, max_value=80))
 def test_the_bound_holds_at_every_iteration_and_checking_changes_nothing(
         policy: str, trace: list, num_blocks: int) -> None:
