@@ -116,10 +116,18 @@ def span(requests: pd.DataFrame) -> tuple[float, float]:
     return start, end
 
 
-def goodput_series(pr: pd.DataFrame, window: float = 1.0) -> np.ndarray:
+GOODPUT_WINDOW_S = 1.0  # the window of every run's summary goodput (``summarize``)
+
+
+def goodput_windows(start: float, end: float, window: float = GOODPUT_WINDOW_S) -> int:
+    """How many windows of ``window`` s a span from ``start`` to ``end`` counts (at least 1)."""
+    return max(1, math.ceil((end - start) / window))
+
+
+def goodput_series(pr: pd.DataFrame, window: float = GOODPUT_WINDOW_S) -> np.ndarray:
     """Requests that met their SLOs, per second, in windows of ``window`` s (by completion time)."""
     start, end = span(pr)
-    n_win = max(1, math.ceil((end - start) / window))
+    n_win = goodput_windows(start, end, window)
     good = pr.loc[pr["slo_met"], "finish_time"].to_numpy(dtype=np.float64)
     idx = np.minimum(((good - start) // window).astype(np.int64), n_win - 1)
     return np.bincount(idx, minlength=n_win) / window
@@ -177,7 +185,7 @@ def _slices(n: int, size: int = 1 << 20) -> Iterator[slice]:
 
 def summarize(requests: pd.DataFrame, iterations: pd.DataFrame, *, s_pf: int,
               model: ModelProfile | None = None, hardware: HardwareProfile | None = None,
-              num_gpus: int = 1, goodput_window: float = 1.0) -> dict[str, Any]:
+              num_gpus: int = 1, goodput_window: float = GOODPUT_WINDOW_S) -> dict[str, Any]:
     pr = per_request(requests)
     its = iterations
     fin = pr[served(pr)]

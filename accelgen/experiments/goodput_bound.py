@@ -29,8 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from accelgen.core.request import Request, Status
+from accelgen.metrics import GOODPUT_WINDOW_S, goodput_windows
 
-GOODPUT_WINDOW_S = 1.0  # metrics.summarize's default window, which every run's summary uses
 # Stop only when the bound is below the best by more than a float's rounding of the mean that
 # ``metrics.summarize`` takes (the bound divides once; the summary sums and divides).
 RELATIVE_SLACK = 1e-9
@@ -80,12 +80,12 @@ class GoodputBound:
             if r.status in _SERVED:
                 self._end = max(self._end, r.finish_time)
             elif r.status not in _NEVER_SERVED:
-                running.append(r)
+                running.append(r)  # (still to be served)
         still: list[_Tracked] = []
         for tracked in self._open:
             r = tracked.request
-            if r.status in _SERVED and r.finish_time > self._end:
-                self._end = r.finish_time
+            if r.status in _SERVED:
+                self._end = max(self._end, r.finish_time)
             verdict = self._online(tracked, now) if r.online else self._offline(r, now)
             if verdict is None:
                 still.append(tracked)
@@ -98,7 +98,8 @@ class GoodputBound:
         if not n:
             return math.inf
         start = requests[0].arrival
-        windows = max(1, math.ceil((self._end - start) / self.window)) if self._end > start else 1
+        # (no completion yet: one window, as for a span of zero)
+        windows = goodput_windows(start, max(self._end, start), self.window)
         return (n - self.lost) / (self.window * windows)
 
     def __call__(self, now: float, requests: Sequence[Request]) -> None:
