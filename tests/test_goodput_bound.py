@@ -15,16 +15,20 @@ from hypothesis import strategies as st
 from accelgen import metrics
 from accelgen.core.iteration import Pivot
 from accelgen.core.kvcache import BlockManager
-from accelgen.core.request import Request
+from accelgen.core.request import Request, served_output_len
 from accelgen.core.specs import Deployment, ExperimentConfig, SimOptions
+from accelgen.costmodel.analytic import roofline_time
+from accelgen.costmodel.factory import make_cost_model
 from accelgen.experiments import oracle_search
-from accelgen.experiments.goodput_bound import CannotWin, GoodputBound
+from accelgen.experiments.goodput_bound import CannotWin, GoodputBound, RemainingWork
 from accelgen.policies.registry import make_policy
 from accelgen.results import requests_frame
 from accelgen.sim import engine
 from accelgen.sim.engine import Simulator
 from tests.conftest import LinearCost, assert_same_results
 from tests.strategies import mixed_slo_traces, trace_requests
+
+MAX_MODEL_LEN = 100_000
 
 
 def _sim(trace: list, policy: str, num_blocks: int, check: object = None) -> Simulator:
@@ -33,8 +37,19 @@ def _sim(trace: list, policy: str, num_blocks: int, check: object = None) -> Sim
     params = {"exact_lengths": True} if policy == "oracle" else None
     return Simulator(reqs, outs, make_policy(policy, params), cost,
                      BlockManager(num_blocks, 16), Pivot(s_pf=128, t_pf=cost.forward_time(128)),
-                     max_model_len=100_000, max_iterations=200_000, check=check,  # type: ignore[arg-type]
+                     max_model_len=MAX_MODEL_LEN, max_iterations=200_000, check=check,  # type: ignore[arg-type]
                      check_every=1)
+
+
+def _work(trace: list, num_blocks: int) -> RemainingWork:
+    reqs, outs = trace_requests(trace)
+    served = served_output_len(np.array([r.prompt_len for r in reqs]), outs, MAX_MODEL_LEN)
+    by_id = [0] * len(reqs)
+    for r, n in zip(reqs, served.tolist(), strict=True):
+        by_id[r.req_id] = n
+    return RemainingWork.of(reqs, by_id, num_blocks=num_blocks, block_size=16,
+                            max_model_len=MAX_MODEL_LEN,
+                            min_token_iteration_s=LinearCost().min_token_iteration_time())
 
 
 @pytest.mark.parametrize("policy", ["accelgen", "oracle", "vllm", "sarathi", "edf"])
@@ -42,8 +57,11 @@ def _sim(trace: list, policy: str, num_blocks: int, check: object = None) -> Sim
 @given(trace=mixed_slo_traces, num_blocks=st.integers(min_value=8, max_value=80))
 def test_the_bound_holds_at_every_iteration_and_checking_changes_nothing(
         policy: str, trace: list, num_blocks: int) -> None:
+    """With the work still to do priced (the tighter bound: without it the span is only
+    shorter), on policies that reject no admitted request."""
     seen: list[float] = []
-    bound = GoodputBound(best=0.0)
+    bound = GoodputBound(best=0.0, work=_work(trace, num_blocks))
+    assert bound.work is not None
 
     def record(now: float, requests: list[Request]) -> None:
         seen.append(bound.bound(now, requests))
@@ -53,6 +71,8 @@ def test_the_bound_holds_at_every_iteration_and_checking_changes_nothing(
     plain = _sim(trace, policy, num_blocks).run()
     assert_same_results(checked, plain)
     pr = metrics.per_request(requests_frame(checked.requests, checked.served_output_len))
+    # (the work bound holds for a run that serves every request it admits)
+    assert not (pr["status"] == "unfinished").any()
     final = float(metrics.goodput_series(pr).mean())
     # (checked before every decision from the second iteration on)
     assert len(seen) >= min(len(checked.iterations), 2) - 1
@@ -76,6 +96,55 @@ def test_a_request_is_lost_only_when_no_later_token_can_save_it() -> None:
     assert bound.bound(3.01, [online, offline]) == 0.0 and bound.lost == 2  # JCT passed, not done
     with pytest.raises(CannotWin, match="2 requests lost"):
         GoodputBound(best=0.5)(3.01, [online, offline])
+
+
+def test_the_work_still_to_do_counts_block_iterations_and_lengthens_the_span() -> None:
+    """Per request, the blocks held summed over the iterations of its remaining tokens, as a
+    token-by-token count gives; a long request not yet started pushes the end past ``now``."""
+    reqs = [Request(req_id=i, arrival=0.0, prompt_len=37 if i < 4 else 1, ttft_slo=100.0,
+                    tbt_slo=1.0) for i in range(5)]
+    served = [50, 50, 50, 50, 3]
+
+    def work(num_blocks: int, least: float = 0.5) -> RemainingWork:
+        return RemainingWork.of(reqs, served, num_blocks=num_blocks, block_size=16,
+                                max_model_len=1000, min_token_iteration_s=least)
+
+    six = work(6)  # (37 + 50 tokens: 6 blocks, the whole cache)
+    for rid in (0, 4):
+        prompt = reqs[rid].prompt_len
+        for emitted in range(served[rid] + 1):
+            brute = sum((prompt + j - 2) // 16 for j in range(emitted + 1, served[rid] + 1))
+            assert six.block_iterations(rid, emitted) == brute
+            if emitted == 0:
+                assert six.unstarted[rid] == brute
+    assert six.unstarted[0] == 166
+    assert GoodputBound(best=0.0).bound(1.0, reqs) == 5.0  # (no completion yet: one window)
+    # (4 x 166 block-iterations over 6 blocks: 111 iterations of 0.5 s, beyond 50 tokens)
+    assert GoodputBound(best=0.0, work=six).bound(1.0, reqs) == 5.0 / math.ceil(
+        (1.0 + 111 * 0.5) * (1 - 1e-6))
+    # (with room for all: the longest request's 50 tokens)
+    assert GoodputBound(best=0.0, work=work(600)).bound(1.0, reqs) == 5.0 / math.ceil(
+        (1.0 + 50 * 0.5) * (1 - 1e-6))
+    # (a request that never fits is rejected, not served: no work)
+    assert not work(5).admitted[0] and work(5).admitted[4]
+    assert GoodputBound(best=0.0, work=work(6, least=0.0)).work is None  # (no least time)
+
+
+def test_the_least_token_iteration_is_below_every_iteration_of_the_roofline() -> None:
+    rng = np.random.default_rng(0)
+    for model in ("opt-13b", "llama-3-70b"):
+        cost = make_cost_model(Deployment(model=model, hardware="a100",
+                                          tp=1 if model == "opt-13b" else 4))
+        least = cost.min_token_iteration_time()
+        assert least > 0.0
+        shapes = [(0, 0, 0.0, 1, 0), (1, 1, 0.0, 0, 0), (1, 1, 1.0, 0, 0)]
+        for _ in range(200):
+            pf = int(rng.integers(0, 4096))
+            shapes.append((pf, int(rng.integers(1, 4)) if pf else 0,
+                           float(pf * (pf + 1) / 2 + rng.integers(0, 10**6)) if pf else 0.0,
+                           int(rng.integers(0 if pf else 1, 256)), int(rng.integers(0, 10**6))))
+        for shape in shapes:
+            assert roofline_time(cost.roofline_terms(), *shape) >= least, shape
 
 
 def _trace(n: int, seed: int) -> pd.DataFrame:

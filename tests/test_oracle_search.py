@@ -79,7 +79,7 @@ def test_search_holds_only_the_best_run_so_far(monkeypatch: pytest.MonkeyPatch) 
         def __del__(self) -> None:
             live[0] -= 1
 
-    def fake_run(args: object, best: float | None = None) -> RunOutput:
+    def fake_run(args: object, best: float | None = None, work: object = None) -> RunOutput:
         live[0] += 1
         most[0] = max(most[0], live[0])
         summary = {"goodput_rps": next(goodputs), "slo_attainment_request": 0.5}

@@ -156,6 +156,21 @@ def roofline_decode_times(t: RooflineTerms, decode_seqs: int,
     return np.asarray(times, dtype=np.float64)
 
 
+def roofline_min_token_time(t: RooflineTerms) -> float:
+    """A lower bound on ``roofline_time`` of any iteration with a decode or a prefill chunk: the
+    terms every such iteration carries (the fixed ones, one token's transfers, the weights
+    streamed once, the LM head's weights, the cheaper of the prefill's and one decode's fixed
+    attention costs). Every other term adds to them only when none is negative, so a fit with a
+    negative term gives no bound (0.0)."""
+    if not (t.p > 0.0 and t.lin_w_s > 0.0 and t.lm_w_s > 0.0 and min(t) >= 0.0):
+        return 0.0
+    out = (t.fixed_s + t.comm_tok_s + t.lin_w_s + t.lm_w_s
+           + min(t.pf_fixed_s, t.dec_fixed_s + t.dec_seq_s))
+    if t.ar_tok_s > 0.0:
+        out += t.ar_floor_s  # (roofline_time's all-reduce is at least its floor)
+    return out
+
+
 def _roofline(t_compute: float, t_memory: float, p: float) -> float:
     """Smooth maximum of two times; p -> infinity gives max(), p = 1 the sum."""
     return t_memory * (1.0 + (t_compute / t_memory) ** p) ** (1.0 / p)
@@ -236,6 +251,10 @@ class AnalyticCostModel(CostModel):
     @final
     def decode_times(self, decode_seqs: int, decode_ctx: np.ndarray) -> np.ndarray:
         return roofline_decode_times(self.terms, decode_seqs, decode_ctx)
+
+    @final
+    def min_token_iteration_time(self) -> float:
+        return roofline_min_token_time(self.terms)
 
     def breakdown(self, shape: BatchShape) -> dict[str, float]:
         """The terms of ``iteration_time`` (seconds), for inspection and tests."""

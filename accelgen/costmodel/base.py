@@ -48,6 +48,13 @@ class CostModel(ABC):
         iterations (``Simulator._decode_run``) use it."""
         return None
 
+    def min_token_iteration_time(self) -> float:
+        """A lower bound (s) on every iteration that emits a token (one with a decode, or a
+        prefill chunk), for as long as the model lives; 0.0 where the model gives none (the
+        default; a noisy or refitted model). An Oracle candidate's goodput bound prices the work
+        still to do with it (``experiments.goodput_bound``)."""
+        return 0.0
+
     def forward_time(self, forward_size: int) -> float:
         """Latency of a prefill-only iteration of ``forward_size`` tokens with no prior context.
 

@@ -59,6 +59,11 @@ class LinearCostModel(CostModel):
     def linear_terms(self) -> LinearTerms:
         return self.terms
 
+    def min_token_iteration_time(self) -> float:
+        # (an iteration of one token at least; every term adds when none is negative)
+        t = self.terms
+        return t.base_s + t.per_token_s if min(t) >= 0.0 else 0.0
+
     @property
     def base_s(self) -> float:
         return self.terms.base_s
@@ -84,6 +89,9 @@ class OnlineLinearCostModel(LinearCostModel):
         self.window, self.refit_every = window, refit_every
         self._since = 0
         self.refits = 0
+
+    def min_token_iteration_time(self) -> float:
+        return 0.0  # (a refit may lower the terms)
 
     def observe(self, forward_size: int, seconds: float) -> bool:
         """Record one measured step; returns True when the coefficients changed."""

@@ -15,25 +15,43 @@ runs, at time ``now``:
 - ``end`` is at least the last completion so far (of a lost request too: a late request
   still extends the span when it is served).
 
-So the final goodput is at most ``(requests - lost) / (window x ceil((end so far - start) /
+- with ``RemainingWork`` (a run that serves every request it admits: no horizon, no iteration
+  limit, no noise, a policy that rejects none once admitted, as the Oracle's), ``end`` is also at
+  least ``now`` plus the work still to do: every token an admitted request has still to emit
+  comes from an iteration of its own, which takes at least the cost model's
+  ``min_token_iteration_time`` and holds that request's KV blocks (its prompt and the tokens
+  before) beside the others' within the cache. So the iterations still to come are at least
+  the longest request's remaining tokens and at least the remaining block-iterations over the
+  cache's blocks. On an overloaded trace the span is mostly still to come when most requests
+  are already lost; without this the bound would wait for it.
+
+So the final goodput is at most ``(requests - lost) / (window x ceil((end bound - start) /
 window))``: the numerator only falls and the denominator only grows as the run goes on. Each
 comparison is the one ``metrics.per_request`` makes, on the same floats (a later token's time is
 at least ``now``, and subtracting the same arrival or token time keeps the order), so a request
 counted lost is never good at the end, and a candidate stopped by the bound could not have won.
+The work still to do is a bound in exact arithmetic; it is taken a millionth short
+(``WORK_MARGIN``), far beyond the rounding of the simulator's clock over any run.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
+from accelgen.core.kvcache import never_fits_reason
 from accelgen.core.request import Request, Status
 from accelgen.metrics import GOODPUT_WINDOW_S, goodput_windows
 
 # Stop only when the bound is below the best by more than a float's rounding of the mean that
 # ``metrics.summarize`` takes (the bound divides once; the summary sums and divides).
 RELATIVE_SLACK = 1e-9
+# The work still to do is taken this much short, relative to the end it bounds.
+WORK_MARGIN = 1e-6
 _SERVED = (Status.FINISHED, Status.CUT)
 _NEVER_SERVED = (Status.REJECTED, Status.UNFINISHED)
 
@@ -49,6 +67,55 @@ class CannotWin(Exception):
         self.lost = lost
 
 
+def _block_sum(x: int, block_size: int) -> int:
+    """sum(c // block_size for c in range(x + 1)) (0 for x < 0)."""
+    if x < 0:
+        return 0
+    q, rem = divmod(x, block_size)
+    return block_size * q * (q - 1) // 2 + q * (rem + 1)
+
+
+@dataclass(frozen=True, slots=True)
+class RemainingWork:
+    """What the bound prices the work still to do with (module docstring), per request id: the
+    tokens it will emit (``core.request.served_output_len``), its prompt, and whether the
+    simulator admits it (``never_fits_reason``); the cache's blocks and block size; the cost
+    model's ``min_token_iteration_time``. Only for a run that serves every request it admits."""
+
+    served: Sequence[int]
+    prompt: Sequence[int]
+    admitted: Sequence[bool]
+    num_blocks: int
+    block_size: int
+    min_token_iteration_s: float
+    unstarted: Sequence[int]  # block_iterations(rid, 0), worked out once
+
+    @classmethod
+    def of(cls, requests: Sequence[Request], served: Sequence[int], *, num_blocks: int,
+           block_size: int, max_model_len: int, min_token_iteration_s: float) -> RemainingWork:
+        """``served``: by request id."""
+        n = len(requests)
+        prompt, admitted = [0] * n, [False] * n
+        for r in requests:
+            rid = r.req_id
+            prompt[rid] = r.prompt_len
+            admitted[rid] = not never_fits_reason(r.prompt_len, int(served[rid]),
+                                                  max_model_len=max_model_len,
+                                                  num_blocks=num_blocks, block_size=block_size)
+        lengths = [int(x) for x in np.asarray(served, dtype=np.int64)]
+        unstarted = [_block_sum(p + t - 2, block_size) - _block_sum(p - 2, block_size)
+                     for p, t in zip(prompt, lengths, strict=True)]
+        return cls(lengths, prompt, admitted, num_blocks, block_size, min_token_iteration_s,
+                   unstarted)
+
+    def block_iterations(self, rid: int, emitted: int) -> int:
+        """The KV blocks request ``rid`` holds summed over the iterations that emit its tokens
+        after the first ``emitted`` (token j, from 1, comes from an iteration that holds at least
+        the blocks of its prompt and the j - 2 tokens before: floor((prompt + j - 2) / block))."""
+        p, bs = self.prompt[rid], self.block_size
+        return _block_sum(p + self.served[rid] - 2, bs) - _block_sum(p + emitted - 2, bs)
+
+
 @dataclass(slots=True)
 class _Tracked:
     request: Request
@@ -60,11 +127,14 @@ class GoodputBound:
     in arrival order, raises ``CannotWin`` once the bound on the final goodput is below
     ``best``."""
 
-    def __init__(self, best: float, window: float = GOODPUT_WINDOW_S) -> None:
+    def __init__(self, best: float, window: float = GOODPUT_WINDOW_S,
+                 work: RemainingWork | None = None) -> None:
         self.best = best
         self.window = window
+        self.work = work if work is not None and work.min_token_iteration_s > 0.0 else None
         self.lost = 0
         self._end = -math.inf  # the last completion of a served request so far
+        self._end_work = -math.inf  # the end that the work still to do implies (``work``)
         self._arrived = 0  # requests (in arrival order) taken into ``_open``
         self._open: list[_Tracked] = []  # arrived, neither lost nor done and met
         self._lost_running: list[Request] = []  # lost, still to be served: their end extends
@@ -97,10 +167,35 @@ class GoodputBound:
         self._lost_running = running
         if not n:
             return math.inf
+        if self.work is not None:
+            self._end_work = max(self._end_work, self._work_end(now, still, running))
         start = requests[0].arrival
         # (no completion yet: one window, as for a span of zero)
-        windows = goodput_windows(start, max(self._end, start), self.window)
+        windows = goodput_windows(start, max(self._end, self._end_work, start), self.window)
         return (n - self.lost) / (self.window * windows)
+
+    def _work_end(self, now: float, still: list[_Tracked], running: list[Request]) -> float:
+        """A lower bound on the run's last completion from the work its admitted requests have
+        still to do (``RemainingWork``): -inf when none has any."""
+        work = self.work
+        assert work is not None
+        served, admitted, unstarted = work.served, work.admitted, work.unstarted
+        area = longest = 0
+        for r in itertools.chain((t.request for t in still), running):
+            rid = r.req_id
+            if not admitted[rid]:  # (arrived, not yet taken in: the simulator rejects it)
+                continue
+            emitted = r.num_output_tokens
+            steps = served[rid] - emitted
+            if steps <= 0:
+                continue
+            area += work.block_iterations(rid, emitted) if emitted else unstarted[rid]
+            if steps > longest:
+                longest = steps
+        if not longest:
+            return -math.inf
+        iterations = max(longest, -(-area // work.num_blocks))
+        return (now + iterations * work.min_token_iteration_s) * (1.0 - WORK_MARGIN)
 
     def __call__(self, now: float, requests: Sequence[Request]) -> None:
         bound = self.bound(now, requests)

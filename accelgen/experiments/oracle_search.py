@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from accelgen.experiments.goodput_bound import CannotWin, GoodputBound
+from accelgen.experiments.goodput_bound import CannotWin, GoodputBound, RemainingWork
 from accelgen.policies.accelgen import AccelGenParams
 from accelgen.policies.accelgen.oracle import OracleParams
 from accelgen.results import RunOutput, StoredRun, dumps, outcome_counts
@@ -129,10 +129,35 @@ def read_floor(run_dir: Path | str, cfg: ExperimentConfig,
 PRUNE_METRIC = "goodput_rps"  # the metric GoodputBound bounds
 
 
+def remaining_work(trace: pd.DataFrame, cfg: ExperimentConfig) -> RemainingWork | None:
+    """What the goodput bound prices the work still to do with on ``trace`` under ``cfg``
+    (``goodput_bound.RemainingWork``), or None where a run may end before it serves every
+    request it admits (a horizon, an iteration limit) or its iterations may take less than the
+    cost model's least (noise). The Oracle rejects no admitted request."""
+    from accelgen.core.request import served_output_len
+    from accelgen.costmodel.factory import kv_num_blocks, make_cost_model, resolve_model
+    from accelgen.workloads.trace import to_requests
+
+    sim = cfg.sim
+    if sim.horizon_s is not None or sim.max_iterations is not None or sim.noise.on:
+        return None
+    dep = cfg.deployment
+    max_model_len = dep.max_model_len or resolve_model(dep.model).max_model_len
+    requests, output_len = to_requests(trace)
+    served = [0] * len(requests)
+    prompt = trace["prompt_len"].to_numpy()
+    for r, n in zip(requests, served_output_len(prompt, output_len, max_model_len).tolist(),
+                    strict=True):
+        served[r.req_id] = n
+    return RemainingWork.of(requests, served, num_blocks=kv_num_blocks(dep),
+                            block_size=dep.block_size, max_model_len=max_model_len,
+                            min_token_iteration_s=make_cost_model(dep).min_token_iteration_time())
+
+
 def _run(args: tuple[pd.DataFrame, ExperimentConfig, str, dict[str, Any]],
-         best: float | None = None) -> RunOutput | CannotWin:
+         best: float | None = None, work: RemainingWork | None = None) -> RunOutput | CannotWin:
     """One schedule's simulation; with ``best``, stopped (its ``CannotWin``) once its goodput
-    cannot reach it."""
+    cannot reach it (``work``: the bound's work still to do, ``remaining_work``)."""
     from accelgen.core.specs import PolicySpec
     from accelgen.sim.runner import simulate
 
@@ -141,7 +166,7 @@ def _run(args: tuple[pd.DataFrame, ExperimentConfig, str, dict[str, Any]],
     if best is None:
         return simulate(trace, run_cfg)
     try:
-        return simulate(trace, run_cfg, check=GoodputBound(best))
+        return simulate(trace, run_cfg, check=GoodputBound(best, work=work))
     except CannotWin as stop:
         return stop
 
@@ -183,6 +208,7 @@ def search(trace: pd.DataFrame, cfg: ExperimentConfig,
     stops: list[CannotWin | None] = []  # per schedule: why it was stopped (None: it ran out)
     best, best_run = -1, None
     prune = prune and metric == PRUNE_METRIC
+    work = remaining_work(trace, cfg) if prune else None
 
     def score(i: int) -> tuple[float, float, int]:
         s = summaries[i]
@@ -211,9 +237,10 @@ def search(trace: pd.DataFrame, cfg: ExperimentConfig,
     with (ProcessPoolExecutor(min(processes, len(to_run))) if processes > 1
           else contextlib.nullcontext()) as ex:
         if ex is not None:
-            runs: Any = ex.map(_run, to_run, itertools.repeat(bar_to_beat()))
+            runs: Any = ex.map(_run, to_run, itertools.repeat(bar_to_beat()),
+                               itertools.repeat(work))
         else:
-            runs = (_run(job, bar_to_beat()) for job in to_run)
+            runs = (_run(job, bar_to_beat(), work) for job in to_run)
         for run in runs:
             keep(run)
             del run  # (not held while the next one runs)
