@@ -113,15 +113,41 @@ _specs = st.lists(st.tuples(st.floats(min_value=0.0, max_value=2.0, allow_nan=Fa
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(specs=_specs, num_blocks=st.integers(min_value=12, max_value=40),
        block_size=st.sampled_from([4, 16]), oracle=st.booleans(),
-       max_iterations=st.sampled_from([None, 9, 200]), horizon_s=st.sampled_from([None, 0.7]))
+       max_iterations=st.sampled_from([None, 9, 200]), horizon_s=st.sampled_from([None, 0.7]),
+       analytic=st.booleans())
 def test_deciding_after_decodes_gives_the_results_of_asking(
         specs: list[Spec], num_blocks: int, block_size: int, oracle: bool,
-        max_iterations: int | None, horizon_s: float | None) -> None:
+        max_iterations: int | None, horizon_s: float | None, analytic: bool) -> None:
     """Arrivals, finishes, new blocks, lost and dormant requests (tight TTFTs), offline JCT
-    plans, the Oracle's exact plan, a stopped run and a horizon."""
+    plans, the Oracle's exact plan, a stopped run and a horizon; with the analytic model, the
+    decode steps in asking runs (``Simulator._asking_decode_run``)."""
     fast, ref = (OraclePolicy(), AskingOracle()) if oracle else (AccelGenPolicy(), AskingAccelGen())
     _same(fast, ref, specs, num_blocks=num_blocks, block_size=block_size,
-          max_iterations=max_iterations, horizon_s=horizon_s)
+          max_iterations=max_iterations, horizon_s=horizon_s, analytic=analytic)
+
+
+@pytest.mark.parametrize("oracle", [False, True])
+def test_accelgen_decode_steps_run_as_asking_runs(oracle: bool,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Requests served nearly alone under the analytic model: most of AccelGen's (and the
+    Oracle's) iterations pass in asking runs, with the results of asking at every iteration
+    through ``on_step_end`` and ``schedule``."""
+    rng = np.random.default_rng(11)
+    specs = [(float(a), int(p), int(o), 1) for a, p, o in zip(
+        np.arange(12) * 3.0, rng.integers(20, 120, 12), rng.integers(50, 200, 12), strict=True)]
+    run_steps = [0]
+    asking_run = Simulator._asking_decode_run
+
+    def counted(self: Simulator, *a: Any) -> tuple[Decision | None, int, float]:
+        out = asking_run(self, *a)
+        run_steps[0] += out[1]
+        return out
+
+    monkeypatch.setattr(Simulator, "_asking_decode_run", counted)
+    fast, ref = (OraclePolicy(), AskingOracle()) if oracle else (AccelGenPolicy(), AskingAccelGen())
+    done, _ = _same(fast, ref, specs, num_blocks=200, block_size=16, max_iterations=None,
+                    horizon_s=None, analytic=True)
+    assert run_steps[0] > 0.8 * len(done.iterations)
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])

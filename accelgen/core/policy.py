@@ -227,6 +227,15 @@ class Policy(ABC):
         a simulation starts. Default: False."""
         return False
 
+    def after_decodes_reads_blocks_only(self, decision: Decision) -> bool:
+        """Whether the next ``schedule_after_decodes(view, decision, ...)``, should it return
+        ``decision`` itself, reads of the batch's requests only their KV blocks
+        (``num_blocks``) and of the view only ``now``, the free blocks and what no decode step
+        changes. The simulator may then ask it at every iteration of a run of decode steps and
+        take in the requests' new tokens and times once, after the run
+        (``Simulator._asking_decode_run``). Asked before every such call. Default: False."""
+        return False
+
     def schedule_after_decodes(self, view: SchedulerView, decision: Decision,
                                latency: float) -> Decision:
         """``on_step_end`` and then ``schedule`` in one call, which a policy may make cheaper.

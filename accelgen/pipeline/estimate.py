@@ -96,8 +96,10 @@ def estimate_measured(config: ConfigFiles, cores: int = 2, warm: bool = False) -
         CAPACITY_MEASURED_ON,
         MEASURED,
         MEASURED_ON,
+        ORACLE_SEARCH_MEASURED,
         base_policy,
         job_seconds,
+        oracle_pruned_fraction,
         run_job,
     )
 
@@ -126,7 +128,10 @@ def estimate_measured(config: ConfigFiles, cores: int = 2, warm: bool = False) -
              f"(~{total / 3600 / cores:.1f} h on {cores} cores), per-job times measured on "
              f"full-size runs ({MEASURED_ON}; accelgen/pipeline/resources.py), scaled by requests; "
              f"the capacity sweep's jobs from jobs measured per policy and load factor "
-             f"({CAPACITY_MEASURED_ON})"]
+             f"({CAPACITY_MEASURED_ON}); the Oracle's searches of full-size traces at "
+             f"{oracle_pruned_fraction():.2f}x their unpruned price, as "
+             f"{len(ORACLE_SEARCH_MEASURED)} searches measured with candidates stopped "
+             f"(ORACLE_SEARCH_MEASURED)"]
     if unmeasured:
         lines.append(f"  not measured, priced as the slowest measured policy: {', '.join(unmeasured)}")
     lines.append("by figure (experiment):")

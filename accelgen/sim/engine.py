@@ -136,6 +136,13 @@ class Simulator:
         # Whether the cost model prices a run of decode iterations at once
         # (``CostModel.decode_times``; ``_decode_run``).
         self._prices_decode_runs = type(cost).decode_times is not CostModel.decode_times
+        # Whether the redecided decode steps may run as ``_asking_decode_run``: the policy is
+        # asked at every one but the requests take in the run at once
+        # (``Policy.after_decodes_reads_blocks_only``, asked before every step).
+        self._asks_in_runs = (self._may_redecide and not self._redecide_on_blocks
+                              and self._prices_decode_runs
+                              and type(policy).after_decodes_reads_blocks_only
+                              is not Policy.after_decodes_reads_blocks_only)
         # True: host transfers run beside the iteration's compute (a copy stream, as FastServe's
         # proactive swapping does), so an iteration takes max(compute, transfer), not the sum.
         self.swap_overlap = swap_overlap
@@ -505,6 +512,13 @@ class Simulator:
         scheduled = decision.scheduled
         while (self._now < self._next_arrival and self._now < horizon
                and self._iteration < max_iterations):
+            if self._asks_in_runs and policy.after_decodes_reads_blocks_only(decision):
+                decided, ran, latency = self._asking_decode_run(decision, latency, horizon,
+                                                                max_iterations)
+                if decided is not None:
+                    return decided
+                if ran:
+                    continue
             view.now = self._now
             t0 = time.perf_counter()
             decided = policy.schedule_after_decodes(view, decision, latency)
@@ -518,6 +532,102 @@ class Simulator:
                 break
         policy.on_step_end(view, decision, latency)
         return None
+
+    def _asking_decode_run(self, decision: Decision, latency: float, horizon: float,
+                           max_iterations: float) -> tuple[Decision | None, int, float]:
+        """``_redecide``'s iterations for a policy that reads only the batch's blocks while it
+        keeps its decision (``Policy.after_decodes_reads_blocks_only``): it is asked before
+        every iteration, as there, with the clock and the free blocks of that iteration and each
+        request's new blocks given as they come, but the iterations' latencies come from the
+        cost model at once (``CostModel.decode_times``) and the requests take in their tokens
+        and times once, after the run (no request finishes within it, by its length). The same
+        values, in the same order, as iteration by iteration. Returns the first decision that
+        differs (or None), the iterations run (0: none possible, the caller runs the next) and
+        the last one's latency."""
+        scheduled = decision.scheduled
+        target, kv = self._target, self.kv
+        block_size = kv.block_size
+        steps = max_iterations - self._iteration
+        decode_ctx = 0
+        first_need = []  # per request: the run's first iteration that needs it a new block
+        for r, n in scheduled:
+            out, ctx = r.num_output_tokens, r.num_computed_tokens
+            if n != 1 or out < 1 or ctx + 1 != r.prompt_len + out:
+                return None, 0, latency
+            steps = min(steps, target[r.req_id] - out - 1)
+            if steps < MIN_DECODE_RUN:
+                return None, 0, latency
+            decode_ctx += ctx
+            first_need.append(r.num_blocks * block_size - ctx)
+        steps = int(steps)
+        n = len(scheduled)
+        grows: dict[int, list[Request]] = {}  # iteration -> the requests it gives a block
+        for (r, _), j in zip(scheduled, first_need, strict=True):
+            for k in range(j, steps, block_size):
+                grows.setdefault(k, []).append(r)
+        compute = self.cost.decode_times(n, decode_ctx + n * np.arange(steps, dtype=np.int64))
+        assert compute is not None  # (``_asks_in_runs``: the model prices decode runs)
+        latencies = ((np.maximum(compute, 0.0) if self.swap_overlap else compute + 0.0)
+                     + 0.0).tolist()
+        policy, view = self.policy, self._view
+        ask, reads_blocks_only = policy.schedule_after_decodes, policy.after_decodes_reads_blocks_only
+        perf = time.perf_counter
+        until = min(self._next_arrival, horizon)
+        free, now = kv.num_free_blocks, self._now
+        starts: list[float] = []
+        frees: list[int] = []
+        infos: list[Any] = []
+        decide: list[float] = []
+        decided: Decision | None = None
+        overflow = False
+        for k in range(steps):
+            if now >= until or (k and not reads_blocks_only(decision)):
+                break
+            view.now = now
+            kv.num_free_blocks = free
+            t0 = perf()
+            asked = ask(view, decision, latency)
+            self._decide_s = perf() - t0
+            if asked is not decision:
+                decided = asked
+                break
+            grow = grows.get(k)
+            if grow:
+                if len(grow) > free:
+                    overflow = True  # (``_decode_batch`` raises it below, as it would have)
+                    break
+                for r in grow:
+                    r.num_blocks += 1
+                free -= len(grow)
+            starts.append(now)
+            frees.append(free)
+            infos.append(decision.info)
+            decide.append(self._decide_s)
+            latency = latencies[k]
+            now += latency
+        kv.num_free_blocks = free
+        done = len(starts)
+        if done:
+            log, total = self.log, kv.num_total_blocks
+            used_tokens = self._kv_used_tokens
+            queues = (len(self._waiting), len(self._running), len(self._swapped))
+            for k in range(done):
+                used_tokens += n
+                log.append(starts[k], latencies[k], BatchShape(0, 0, 0.0, n, decode_ctx + n * k),
+                           n, total - frees[k], total, used_tokens, decide[k], 0, *queues, 0.0,
+                           infos[k])
+            ends = [*starts[1:], now]
+            for r, _ in scheduled:
+                r.num_computed_tokens += done
+                r.num_output_tokens += done
+                r.token_times.extend(ends)
+                r.last_token_time = now
+            self._kv_used_tokens = used_tokens
+            self._now = now
+            self._iteration += done
+        if overflow:
+            self._decode_batch(scheduled)
+        return decided, done, latency
 
     def _redecide_on_block_need(self, decision: Decision, latency: float, horizon: float,
                                 max_iterations: float) -> Decision | None:

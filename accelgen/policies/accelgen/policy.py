@@ -111,6 +111,12 @@ class AccelGenPolicy(Policy):
             self._chunk_mean += w * (c - self._chunk_mean)
         self._pending_cuts = []
 
+    def after_decodes_reads_blocks_only(self, decision: Decision) -> bool:
+        # (the table takes in a decode step by itself, re-reading the blocks alone; the other
+        # paths refresh from the request objects; the closed loop may price the batch from them)
+        return (decision is self._last and not self._pending_cuts and self.verify is None
+                and self.loop is None)
+
     def schedule_after_decodes(self, view: SchedulerView, decision: Decision,
                                latency: float) -> Decision:
         # The step taken in from the table itself (its batch, one token more each), not read
