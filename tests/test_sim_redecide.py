@@ -114,14 +114,16 @@ _specs = st.lists(st.tuples(st.floats(min_value=0.0, max_value=2.0, allow_nan=Fa
 @given(specs=_specs, num_blocks=st.integers(min_value=12, max_value=40),
        block_size=st.sampled_from([4, 16]), oracle=st.booleans(),
        max_iterations=st.sampled_from([None, 9, 200]), horizon_s=st.sampled_from([None, 0.7]),
-       analytic=st.booleans())
+       analytic=st.booleans(), closed=st.booleans())
 def test_deciding_after_decodes_gives_the_results_of_asking(
         specs: list[Spec], num_blocks: int, block_size: int, oracle: bool,
-        max_iterations: int | None, horizon_s: float | None, analytic: bool) -> None:
+        max_iterations: int | None, horizon_s: float | None, analytic: bool,
+        closed: bool) -> None:
     """Arrivals, finishes, new blocks, lost and dormant requests (tight TTFTs), offline JCT
-    plans, the Oracle's exact plan, a stopped run and a horizon; with the analytic model, the
-    decode steps in asking runs (``Simulator._asking_decode_run``)."""
-    fast, ref = (OraclePolicy(), AskingOracle()) if oracle else (AccelGenPolicy(), AskingAccelGen())
+    plans, the Oracle's exact plan, the closed loop, a stopped run and a horizon; with the
+    analytic model, the decode steps in asking runs (``Simulator._asking_decode_run``)."""
+    fast, ref = ((OraclePolicy(), AskingOracle()) if oracle
+                 else (AccelGenPolicy(closed_loop=closed), AskingAccelGen(closed_loop=closed)))
     _same(fast, ref, specs, num_blocks=num_blocks, block_size=block_size,
           max_iterations=max_iterations, horizon_s=horizon_s, analytic=analytic)
 

@@ -145,6 +145,35 @@ def oracle_pruned_fraction() -> float:
         ORACLE_SEARCH_MEASURED)
 
 
+# Open-loop AccelGen (its ablations too) and the Oracle, without noise, take their redecided decode
+# steps in asking runs (``Simulator._asking_decode_run``; the closed loop and a noisy run do
+# not). Their capacity jobs' variable part scaled by what that saved, per load factor: the
+# same jobs side by side with the build before (5dbac87), alternating, every results file
+# identical (`scripts/measure_jobs.py config/paper.yaml --only capacity --per-policy --sample 5
+# --policies accelgen oracle --checkout <5dbac87>`, 2026-11-28; the variable part after over
+# before, 8 such jobs, two at 1/256 and at 1/8 averaged; the closed loop's and a noisy run's
+# jobs measured 1.01x and 1.02x).
+ASKING_RUN_POLICIES = ("accelgen", "accelgen/order", "accelgen/chunk", "accelgen/batch", "oracle")
+ASKING_RUN_SCALE: tuple[tuple[float, float], ...] = (
+    (0.00390625, 0.726), (0.0078125, 0.789), (0.0625, 0.703), (0.125, 0.959), (2.0, 0.838),
+    (4.0, 0.907))
+
+
+def _interpolated(pts: tuple[tuple[float, float], ...], load_factor: float) -> float:
+    """The values of ``pts`` ((load factor, value), ascending) interpolated in log(load
+    factor), held at the ends."""
+    x = math.log2(max(load_factor, 1e-12))
+    xs = [math.log2(lf) for lf, _ in pts]
+    ys = [v for _, v in pts]
+    if x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        return ys[-1]
+    i = next(k for k in range(1, len(xs)) if x <= xs[k])
+    w = (x - xs[i - 1]) / (xs[i] - xs[i - 1]) if xs[i] > xs[i - 1] else 1.0
+    return ys[i - 1] + w * (ys[i] - ys[i - 1])
+
+
 def fixed_seconds(policy: str, warm: bool = False) -> float:
     """The measured fixed part of one job of ``policy`` (AccelGen and its variants load their
     compiled kernels; ``warm``: a job forked by ``accelgen warm``)."""
@@ -155,26 +184,20 @@ def fixed_seconds(policy: str, warm: bool = False) -> float:
 
 
 def capacity_seconds(policy: str, num_requests: int, load_factor: float,
-                     search_points: int = 1, warm: bool = False) -> float | None:
+                     search_points: int = 1, warm: bool = False,
+                     noisy: bool = False) -> float | None:
     """CPU seconds of one capacity-sweep job of ``policy`` at ``load_factor`` (None when the
     policy was not measured there): the measured jobs interpolated in log(load factor), held at
-    the ends, net of the fixed part scaled by requests (and by search points for the Oracle);
+    the ends, net of the fixed part scaled by requests (and by search points for the Oracle),
+    and by ``ASKING_RUN_SCALE`` where the job takes the asking runs (not ``noisy``);
     ``warm``: with the fixed part of a job forked by ``accelgen warm``."""
     pts = CAPACITY_MEASURED.get(policy) or CAPACITY_MEASURED.get(base_policy(policy))
     if not pts:
         return None
     fixed = fixed_seconds(policy)
-    x = math.log2(max(load_factor, 1e-12))
-    xs = [math.log2(lf) for lf, _ in pts]
-    ts = [max(t - fixed, 0.0) for _, t in pts]
-    if x <= xs[0]:
-        var = ts[0]
-    elif x >= xs[-1]:
-        var = ts[-1]
-    else:
-        i = next(k for k in range(1, len(xs)) if x <= xs[k])
-        w = (x - xs[i - 1]) / (xs[i] - xs[i - 1]) if xs[i] > xs[i - 1] else 1.0
-        var = ts[i - 1] + w * (ts[i] - ts[i - 1])
+    var = _interpolated(tuple((lf, max(t - fixed, 0.0)) for lf, t in pts), load_factor)
+    if policy in ASKING_RUN_POLICIES and not noisy:
+        var *= _interpolated(ASKING_RUN_SCALE, load_factor)
     if base_policy(policy) == "oracle":
         var *= search_points / CAPACITY_ORACLE_POINTS
     return fixed_seconds(policy, warm) + var * num_requests / CAPACITY_REQUESTS
@@ -198,7 +221,8 @@ def job_seconds(grid: Grid, run: Run, warm: bool = False) -> float:
                                          for lf, _ in pts):
             lf = rate / est
     if lf is not None:
-        t = capacity_seconds(policy, n, lf, points, warm)
+        t = capacity_seconds(policy, n, lf, points, warm,
+                             noisy=bool(grid.noise_level.get(run.system)))
         if t is not None:
             return t
     t = sim_seconds(policy, n, points, warm)

@@ -113,9 +113,10 @@ class AccelGenPolicy(Policy):
 
     def after_decodes_reads_blocks_only(self, decision: Decision) -> bool:
         # (the table takes in a decode step by itself, re-reading the blocks alone; the other
-        # paths refresh from the request objects; the closed loop may price the batch from them)
+        # paths refresh from the request objects; the closed loop prices the batch from them
+        # where the decision does not price it itself)
         return (decision is self._last and not self._pending_cuts and self.verify is None
-                and self.loop is None)
+                and (self.loop is None or self._ws.prices_batches))
 
     def schedule_after_decodes(self, view: SchedulerView, decision: Decision,
                                latency: float) -> Decision:

@@ -146,6 +146,13 @@ class Workspace:
         self.arrays = self.arrays._replace(times=times, finals=np.zeros(kv.num_total_blocks + 3, np.int64))
         return True
 
+    @property
+    def prices_batches(self) -> bool:
+        """Whether the decision evaluates the cost model itself (linear, roofline or calibrated
+        constants), so it prices every batch it forms (``info.t_planned``)."""
+        par = self.arrays.state[0].params
+        return bool(par.cost_linear or par.cost_roofline or par.cost_calibrated)
+
     def use_cost(self, cost: CostModel) -> None:
         """Follow the cost model's linear terms (an online model's refit replaces them)."""
         terms = cost.linear_terms()
