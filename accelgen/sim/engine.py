@@ -510,15 +510,22 @@ class Simulator:
             return self._redecide_on_block_need(decision, latency, horizon, max_iterations)
         policy, view = self.policy, self._view
         scheduled = decision.scheduled
+        # The next asking run's length: none before the decision has come back once, then
+        # doubling (a run cut short at once costs its setup: under overload the decision often
+        # changes within a few steps).
+        run_steps = 0
         while (self._now < self._next_arrival and self._now < horizon
                and self._iteration < max_iterations):
-            if self._asks_in_runs and policy.after_decodes_reads_blocks_only(decision):
+            if (run_steps and self._asks_in_runs
+                    and policy.after_decodes_reads_blocks_only(decision)):
                 decided, ran, latency = self._asking_decode_run(decision, latency, horizon,
-                                                                max_iterations)
+                                                                max_iterations, run_steps)
                 if decided is not None:
                     return decided
                 if ran:
+                    run_steps = min(2 * run_steps, MAX_ASKING_RUN)
                     continue
+            run_steps = run_steps or MIN_DECODE_RUN
             view.now = self._now
             t0 = time.perf_counter()
             decided = policy.schedule_after_decodes(view, decision, latency)
@@ -534,20 +541,22 @@ class Simulator:
         return None
 
     def _asking_decode_run(self, decision: Decision, latency: float, horizon: float,
-                           max_iterations: float) -> tuple[Decision | None, int, float]:
+                           max_iterations: float,
+                           most: int) -> tuple[Decision | None, int, float]:
         """``_redecide``'s iterations for a policy that reads only the batch's blocks while it
         keeps its decision (``Policy.after_decodes_reads_blocks_only``): it is asked before
         every iteration, as there, with the clock and the free blocks of that iteration and each
         request's new blocks given as they come, but the iterations' latencies come from the
         cost model at once (``CostModel.decode_times``) and the requests take in their tokens
-        and times once, after the run (no request finishes within it, by its length). The same
-        values, in the same order, as iteration by iteration. Returns the first decision that
+        and times once, after the run (no request finishes within it, by its length; at most
+        ``most`` iterations). The same values, in the same order, as iteration by iteration.
+        Returns the first decision that
         differs (or None), the iterations run (0: none possible, the caller runs the next) and
         the last one's latency."""
         scheduled = decision.scheduled
         target, kv = self._target, self.kv
         block_size = kv.block_size
-        steps = max_iterations - self._iteration
+        steps = min(max_iterations - self._iteration, most)
         decode_ctx = 0
         first_need = []  # per request: the run's first iteration that needs it a new block
         for r, n in scheduled:
@@ -883,6 +892,8 @@ _RUNNING, _WAITING = Status.RUNNING, Status.WAITING
 # The fewest iterations ``Simulator._decode_run`` runs at once: below it, the run's setup costs
 # about what the iterations would.
 MIN_DECODE_RUN = 4
+# The longest asking run (``Simulator._asking_decode_run``): its latencies are priced at once.
+MAX_ASKING_RUN = 512
 
 # The collector's thresholds during the loop (Python's defaults: 700, 10, 10).
 LOOP_GC_THRESHOLDS = (100_000, 50, 100)
