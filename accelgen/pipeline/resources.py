@@ -129,11 +129,13 @@ CAPACITY_ORACLE_POINTS = 2
 # (``experiments.goodput_bound``, with the work still to do). Whole jobs measured as the pipeline
 # runs them (the default 12-point grid, the floor read; `scripts/measure_jobs.py
 # config/paper.yaml --only VARIANT --systems oracle --deployments DEP --seeds 0 --sample 1`,
-# 2026-11-28, build 5dbac87): (variant, deployment) -> CPU seconds of the job. Their variable
-# part over the unpruned price's (``sim_seconds``) prices every search of a full-size trace.
+# 2026-11-28): (variant, deployment) -> CPU seconds of the job, on build 5f5630d (the asking
+# runs' first form) beside another job and tests; on 5dbac87, beside one other job, 682.5 and
+# 841.3 s. Their variable part over the unpruned price's (``sim_seconds``) prices every search of
+# a full-size trace.
 ORACLE_SEARCH_MEASURED: dict[tuple[str, str], float] = {
-    ("base", "opt-13b"): 682.5,  # 7 of 12 candidates stopped
-    ("base-only-alpaca", "opt-13b"): 841.3,  # 10 of 12 stopped (beside another job)
+    ("base", "opt-13b"): 730.2,  # 7 of 12 candidates stopped
+    ("base-only-alpaca", "opt-13b"): 883.6,  # 10 of 12 stopped
 }
 ORACLE_SEARCH_POINTS = 12  # (with the floor read: 12 simulations unpruned)
 
@@ -145,18 +147,20 @@ def oracle_pruned_fraction() -> float:
         ORACLE_SEARCH_MEASURED)
 
 
-# Open-loop AccelGen (its ablations too) and the Oracle, without noise, take their redecided decode
-# steps in asking runs (``Simulator._asking_decode_run``; the closed loop and a noisy run do
-# not). Their capacity jobs' variable part scaled by what that saved, per load factor: the
-# same jobs side by side with the build before (5dbac87), alternating, every results file
-# identical (`scripts/measure_jobs.py config/paper.yaml --only capacity --per-policy --sample 5
-# --policies accelgen oracle --checkout <5dbac87>`, 2026-11-28; the variable part after over
-# before, 8 such jobs, two at 1/256 and at 1/8 averaged; the closed loop's and a noisy run's
-# jobs measured 1.01x and 1.02x).
+# Open-loop AccelGen (its ablations too) and the Oracle, without noise, take their redecided
+# decode steps in asking runs (``Simulator._asking_decode_run``; a noisy run does not; the
+# closed loop's noiseless jobs take them too, not measured: priced as before). Their capacity
+# jobs' variable part scaled by what that saved, per load factor: the same jobs side by side
+# with the build before (5dbac87), alternating, every results file identical
+# (`scripts/measure_jobs.py config/paper.yaml --only capacity --per-policy --sample 5
+# --policies accelgen oracle --checkout <5dbac87>`, 2026-11-28, twice: on 5f5630d and on
+# c9174e8, each time beside other work); the variable part after over before, 16 such jobs,
+# averaged per load factor (single jobs spread by +-0.1 to +-0.2); the closed loop's and a
+# noisy run's jobs under noise measured 0.95-1.02x.
 ASKING_RUN_POLICIES = ("accelgen", "accelgen/order", "accelgen/chunk", "accelgen/batch", "oracle")
 ASKING_RUN_SCALE: tuple[tuple[float, float], ...] = (
-    (0.00390625, 0.726), (0.0078125, 0.789), (0.0625, 0.703), (0.125, 0.959), (2.0, 0.838),
-    (4.0, 0.907))
+    (0.00390625, 0.759), (0.0078125, 0.872), (0.0625, 0.772), (0.125, 0.922), (2.0, 1.026),
+    (4.0, 0.921))
 
 
 def _interpolated(pts: tuple[tuple[float, float], ...], load_factor: float) -> float:
