@@ -550,9 +550,8 @@ class Simulator:
         cost model at once (``CostModel.decode_times``) and the requests take in their tokens
         and times once, after the run (no request finishes within it, by its length; at most
         ``most`` iterations). The same values, in the same order, as iteration by iteration.
-        Returns the first decision that
-        differs (or None), the iterations run (0: none possible, the caller runs the next) and
-        the last one's latency."""
+        Returns the first decision that differs (or None), the iterations run (0: none possible,
+        the caller runs the next) and the last one's latency."""
         scheduled = decision.scheduled
         target, kv = self._target, self.kv
         block_size = kv.block_size
