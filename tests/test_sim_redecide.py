@@ -17,12 +17,14 @@ from accelgen.core.iteration import Pivot
 from accelgen.core.kvcache import BlockManager
 from accelgen.core.policy import Decision, Policy, SchedulerView
 from accelgen.core.request import Request
-from accelgen.core.specs import Deployment
+from accelgen.core.specs import Deployment, NoiseSpec
 from accelgen.costmodel.base import CostModel
 from accelgen.costmodel.factory import make_cost_model
+from accelgen.costmodel.noise import NoisyCost
 from accelgen.policies.accelgen import AccelGenPolicy
 from accelgen.policies.accelgen.oracle import OraclePolicy
 from accelgen.policies.fastgen import FastGenPolicy
+from accelgen.policies.registry import make_policy
 from accelgen.policies.sarathi import SarathiPolicy
 from accelgen.policies.vllm import VLLMPolicy
 from accelgen.policies.vllm_priority import VLLMPriorityPolicy
@@ -225,3 +227,45 @@ def test_most_decode_iterations_reuse_the_decision(monkeypatch: pytest.MonkeyPat
     # (the reference's on_step_end calls are counted too: one per iteration)
     assert n > 1000 and calls["step_end"] - n < n / 5
     assert calls["same"] > 0.8 * n and calls["after"] <= n
+
+
+class _NoisyCounted(NoisyCost):
+    """The noisy model, counting the iterations it priced in runs."""
+
+    in_runs = 0
+
+    def took_decode_run(self, iterations: int) -> None:
+        self.in_runs += iterations
+        super().took_decode_run(iterations)
+
+
+class _NoisyPerIteration(NoisyCost):
+    """The noisy model asked iteration by iteration (no runs priced at once)."""
+
+    def decode_times(self, decode_seqs: int, decode_ctx: np.ndarray) -> np.ndarray | None:
+        return None
+
+
+@pytest.mark.parametrize("stalls", [False, True])
+@pytest.mark.parametrize("policy", ["vllm", "accelgen", "accelgen-closed"])
+def test_noisy_runs_of_decode_iterations_give_the_results_of_asking_each(
+        policy: str, stalls: bool) -> None:
+    """A noisy model prices a run of decode iterations with its next draws and moves on by the
+    iterations that ran: the charged times, in order, of asking it iteration by iteration
+    (runs cut by arrivals, blocks and finishes; stalls drawn beside the factors)."""
+    rng = np.random.default_rng(3)
+    specs = sorted([(float(a), int(p), int(o), int(k)) for a, p, o, k in zip(
+        rng.uniform(0, 6, 30), rng.integers(20, 200, 30), rng.integers(20, 400, 30),
+        rng.integers(0, 3, 30), strict=True)], key=lambda x: x[0])
+    spec = NoiseSpec(kind="lognormal", step_sigma=0.1, run_sigma=0.05,
+                     **({"stall_prob": 0.05, "stall_quantiles": [0.001, 0.01]} if stalls else {}))
+    runs = []
+    for cls in (_NoisyCounted, _NoisyPerIteration):
+        cost = cls(ANALYTIC, spec, seed=4)
+        sim = Simulator(_requests(specs), [o for _, _, o, _ in specs], make_policy(policy), cost,
+                        BlockManager(60, 16), Pivot(s_pf=64, t_pf=ANALYTIC.forward_time(64)),
+                        max_model_len=100_000, planning_cost=ANALYTIC)
+        runs.append((sim.run(), cost.drawn, getattr(cost, "in_runs", 0)))
+    assert_same_results(runs[0][0], runs[1][0])
+    assert runs[0][1] == runs[1][1] == len(runs[0][0].iterations)
+    assert runs[0][2] > 0.3 * len(runs[0][0].iterations)  # (the runs were taken)

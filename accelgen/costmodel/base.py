@@ -43,8 +43,9 @@ class CostModel(ABC):
     def decode_times(self, decode_seqs: int, decode_ctx: np.ndarray) -> np.ndarray | None:
         """``iteration_time`` of decode-only batches of ``decode_seqs`` sequences reading
         ``decode_ctx[j]`` context tokens, for every ``j`` at once: the same values to the last
-        bit, or None where the model has no such shortcut (or draws per call, as a noisy model
-        does: every iteration must then be asked in turn). The simulator's runs of decode
+        bit as asking ``iteration_time`` for them in turn (a noisy model: its next draws, kept
+        until ``took_decode_run`` says how many ran), or None where the model has no such
+        shortcut. The simulator's runs of decode
         iterations (``Simulator._decode_run``) use it."""
         return None
 
@@ -54,6 +55,10 @@ class CostModel(ABC):
         default; a noisy or refitted model). An Oracle candidate's goodput bound prices the work
         still to do with it (``experiments.goodput_bound``)."""
         return 0.0
+
+    def took_decode_run(self, iterations: int) -> None:  # noqa: B027 - optional hook
+        """After ``decode_times``: its first ``iterations`` ran (a noisy model's draws move on by
+        them; a deterministic one has nothing to do)."""
 
     def forward_time(self, forward_size: int) -> float:
         """Latency of a prefill-only iteration of ``forward_size`` tokens with no prior context.

@@ -162,6 +162,31 @@ class NoisyCost(CostModel):
             return self._time(shape) * buf[i]
         return self._time(shape) * buf[i] + self._stalls[i]
 
+    def decode_times(self, decode_seqs: int, decode_ctx: np.ndarray) -> np.ndarray | None:
+        """The next ``len(decode_ctx)`` iterations' times, as ``iteration_time`` would charge
+        them in turn (the same products and sums, elementwise), without using their factors:
+        the caller says how many ran (``took_decode_run``)."""
+        base = self.base.decode_times(decode_seqs, decode_ctx)
+        if base is None:
+            return None
+        k = len(base)
+        while len(self._buf) - self._i < k:  # (the next blocks of draws, in the same order)
+            factors, stalls = self.noise.draw()
+            i = self._i
+            self._buf = self._buf[i:] + factors.tolist()
+            if stalls is not None:
+                self._stalls = (self._stalls or [])[i:] + stalls.tolist()
+            self._i = 0
+        i = self._i
+        out = base * np.array(self._buf[i:i + k])
+        if self._stalls is not None:
+            out = out + np.array(self._stalls[i:i + k])
+        return out
+
+    def took_decode_run(self, iterations: int) -> None:
+        self._i += iterations
+        self.drawn += iterations
+
     def forward_time(self, forward_size: int) -> float:
         return self.base.forward_time(forward_size)
 

@@ -135,7 +135,8 @@ class Simulator:
         self._redecide_on_blocks = self._may_redecide and policy.after_decodes_while_blocks_fit()
         # Whether the cost model prices a run of decode iterations at once
         # (``CostModel.decode_times``; ``_decode_run``).
-        self._prices_decode_runs = type(cost).decode_times is not CostModel.decode_times
+        # (asked of an empty run: a noisy model prices runs where the model it wraps does)
+        self._prices_decode_runs = cost.decode_times(1, np.zeros(0, dtype=np.int64)) is not None
         # Whether the redecided decode steps may run as ``_asking_decode_run``: the policy is
         # asked at every one but the requests take in the run at once
         # (``Policy.after_decodes_reads_blocks_only``, asked before every step).
@@ -616,6 +617,7 @@ class Simulator:
         kv.num_free_blocks = free
         done = len(starts)
         if done:
+            self.cost.took_decode_run(done)
             log, total = self.log, kv.num_total_blocks
             used_tokens = self._kv_used_tokens
             queues = (len(self._waiting), len(self._running), len(self._swapped))
@@ -767,6 +769,7 @@ class Simulator:
                    int(np.searchsorted(new_blocks, free, side="right")))
         if done == 0:
             return 0.0
+        self.cost.took_decode_run(done)
         total_blocks = kv.num_total_blocks
         used_tokens = self._kv_used_tokens + n * np.arange(1, done + 1, dtype=np.int64)
         used_blocks = total_blocks - free + new_blocks[:done]
