@@ -148,8 +148,8 @@ def oracle_pruned_fraction() -> float:
 
 
 # Open-loop AccelGen (its ablations too) and the Oracle, without noise, take their redecided
-# decode steps in asking runs (``Simulator._asking_decode_run``; a noisy run does not; the
-# closed loop's noiseless jobs take them too, not measured: priced as before). Their capacity
+# decode steps in asking runs (``Simulator._asking_decode_run``; the closed loop's jobs and
+# noisy ones take them too, not measured: priced as before). Their capacity
 # jobs' variable part scaled by what that saved, per load factor: the same jobs side by side
 # with the build before (5dbac87), alternating, every results file identical
 # (`scripts/measure_jobs.py config/paper.yaml --only capacity --per-policy --sample 5
