@@ -141,6 +141,9 @@ class NoisyCost(CostModel):
         self._time = base.iteration_time
         self._buf: list[float] = []
         self._stalls: list[float] | None = None  # seconds added per step (a spec with stalls)
+        # The same draws as arrays (``decode_times`` slices them; a list's slice is a copy).
+        self._arr: np.ndarray = np.zeros(0)
+        self._stall_arr: np.ndarray | None = None
         self._i = 0
         self.drawn = 0  # factors used so far
 
@@ -154,6 +157,7 @@ class NoisyCost(CostModel):
         if i == len(buf):
             factors, stalls = self.noise.draw()
             buf = self._buf = factors.tolist()
+            self._arr, self._stall_arr = factors, stalls
             self._stalls = None if stalls is None else stalls.tolist()
             i = 0
         self._i = i + 1
@@ -174,13 +178,16 @@ class NoisyCost(CostModel):
             factors, stalls = self.noise.draw()
             i = self._i
             self._buf = self._buf[i:] + factors.tolist()
+            self._arr = np.concatenate((self._arr[i:], factors))
             if stalls is not None:
                 self._stalls = (self._stalls or [])[i:] + stalls.tolist()
+                held = self._stall_arr[i:] if self._stall_arr is not None else np.zeros(0)
+                self._stall_arr = np.concatenate((held, stalls))
             self._i = 0
         i = self._i
-        out = base * np.array(self._buf[i:i + k])
-        if self._stalls is not None:
-            out = out + np.array(self._stalls[i:i + k])
+        out = base * self._arr[i:i + k]
+        if self._stall_arr is not None:
+            out = out + self._stall_arr[i:i + k]
         return out
 
     def took_decode_run(self, iterations: int) -> None:
