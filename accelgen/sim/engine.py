@@ -554,21 +554,12 @@ class Simulator:
         Returns the first decision that differs (or None), the iterations run (0: none possible,
         the caller runs the next) and the last one's latency."""
         scheduled = decision.scheduled
-        target, kv = self._target, self.kv
+        kv = self.kv
         block_size = kv.block_size
-        steps = min(max_iterations - self._iteration, most)
-        decode_ctx = 0
-        first_need = []  # per request: the run's first iteration that needs it a new block
-        for r, n in scheduled:
-            out, ctx = r.num_output_tokens, r.num_computed_tokens
-            if n != 1 or out < 1 or ctx + 1 != r.prompt_len + out:
-                return None, 0, latency
-            steps = min(steps, target[r.req_id] - out - 1)
-            if steps < MIN_DECODE_RUN:
-                return None, 0, latency
-            decode_ctx += ctx
-            first_need.append(r.num_blocks * block_size - ctx)
-        steps = int(steps)
+        run = self._decode_run_start(scheduled, min(max_iterations - self._iteration, most))
+        if run is None:
+            return None, 0, latency
+        steps, decode_ctx, first_need = run
         n = len(scheduled)
         grows: dict[int, list[Request]] = {}  # iteration -> the requests it gives a block
         for (r, _), j in zip(scheduled, first_need, strict=True):
@@ -576,8 +567,7 @@ class Simulator:
                 grows.setdefault(k, []).append(r)
         compute = self.cost.decode_times(n, decode_ctx + n * np.arange(steps, dtype=np.int64))
         assert compute is not None  # (``_asks_in_runs``: the model prices decode runs)
-        latencies = ((np.maximum(compute, 0.0) if self.swap_overlap else compute + 0.0)
-                     + 0.0).tolist()
+        latencies = self._run_latencies(compute).tolist()
         policy, view = self.policy, self._view
         ask, reads_blocks_only = policy.schedule_after_decodes, policy.after_decodes_reads_blocks_only
         perf = time.perf_counter
@@ -626,12 +616,7 @@ class Simulator:
                 log.append(starts[k], latencies[k], BatchShape(0, 0, 0.0, n, decode_ctx + n * k),
                            n, total - frees[k], total, used_tokens, decide[k], 0, *queues, 0.0,
                            infos[k])
-            ends = [*starts[1:], now]
-            for r, _ in scheduled:
-                r.num_computed_tokens += done
-                r.num_output_tokens += done
-                r.token_times.extend(ends)
-                r.last_token_time = now
+            _emit_run_tokens(scheduled, [*starts[1:], now])
             self._kv_used_tokens = used_tokens
             self._now = now
             self._iteration += done
@@ -684,6 +669,33 @@ class Simulator:
         policy.on_step_end(view, decision, latency)
         return None
 
+    def _decode_run_start(self, scheduled: list[tuple[Request, int]],
+                          most: float) -> tuple[int, int, list[int]] | None:
+        """Whether ``scheduled`` can run as a run of decode iterations (each request one token
+        further, none finishing, at most ``most`` iterations, at least ``MIN_DECODE_RUN``): its
+        length, the batch's context now, and per request the run's first iteration that needs
+        it a new block; None where it cannot."""
+        target, block_size = self._target, self.kv.block_size
+        steps = most
+        decode_ctx = 0
+        first_need = []
+        for r, n in scheduled:
+            out, ctx = r.num_output_tokens, r.num_computed_tokens
+            if n != 1 or out < 1 or ctx + 1 != r.prompt_len + out:
+                return None
+            # (iterations that emit one of its tokens without finishing it)
+            steps = min(steps, target[r.req_id] - out - 1)
+            if steps < MIN_DECODE_RUN:
+                return None
+            decode_ctx += ctx
+            first_need.append(r.num_blocks * block_size - ctx)
+        return int(steps), decode_ctx, first_need
+
+    def _run_latencies(self, compute: np.ndarray) -> np.ndarray:
+        """``_advance``'s latency of each decode iteration of a run from its compute time (no
+        transfer, no decision time): the same elementwise arithmetic."""
+        return (np.maximum(compute, 0.0) if self.swap_overlap else compute + 0.0) + 0.0
+
     def _decode_run(self, decision: Decision, horizon: float, max_iterations: float) -> float:
         """``_redecide_on_block_need``'s iterations, several at once: while no request of the
         decode-only ``decision`` finishes, no new block is short and no arrival, horizon or
@@ -694,22 +706,12 @@ class Simulator:
         latency, or 0.0 when no run of ``MIN_DECODE_RUN`` iterations is possible (the caller
         then runs the next iteration itself)."""
         scheduled = decision.scheduled
-        target, kv = self._target, self.kv
+        kv = self.kv
         block_size = kv.block_size
-        steps = max_iterations - self._iteration
-        decode_ctx = 0
-        first_need = []  # per request: the run's first iteration that needs it a new block
-        for r, n in scheduled:
-            out, ctx = r.num_output_tokens, r.num_computed_tokens
-            if n != 1 or out < 1 or ctx + 1 != r.prompt_len + out:
-                return 0.0
-            # (iterations that emit one of its tokens without finishing it)
-            steps = min(steps, target[r.req_id] - out - 1)
-            if steps < MIN_DECODE_RUN:
-                return 0.0
-            decode_ctx += ctx
-            first_need.append(r.num_blocks * block_size - ctx)
-        steps = int(steps)
+        run = self._decode_run_start(scheduled, max_iterations - self._iteration)
+        if run is None:
+            return 0.0
+        steps, decode_ctx, first_need = run
         need = [0] * steps
         for j in first_need:
             for k in range(j, steps, block_size):
@@ -757,7 +759,7 @@ class Simulator:
         is the one the iteration by iteration loop gives: the latencies are the same
         elementwise arithmetic, the clock the same sums in the same order (a running sum)."""
         kv, n = self.kv, len(decision.scheduled)
-        latency = (np.maximum(compute, 0.0) if self.swap_overlap else compute + 0.0) + 0.0
+        latency = self._run_latencies(compute)
         steps = len(latency)
         clock = np.empty(steps + 1)
         clock[0] = self._now
@@ -792,11 +794,8 @@ class Simulator:
         blocks), the KV counts, the clock and the iteration count where the iteration by
         iteration loop leaves them (the view at the last iteration's start)."""
         done, block_size = len(ends), self.kv.block_size
+        _emit_run_tokens(scheduled, ends)
         for (r, _), j in zip(scheduled, first_need, strict=True):
-            r.num_computed_tokens += done
-            r.num_output_tokens += done
-            r.token_times.extend(ends)
-            r.last_token_time = ends[-1]
             if done > j:
                 r.num_blocks += (done - j - 1) // block_size + 1
         self.kv.num_free_blocks = free
@@ -888,6 +887,17 @@ class Simulator:
                 self._finish(r, r.arrival, Status.REJECTED, reason)
                 n += 1
         return n
+
+
+def _emit_run_tokens(scheduled: list[tuple[Request, int]], ends: list[float]) -> None:
+    """Every request of a run of decode iterations ending at ``ends`` one token further per
+    iteration: its computed and output tokens, its token times."""
+    done = len(ends)
+    for r, _ in scheduled:
+        r.num_computed_tokens += done
+        r.num_output_tokens += done
+        r.token_times.extend(ends)
+        r.last_token_time = ends[-1]
 
 
 _RUNNING, _WAITING = Status.RUNNING, Status.WAITING
