@@ -148,6 +148,29 @@ class IterationLog:
             if len(self._rows) >= self.CHUNK_ROWS:
                 self._store()
 
+    def append_rows_each(self, rows: Sequence[tuple[Any, ...]], decision_times: Sequence[float],
+                         infos: Sequence[MutableMapping[str, float]]) -> None:
+        """``append`` of rows already in column order, each with its decision time and
+        diagnostics: the same log, for the simulator's runs of decode iterations whose
+        policy is asked at every one."""
+        done = 0
+        while done < len(rows):
+            end = min(len(rows), done + self.CHUNK_ROWS - len(self._rows))
+            base = len(self._rows)
+            self._rows.extend(rows[done:end])
+            self.decision_time.extend(decision_times[done:end])
+            fast, index = self._fast_rows, self._fast_index
+            for i in range(done, end):
+                info = infos[i]
+                if type(info) is InfoRow and info._extra is None and info._index is index:
+                    fast.append(info._values)
+                else:
+                    self._append_info(info, base + i - done + 1)
+                    fast, index = self._fast_rows, self._fast_index
+            done = end
+            if len(self._rows) >= self.CHUNK_ROWS:
+                self._store()
+
     def _append_info(self, info: MutableMapping[str, float], num_rows: int) -> None:
         """Add one row's diagnostics; ``num_rows``: rows not yet stored, this one too."""
         row_index = None  # an InfoRow's names, for the rows after it

@@ -5,6 +5,7 @@ give at every iteration."""
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any
 
@@ -60,6 +61,18 @@ class AskingVLLMPriority(VLLMPriorityPolicy):
 
 ANALYTIC = make_cost_model(Deployment(model="opt-13b", hardware="a100"))
 
+
+class OpaqueAnalytic(type(ANALYTIC)):  # type: ignore[misc]
+    """The analytic model without its terms: AccelGen's decision cannot price a batch itself and
+    asks the model (``Workspace.complete``), while runs of decode steps are still priced at once."""
+
+    def roofline_terms(self) -> None:  # type: ignore[override]
+        return None
+
+
+OPAQUE = copy.copy(ANALYTIC)
+OPAQUE.__class__ = OpaqueAnalytic
+
 _BASELINES: dict[str, tuple[type[Policy], type[Policy]]] = {
     "vllm": (VLLMPolicy, AskingVLLM), "sarathi": (SarathiPolicy, AskingSarathi),
     "fastgen": (FastGenPolicy, AskingFastGen),
@@ -85,10 +98,12 @@ def _requests(specs: list[Spec]) -> list[Request]:
 
 def _run(policy: Policy, specs: list[Spec], *, num_blocks: int, block_size: int,
          max_iterations: int | None, horizon_s: float | None,
-         analytic: bool = False) -> SimulationResult:
+         analytic: bool | str = False) -> SimulationResult:
     # The analytic model prices a run of decode iterations at once (``decode_times``), the
-    # linear one iteration by iteration: both paths of ``Simulator._decode_run``.
-    cost: CostModel = ANALYTIC if analytic else LinearCost()
+    # linear one iteration by iteration: both paths of ``Simulator._decode_run``. ("opaque":
+    # the analytic model whose batches AccelGen cannot price itself.)
+    cost: CostModel = (OPAQUE if analytic == "opaque" else ANALYTIC if analytic
+                       else LinearCost())
     sim = Simulator(_requests(specs), [o for _, _, o, _ in specs], policy, cost,
                     BlockManager(num_blocks, block_size),
                     Pivot(s_pf=64, t_pf=cost.forward_time(64)), max_model_len=100_000,
@@ -116,14 +131,16 @@ _specs = st.lists(st.tuples(st.floats(min_value=0.0, max_value=2.0, allow_nan=Fa
 @given(specs=_specs, num_blocks=st.integers(min_value=12, max_value=40),
        block_size=st.sampled_from([4, 16]), oracle=st.booleans(),
        max_iterations=st.sampled_from([None, 9, 200]), horizon_s=st.sampled_from([None, 0.7]),
-       analytic=st.booleans(), closed=st.booleans())
+       analytic=st.sampled_from([False, True, "opaque"]), closed=st.booleans())
 def test_deciding_after_decodes_gives_the_results_of_asking(
         specs: list[Spec], num_blocks: int, block_size: int, oracle: bool,
-        max_iterations: int | None, horizon_s: float | None, analytic: bool,
+        max_iterations: int | None, horizon_s: float | None, analytic: bool | str,
         closed: bool) -> None:
     """Arrivals, finishes, new blocks, lost and dormant requests (tight TTFTs), offline JCT
     plans, the Oracle's exact plan, the closed loop, a stopped run and a horizon; with the
-    analytic model, the decode steps in asking runs (``Simulator._asking_decode_run``)."""
+    analytic model, the decode steps in asking runs (``Simulator._asking_decode_run``), their
+    first steps decided in one call (``Policy.decide_decode_run``; with the opaque model its
+    decisions ask the model for a batch's latency)."""
     fast, ref = ((OraclePolicy(), AskingOracle()) if oracle
                  else (AccelGenPolicy(closed_loop=closed), AskingAccelGen(closed_loop=closed)))
     _same(fast, ref, specs, num_blocks=num_blocks, block_size=block_size,
@@ -139,19 +156,27 @@ def test_accelgen_decode_steps_run_as_asking_runs(oracle: bool,
     rng = np.random.default_rng(11)
     specs = [(float(a), int(p), int(o), 1) for a, p, o in zip(
         np.arange(12) * 3.0, rng.integers(20, 120, 12), rng.integers(50, 200, 12), strict=True)]
-    run_steps = [0]
-    asking_run = Simulator._asking_decode_run
+    run_steps = [0, 0]
+    asking_run, decided_run = Simulator._asking_decode_run, Simulator._decided_run
 
     def counted(self: Simulator, *a: Any) -> tuple[Decision | None, int, float]:
         out = asking_run(self, *a)
         run_steps[0] += out[1]
         return out
 
+    def counted_decided(self: Simulator, *a: Any) -> tuple[int, Decision | None, int, float]:
+        out = decided_run(self, *a)
+        run_steps[1] += out[0]
+        return out
+
     monkeypatch.setattr(Simulator, "_asking_decode_run", counted)
+    monkeypatch.setattr(Simulator, "_decided_run", counted_decided)
     fast, ref = (OraclePolicy(), AskingOracle()) if oracle else (AccelGenPolicy(), AskingAccelGen())
     done, _ = _same(fast, ref, specs, num_blocks=200, block_size=16, max_iterations=None,
                     horizon_s=None, analytic=True)
     assert run_steps[0] > 0.8 * len(done.iterations)
+    # (and most of those decided in one call each)
+    assert run_steps[1] > 0.7 * len(done.iterations)
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])

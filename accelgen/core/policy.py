@@ -176,6 +176,31 @@ class Decision:
 _new = object.__new__
 
 
+@dataclass(frozen=True, slots=True)
+class DecodeSteps:
+    """A run of decode steps of a decision's batch the backend will take while the decision
+    stays the same (``Policy.decide_decode_run``): per step, its start (``clock``) and the free
+    KV blocks before the step's new blocks are given; per request of the batch, in its order,
+    the blocks it holds at the run's start and the run's first step that gives it one more
+    (``first_need``; then every ``block_size`` steps)."""
+
+    clock: Any  # float64 array, a step each
+    free_blocks: Any  # int64 array, a step each
+    blocks: Any  # int64 array, a request each
+    first_need: Any  # int64 array, a request each
+    block_size: int
+
+
+@dataclass(slots=True)
+class DecodeRunDecisions:
+    """What ``Policy.decide_decode_run`` decided: the first ``len(infos)`` steps' decisions are
+    the decision itself (their diagnostics, a row each; its ``info`` the last's); ``following``
+    the next step's decision where it was made (None: that step is not asked yet)."""
+
+    infos: list[InfoRow]
+    following: Decision | None
+
+
 class PolicyParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -235,6 +260,16 @@ class Policy(ABC):
         take in the requests' new tokens and times once, after the run
         (``Simulator._asking_decode_run``). Asked before every such call. Default: False."""
         return False
+
+    def decide_decode_run(self, view: SchedulerView, decision: Decision,
+                          run: DecodeSteps) -> DecodeRunDecisions | None:
+        """``schedule_after_decodes`` asked before each step of ``run`` in one call, where
+        ``after_decodes_reads_blocks_only(decision)`` holds and ``view.now`` is the run's first
+        step (the latency the call passes is not needed): for as long as the decision stays
+        ``decision`` itself, then the step where it does not (``DecodeRunDecisions``); the same
+        results as the calls one by one. None where the policy does not decide runs (the
+        backend asks it step by step). Default: None."""
+        return None
 
     def schedule_after_decodes(self, view: SchedulerView, decision: Decision,
                                latency: float) -> Decision:

@@ -24,7 +24,7 @@ import numpy as np
 
 from accelgen.core.iteration import BatchShape, Pivot
 from accelgen.core.kvcache import BlockManager, never_fits_reason
-from accelgen.core.policy import Decision, Policy, SchedulerView
+from accelgen.core.policy import Decision, DecodeSteps, Policy, SchedulerView
 from accelgen.core.request import Request, Status, length_cap_reason, served_output_len
 from accelgen.costmodel.base import CostModel
 from accelgen.results import IterationLog
@@ -144,6 +144,10 @@ class Simulator:
                               and self._prices_decode_runs
                               and type(policy).after_decodes_reads_blocks_only
                               is not Policy.after_decodes_reads_blocks_only)
+        # Whether the policy may decide such a run's steps in one call
+        # (``Policy.decide_decode_run``; it may still decline a run).
+        self._decides_runs = (self._asks_in_runs and type(policy).decide_decode_run
+                              is not Policy.decide_decode_run)
         # True: host transfers run beside the iteration's compute (a copy stream, as FastServe's
         # proactive swapping does), so an iteration takes max(compute, transfer), not the sum.
         self.swap_overlap = swap_overlap
@@ -550,9 +554,11 @@ class Simulator:
         request's new blocks given as they come, but the iterations' latencies come from the
         cost model at once (``CostModel.decode_times``) and the requests take in their tokens
         and times once, after the run (no request finishes within it, by its length; at most
-        ``most`` iterations). The same values, in the same order, as iteration by iteration.
-        Returns the first decision that differs (or None), the iterations run (0: none possible,
-        the caller runs the next) and the last one's latency."""
+        ``most`` iterations). Where the policy decides runs (``Policy.decide_decode_run``), the
+        run's steps up to the first that would overflow the cache or reach the next arrival are
+        asked in one call, the rest one by one. The same values, in the same order, as iteration
+        by iteration. Returns the first decision that differs (or None), the iterations run (0:
+        none possible, the caller runs the next) and the last one's latency."""
         scheduled = decision.scheduled
         kv = self.kv
         block_size = kv.block_size
@@ -567,7 +573,8 @@ class Simulator:
                 grows.setdefault(k, []).append(r)
         compute = self.cost.decode_times(n, decode_ctx + n * np.arange(steps, dtype=np.int64))
         assert compute is not None  # (``_asks_in_runs``: the model prices decode runs)
-        latencies = self._run_latencies(compute).tolist()
+        run_latencies = self._run_latencies(compute)
+        latencies = run_latencies.tolist()
         policy, view = self.policy, self._view
         ask, reads_blocks_only = policy.schedule_after_decodes, policy.after_decodes_reads_blocks_only
         perf = time.perf_counter
@@ -578,15 +585,26 @@ class Simulator:
         infos: list[Any] = []
         decide: list[float] = []
         decided: Decision | None = None
+        asked_ahead: Decision | None = None  # (the compiled run's next step, asked already)
         overflow = False
-        for k in range(steps):
-            if now >= until or (k and not reads_blocks_only(decision)):
-                break
-            view.now = now
-            kv.num_free_blocks = free
-            t0 = perf()
-            asked = ask(view, decision, latency)
-            self._decide_s = perf() - t0
+        first = 0
+        if self._decides_runs:
+            first, asked_ahead, free, now = self._decided_run(
+                decision, run_latencies, grows, first_need, free, until, starts, frees, infos,
+                decide)
+            if first:
+                latency = latencies[first - 1]
+        for k in range(first, steps):
+            if asked_ahead is not None:
+                asked, asked_ahead = asked_ahead, None
+            else:
+                if now >= until or (k and not reads_blocks_only(decision)):
+                    break
+                view.now = now
+                kv.num_free_blocks = free
+                t0 = perf()
+                asked = ask(view, decision, latency)
+                self._decide_s = perf() - t0
             if asked is not decision:
                 decided = asked
                 break
@@ -608,21 +626,72 @@ class Simulator:
         done = len(starts)
         if done:
             self.cost.took_decode_run(done)
-            log, total = self.log, kv.num_total_blocks
-            used_tokens = self._kv_used_tokens
-            queues = (len(self._waiting), len(self._running), len(self._swapped))
-            for k in range(done):
-                used_tokens += n
-                log.append(starts[k], latencies[k], BatchShape(0, 0, 0.0, n, decode_ctx + n * k),
-                           n, total - frees[k], total, used_tokens, decide[k], 0, *queues, 0.0,
-                           infos[k])
+            total = kv.num_total_blocks
+            used_tokens = range(self._kv_used_tokens + n, self._kv_used_tokens + n * done + 1, n)
+            self.log.append_rows_each(list(zip(
+                starts, latencies, repeat(n), repeat(0), repeat(n), repeat(0), repeat(n),
+                repeat(0.0), range(decode_ctx, decode_ctx + n * done, n),
+                [total - f for f in frees], repeat(total), used_tokens, repeat(0),
+                repeat(len(self._waiting)), repeat(len(self._running)),
+                repeat(len(self._swapped)), repeat(0.0))), decide, infos)
             _emit_run_tokens(scheduled, [*starts[1:], now])
-            self._kv_used_tokens = used_tokens
+            self._kv_used_tokens = used_tokens[-1]
             self._now = now
             self._iteration += done
         if overflow:
             self._decode_batch(scheduled)
         return decided, done, latency
+
+    def _decided_run(self, decision: Decision, latencies: np.ndarray,
+                     grows: dict[int, list[Request]], first_need: list[int], free: int,
+                     until: float, starts: list[float], frees: list[int], infos: list[Any],
+                     decide: list[float]) -> tuple[int, Decision | None, int, float]:
+        """``_asking_decode_run``'s first steps decided by the policy in one call
+        (``Policy.decide_decode_run``): the steps before the first that would overflow the
+        cache or start at or after ``until``. Their starts, free blocks after, diagnostics and
+        decision times go to the lists, the batch's requests take in their new blocks. Returns
+        the steps decided the same, the next step's decision where the call made it, and the
+        free blocks and the clock after the steps."""
+        steps = len(latencies)
+        need = np.zeros(steps, np.int64)  # new blocks per step
+        for j in first_need:
+            need[j::self.kv.block_size] += 1
+        free_after = free - np.cumsum(need)
+        free_before = np.empty(steps, np.int64)
+        free_before[0] = free
+        free_before[1:] = free_after[:-1]
+        # (accumulated left to right, as ``now += latency`` adds them)
+        clock = np.add.accumulate(np.concatenate(([self._now], latencies)))
+        fits = need <= free_before
+        last = min(steps, int(np.argmin(fits)) if not fits.all() else steps,
+                   int(np.searchsorted(clock[:steps], until, side="left")))
+        if last < 1:
+            return 0, None, free, self._now
+        scheduled = decision.scheduled
+        view = self._view
+        view.now = self._now
+        self.kv.num_free_blocks = free
+        t0 = time.perf_counter()
+        got = self.policy.decide_decode_run(view, decision, DecodeSteps(
+            clock[:last], free_before[:last],
+            np.array([r.num_blocks for r, _ in scheduled], np.int64),
+            np.array(first_need, np.int64), self.kv.block_size))
+        decide_s = time.perf_counter() - t0
+        if got is None:  # (not this run: asked step by step)
+            return 0, None, free, self._now
+        done = len(got.infos)
+        per_step = decide_s / (done + (got.following is not None))
+        self._decide_s = per_step
+        if not done:
+            return 0, got.following, free, self._now
+        for k in range(done):
+            for r in grows.get(k, ()):
+                r.num_blocks += 1
+        starts.extend(clock[:done].tolist())
+        frees.extend(free_after[:done].tolist())
+        infos.extend(got.infos)
+        decide.extend(repeat(per_step, done))
+        return done, got.following, int(free_after[done - 1]), float(clock[done])
 
     def _redecide_on_block_need(self, decision: Decision, latency: float, horizon: float,
                                 max_iterations: float) -> Decision | None:

@@ -37,6 +37,7 @@ class Build(NamedTuple):
     read_rows: Callable[..., int]
     decode_rows: Callable[..., int]
     set_deadlines: Callable[..., int]
+    decode_run: Callable[..., int]
 
 
 def source_digest() -> str:
@@ -55,15 +56,21 @@ def aot_path() -> Path:
 
 def _exports() -> dict[str, tuple[Any, tuple[Any, ...]]]:
     """The compiled functions in ``Build``'s order, each with its argument types."""
+    import numpy as np
     from numba import typeof, types
 
-    from accelgen.policies.accelgen import decide, rank
+    from accelgen.policies.accelgen import decide, decode_run, rank
+    from accelgen.policies.accelgen.state import DECODE_RUN
 
-    ints, rows = types.int64[::1], typeof(RequestTable(capacity=1).rows)
-    return {"decide": (decide.decide, (typeof(Workspace(RequestTable(capacity=1)).arrays),)),
+    ints, floats, rows = types.int64[::1], types.float64[::1], typeof(RequestTable(capacity=1).rows)
+    arrays = typeof(Workspace(RequestTable(capacity=1)).arrays)
+    run = typeof(np.zeros(1, DECODE_RUN).view(np.recarray))
+    return {"decide": (decide.decide, (arrays,)),
             "read_rows": (rank.read_rows, (rows, types.float64[:, ::1], types.bool_, ints)),
             "decode_rows": (rank.decode_rows, (rows, ints, types.int64, types.float64, ints)),
-            "set_deadlines": (rank.set_deadlines, (rows, ints))}
+            "set_deadlines": (rank.set_deadlines, (rows, ints)),
+            "decode_run": (decode_run.decode_run,
+                           (arrays, floats, ints, ints, ints, run, floats, types.float64[:, ::1]))}
 
 
 def _compile(compile_: Callable[[], object]) -> None:

@@ -8,17 +8,32 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
 from accelgen.core.iteration import BatchShape, Pivot
-from accelgen.core.policy import Decision, InfoRow, Policy, PolicyParams, SchedulerView
+from accelgen.core.policy import (
+    Decision,
+    DecodeRunDecisions,
+    DecodeSteps,
+    InfoRow,
+    Policy,
+    PolicyParams,
+    SchedulerView,
+)
 from accelgen.core.request import Request
 from accelgen.policies.accelgen.build import load
 from accelgen.policies.accelgen.closed_loop import ClosedLoop
-from accelgen.policies.accelgen.state import INFO_INDEX, NO_ADMISSION_CAP, NO_SLOT, OUTCOME
+from accelgen.policies.accelgen.state import (
+    INFO_INDEX,
+    NO_ADMISSION_CAP,
+    NO_SLOT,
+    OUTCOME,
+    RUN_ASKS,
+    RUN_DECIDED,
+)
 from accelgen.policies.accelgen.table import RequestTable
 from accelgen.policies.accelgen.workspace import Workspace, largest_budget
 
@@ -169,8 +184,20 @@ class AccelGenPolicy(Policy):
                                    "t_max": t_max, "token_budget": budget} for s in range(t.n)}
 
     def _run(self, view: SchedulerView, plan_only: bool = False) -> list[int] | None:
-        """One decision (None without requests), after what it reads besides the view: the table in sync,
-        the workspace configured for the cost model, pivot and KV, L_c, the JCT plans still to make."""
+        """One decision (None without requests)."""
+        step = self._inputs(view, plan_only)
+        if step is None:
+            return None
+        t = self._table
+        out = self._ws.run(load().decide, view.cost, step)
+        if t.dirty_hi or t.n_gone or t.reindex:
+            t.seen()
+        return out
+
+    def _inputs(self, view: SchedulerView, plan_only: bool = False) -> tuple[Any, ...] | None:
+        """A decision's inputs (``Step``'s fields, in order; None without requests), after what
+        it reads besides the view: the table in sync, the workspace configured for the cost
+        model, pivot and KV, L_c, the JCT plans still to make."""
         t, ws, p = self._table, self._ws, self.params
         # (the usual case checked inline: this runs every step, and in vLLM right after a
         # forward pass, when every call costs cache misses)
@@ -195,15 +222,53 @@ class AccelGenPolicy(Policy):
         if view.max_num_seqs is not None and (seats is None or view.max_num_seqs < seats):
             seats = view.max_num_seqs  # (the engine's own running-request limit)
         admissions = (NO_ADMISSION_CAP if seats is None else seats - int(t.running[: t.n].sum()))
-        # (load: this process's build of the decision, cached; then the Step fields, in order: a
-        # NamedTuple per step costs microseconds in vLLM)
-        out = ws.run(load().decide, view.cost, t.n, view.now, self._chunk_mean,
-                     t.slot_of.get(owner, NO_SLOT) if owner is not None else NO_SLOT, self._prev_budget,
-                     view.kv.num_free_blocks, admissions, plan_only, t.n_active, t.n_dormant,
-                     t.dormant_lo, t.dirty_lo, t.dirty_hi, t.n_gone, t.reindex)
+        return (t.n, view.now, self._chunk_mean,
+                t.slot_of.get(owner, NO_SLOT) if owner is not None else NO_SLOT, self._prev_budget,
+                view.kv.num_free_blocks, admissions, plan_only, t.n_active, t.n_dormant,
+                t.dormant_lo, t.dirty_lo, t.dirty_hi, t.n_gone, t.reindex)
+
+    def decide_decode_run(self, view: SchedulerView, decision: Decision,
+                          run: DecodeSteps) -> DecodeRunDecisions | None:
+        # The compiled run (``decode_run.decode_run``) is ``schedule_after_decodes``' open-loop
+        # path step by step, while nothing but the batch's rows changes between its steps: no
+        # waiting request's deadline passes (the table's sweep) and no row of the batch is dormant
+        # (no rows to re-watch); the closed loop takes in every step's latency in Python.
+        t, ws = self._table, self._ws
+        n = len(run.blocks)
+        if (self.loop is not None or not self.after_decodes_reads_blocks_only(decision)
+                or t.num_unplanned or n != len(decision.scheduled)):
+            return None
+        slots = ws.slots[:n]
+        if t.dormancy and t.dormant[slots].any():
+            return None
+        step = self._inputs(view)
+        if step is None:
+            return None
+        clock = run.clock
+        steps = len(clock)
+        sweep_at = t.next_sweep()  # (a deadline the table's sweep pops once the clock passes it)
+        if sweep_at < clock[-1]:
+            steps = max(1, int(np.searchsorted(clock, sweep_at, side="right")))
+        kernels = load()
+        infos, stop = ws.decode_run(kernels.decode_run, step, clock[:steps],
+                                    run.free_blocks[:steps], run.blocks, run.first_need,
+                                    run.block_size)
         if t.dirty_hi or t.n_gone or t.reindex:
             t.seen()
-        return out
+        names = self._info_names
+        rows = [InfoRow(names, v) for v in infos]
+        if rows:
+            self._prev_budget = stop.budget
+            self._era_owner = int(t.req_id[stop.era_owner]) if stop.era_owner != NO_SLOT else None
+            self._planned = float(infos[-1, _T_PLANNED])
+            decision.info = rows[-1]
+        following = None
+        if stop.stop == RUN_DECIDED:
+            following = self._decision(ws.outcome(), decision, view)
+        elif stop.stop == RUN_ASKS:
+            following = self._decision(ws.complete(kernels.decide, view.cost, stop.need),
+                                       decision, view)
+        return DecodeRunDecisions(rows, following)
 
     def _sync(self, view: SchedulerView) -> None:
         """Adopt requests the hooks did not announce (e.g. an adapter that missed a hook)."""

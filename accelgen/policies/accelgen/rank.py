@@ -50,10 +50,17 @@ def decode_rows(rows: np.ndarray, slots: np.ndarray, n: int, now: float, watch: 
     k = 0
     for s in slots[:n]:
         r = rows[s]
-        if _read_row(r, r.n_out + 1, r.computed + 1, r.blocks, r.running, now, True):
+        if decode_row(r, r.blocks, now):
             watch[k] = s
             k += 1
     return k
+
+
+@jit
+def decode_row(r: st.RequestRow, blocks: int, now: float) -> bool:
+    """``r`` emitted one more token at ``now`` in a decode step and holds ``blocks``; whether it
+    waits or is dormant (``read_rows``)."""
+    return _read_row(r, r.n_out + 1, r.computed + 1, blocks, r.running, now, True)
 
 
 @jit

@@ -23,7 +23,10 @@ NO_LIMIT = 1 << 62  # a block count no request reaches
 HIDDEN = NO_LIMIT + 1  # (Oracle) the need of an over-admitted dormant entry: never searched for
 NO_ADMISSION_CAP = 1 << 60  # max_num_seqs None: admissions left is only ever decremented a few times
 DORMANT_BLOCK = 64  # the dormant queue is searched in blocks of this many entries (their minima)
-FOR_ADMISSION, FOR_DECODE, FOR_CHUNK = 0, 1, 2  # what a preemption makes room for (``preempt.room``)
+FOR_ADMISSION, FOR_DECODE, FOR_CHUNK = 0, 1, 2
+# Where a decode run's decisions stopped (``DecodeRun.stop``): after every step, at a step
+# whose decision is complete and differs, at a step whose decision waits on the cost model.
+RUN_ALL, RUN_DECIDED, RUN_ASKS = 0, 1, 2  # what a preemption makes room for (``preempt.room``)
 # The demand class of step 2's closest candidate (``batch.select_euclidean``).
 NO_PICK, PICK_FRESH, PICK_PROMPT, PICK_DECODE_BLOCK, PICK_DECODE_FREE = -1, 0, 1, 2, 3
 i8, f8, b1 = np.int64, np.float64, np.bool_
@@ -155,6 +158,17 @@ class OracleCounts:
     n_over: int  # over-admitted requests so far (``Oracle.over``)
 
 
+class DecodeRun:
+    """A run of decode steps decided in one call (``decode_run.decode_run``)."""
+
+    batch: int  # requests of the batch (the head of ``Batch.slots``)
+    block_size: int
+    stop: int  # RUN_ALL, RUN_DECIDED or RUN_ASKS
+    need: int  # (RUN_ASKS) the token budget whose full batch's latency the decision waits on
+    budget: int  # the last step decided the same: its token budget
+    era_owner: int  # and its ERA holder (a slot, NO_SLOT)
+
+
 class Outcome:
     """What the policy reads back (all int64, in this order: ``AccelGenPolicy._decision``)."""
 
@@ -272,6 +286,7 @@ ORACLE_INFO_KEYS = tuple(get_type_hints(Info))[len(INFO_KEYS):]
 INFO_INDEX = {key: i for i, key in enumerate(INFO_KEYS)}
 INFO, DORMANT, DORMANT_MINIMA = record(Info), record(DormantEntry), record(DormantMinima)
 REQUEST, CANDIDATE, STEP, OUTCOME = record(RequestRow), record(Candidate), record(Step), record(Outcome)
+DECODE_RUN = record(DecodeRun)
 # Everything that is not per request, one record (one array for the compiled call to take).
 STATE = np.dtype([("step", STEP), ("ledger", record(Ledger)), ("oracle", record(OracleCounts)),
                   ("outcome", OUTCOME), ("ask", record(BatchShape)), ("params", record(Params)),

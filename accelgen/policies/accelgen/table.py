@@ -198,6 +198,11 @@ class RequestTable:
                 self._active_delete(s)
                 self._dormant_insert(s)
 
+    def next_sweep(self) -> float:
+        """The clock past which ``sweep`` has an entry to look at (it may be stale): the earliest
+        deadline it watches; infinite when it watches none."""
+        return self._watch[0][0] if self._watch else math.inf
+
     def _watch_if_waiting(self, s: int) -> None:
         if self.dormancy and self.online[s] and not self.running[s] and not self.dormant[s]:
             heapq.heappush(self._watch, (float(self.deadline[s]), int(self.req_id[s])))

@@ -5,7 +5,7 @@ cannot compute itself. Nothing here imports numba."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -14,6 +14,7 @@ from accelgen.costmodel.base import CostModel
 from accelgen.policies.accelgen.state import (
     BUDGET_TIME,
     CANDIDATE,
+    DECODE_RUN,
     DORMANT_BLOCK,
     DORMANT_MINIMA,
     LISTS,
@@ -26,6 +27,17 @@ if TYPE_CHECKING:
     from accelgen.costmodel.linear import LinearTerms
     from accelgen.policies.accelgen.policy import AccelGenParams
     from accelgen.policies.accelgen.table import RequestTable
+
+
+class DecodeRunStop(NamedTuple):
+    """Where a decode run's decisions stopped (``Workspace.decode_run``): ``stop`` (RUN_ALL,
+    RUN_DECIDED, RUN_ASKS), the budget the decision waits on (RUN_ASKS), the token budget and
+    ERA holder (a slot) of the last step decided the same."""
+
+    stop: int
+    need: int
+    budget: int
+    era_owner: int
 
 
 # The closed loop's parameters (``Workspace.set_scales``), in its order.
@@ -58,6 +70,7 @@ class Workspace:
         self._scales = tuple(self._param(state, f) for f in SCALES)
         times = _records(BUDGET_TIME, 1)
         self._full_batch = times.view(np.ndarray)["full_batch"]
+        self._run_ctl = _records(DECODE_RUN, 1)  # (``decode_run``'s batch and where it stopped)
         self.arrays = DecisionArrays(table.rows, _records(CANDIDATE, 0), np.zeros((len(LISTS), 0), np.int64),
                                      state.view(np.recarray), times, table.active, table.dormant_queue,
                                      _records(DORMANT_MINIMA, 0), table.gone, np.zeros(1, np.int64))
@@ -176,18 +189,44 @@ class Workspace:
         self.arrays = self.arrays._replace(requests=table.rows, active=table.active,
                                            dormant=table.dormant_queue, gone=table.gone)
 
-    def run(self, decide: Any, cost: CostModel, *step: Any) -> list[int]:
-        """Run ``decide`` on ``step`` (``Step``'s fields, in order) to completion: while it returns a token
-        budget, give it the full batch's latency there (``ask``) and run it again. Returns the ``Outcome``'s
-        fields, in order."""
+    def run(self, decide: Any, cost: CostModel, step: tuple[Any, ...]) -> list[int]:
+        """Run ``decide`` on ``step`` (``Step``'s fields, in order) to completion (``complete``).
+        Returns the ``Outcome``'s fields, in order."""
         if self.exact_kv:
             self._oracle.fill(0)  # the Oracle's counters accumulate over its passes
         self._step[0] = step
+        return self.complete(decide, cost, decide(self.arrays))
+
+    def complete(self, decide: Any, cost: CostModel, need: int) -> list[int]:
+        """A decision that returned ``need``, to completion: while it returns a token budget,
+        give it the full batch's latency there (``ask``) and run it again. Returns the
+        ``Outcome``'s fields, in order."""
         arrays = self.arrays
         asked = []
-        while (need := decide(arrays)) >= 0:
+        while need >= 0:
             self._full_batch[need] = cost.iteration_time(BatchShape(*self._ask[0].item()))
             asked.append(need)
+            need = decide(arrays)
         if asked:
             self._full_batch[asked] = math.nan
         return self._outcome.tolist()  # type: ignore[no-any-return]
+
+    def outcome(self) -> list[int]:
+        """The last decision's ``Outcome`` fields, in order."""
+        return self._outcome.tolist()  # type: ignore[no-any-return]
+
+    def decode_run(self, kernel: Any, step: tuple[Any, ...], clock: np.ndarray,
+                   free_blocks: np.ndarray, blocks: np.ndarray, first_need: np.ndarray,
+                   block_size: int) -> tuple[np.ndarray, DecodeRunStop]:
+        """Run ``kernel`` (``decode_run.decode_run``) on the first step's inputs ``step`` and
+        the run's clock, free blocks and the batch's blocks: the diagnostics of the steps
+        decided the same (a row each) and where it stopped."""
+        ctl = self._run_ctl
+        ctl.batch, ctl.block_size = len(blocks), block_size
+        self._step[0] = step
+        infos = np.empty((len(clock), len(self.info_values)))
+        k = kernel(self.arrays, clock, free_blocks, blocks, first_need, ctl, self.info_values,
+                   infos)
+        stop = ctl.view(np.ndarray)[0]
+        return infos[:k], DecodeRunStop(int(stop["stop"]), int(stop["need"]),
+                                        int(stop["budget"]), int(stop["era_owner"]))
