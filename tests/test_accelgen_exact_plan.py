@@ -11,7 +11,7 @@ from statistics import NormalDist
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from accelgen.core.iteration import BatchShape
@@ -257,6 +257,33 @@ def test_the_closed_loop_hands_the_decision_its_fit_and_risk_only_under_errors()
     # a request of 400 tokens has 401 deadlines: its first token's and each next one's
     assert z == pytest.approx(NormalDist().inv_cdf(1 - 0.1 / 401))
     assert noisy.margin == pytest.approx(max(math.expm1(median + z * sd), 0.0))
+
+
+def _loop_state(loop: ClosedLoop) -> tuple[object, ...]:
+    return (loop.correction, loop.margin, loop.median, loop.sd, loop.quantile, loop.scales,
+            loop.observed, loop._i, loop._n, loop._since, loop._errors.tolist())
+
+
+@settings(max_examples=100, deadline=None)
+@given(window=st.integers(1, 40), every=st.integers(1, 10), n=st.integers(0, 120),
+       before=st.lists(st.sampled_from([1.0, 1.0, 1.0, 1.0, 1.3]), max_size=20),
+       finished=st.lists(st.integers(0, 500), max_size=3))
+def test_exact_steps_taken_in_at_once_leave_the_state_of_one_by_one(
+        window: int, every: int, n: int, before: list[float], finished: list[int]) -> None:
+    """``ClosedLoop.observe_exact`` (a decode run's exact steps, ``decode_run``) leaves what
+    ``observe`` of a ratio of 1 does step by step, from any state at rest."""
+    one, bulk = (ClosedLoop(target=0.9, weight=0.05, window=window, every=every) for _ in "ab")
+    for loop in (one, bulk):
+        for t in finished:
+            loop.finished(t)
+        for ratio in before:
+            loop.observe(0.01, 0.01 * ratio)
+    assume(one.at_rest())
+    for _ in range(n):
+        assert not one.observe(0.02, 0.02 * (1 + 1e-12))  # (exact: within EXACT_RATIO)
+    bulk.observe_exact(n)
+    assert _loop_state(bulk) == _loop_state(one)
+    assert bulk.at_rest()
 
 
 def test_an_at_risk_prompt_borrows_its_decodes_margin_under_noise() -> None:

@@ -179,12 +179,13 @@ _new = object.__new__
 @dataclass(frozen=True, slots=True)
 class DecodeSteps:
     """A run of decode steps of a decision's batch the backend will take while the decision
-    stays the same (``Policy.decide_decode_run``): per step, its start (``clock``) and the free
-    KV blocks before the step's new blocks are given; per request of the batch, in its order,
-    the blocks it holds at the run's start and the run's first step that gives it one more
-    (``first_need``; then every ``block_size`` steps)."""
+    stays the same (``Policy.decide_decode_run``): per step, its start (``clock``), its latency
+    and the free KV blocks before the step's new blocks are given; per request of the batch, in
+    its order, the blocks it holds at the run's start and the run's first step that gives it
+    one more (``first_need``; then every ``block_size`` steps)."""
 
     clock: Any  # float64 array, a step each
+    latencies: Any  # float64 array, a step each
     free_blocks: Any  # int64 array, a step each
     blocks: Any  # int64 array, a request each
     first_need: Any  # int64 array, a request each
@@ -261,14 +262,15 @@ class Policy(ABC):
         (``Simulator._asking_decode_run``). Asked before every such call. Default: False."""
         return False
 
-    def decide_decode_run(self, view: SchedulerView, decision: Decision,
+    def decide_decode_run(self, view: SchedulerView, decision: Decision, latency: float,
                           run: DecodeSteps) -> DecodeRunDecisions | None:
         """``schedule_after_decodes`` asked before each step of ``run`` in one call, where
         ``after_decodes_reads_blocks_only(decision)`` holds and ``view.now`` is the run's first
-        step (the latency the call passes is not needed): for as long as the decision stays
-        ``decision`` itself, then the step where it does not (``DecodeRunDecisions``); the same
-        results as the calls one by one. None where the policy does not decide runs (the
-        backend asks it step by step). Default: None."""
+        step (``latency``: the step's before it, as the first call would pass it; each later
+        call's is the run's step before): for as long as the decision stays ``decision``
+        itself, then the step where it does not (``DecodeRunDecisions``); the same results as
+        the calls one by one. None where the policy does not decide this run (the backend asks
+        it step by step; the policy has taken in nothing). Default: None."""
         return None
 
     def schedule_after_decodes(self, view: SchedulerView, decision: Decision,

@@ -590,8 +590,8 @@ class Simulator:
         first = 0
         if self._decides_runs:
             first, asked_ahead, free, now = self._decided_run(
-                decision, run_latencies, grows, first_need, free, until, starts, frees, infos,
-                decide)
+                decision, latency, run_latencies, grows, first_need, free, until, starts, frees,
+                infos, decide)
             if first:
                 latency = latencies[first - 1]
         for k in range(first, steps):
@@ -642,14 +642,15 @@ class Simulator:
             self._decode_batch(scheduled)
         return decided, done, latency
 
-    def _decided_run(self, decision: Decision, latencies: np.ndarray,
+    def _decided_run(self, decision: Decision, latency: float, latencies: np.ndarray,
                      grows: dict[int, list[Request]], first_need: list[int], free: int,
                      until: float, starts: list[float], frees: list[int], infos: list[Any],
                      decide: list[float]) -> tuple[int, Decision | None, int, float]:
         """``_asking_decode_run``'s first steps decided by the policy in one call
         (``Policy.decide_decode_run``): the steps before the first that would overflow the
-        cache or start at or after ``until``. Their starts, free blocks after, diagnostics and
-        decision times go to the lists, the batch's requests take in their new blocks. Returns
+        cache or start at or after ``until`` (``latency``: the iteration's before the run).
+        Their starts, free blocks after, diagnostics and decision times go to the lists, the
+        batch's requests take in their new blocks. Returns
         the steps decided the same, the next step's decision where the call made it, and the
         free blocks and the clock after the steps."""
         steps = len(latencies)
@@ -672,8 +673,8 @@ class Simulator:
         view.now = self._now
         self.kv.num_free_blocks = free
         t0 = time.perf_counter()
-        got = self.policy.decide_decode_run(view, decision, DecodeSteps(
-            clock[:last], free_before[:last],
+        got = self.policy.decide_decode_run(view, decision, latency, DecodeSteps(
+            clock[:last], latencies[:last], free_before[:last],
             np.array([r.num_blocks for r, _ in scheduled], np.int64),
             np.array(first_need, np.int64), self.kv.block_size))
         decide_s = time.perf_counter() - t0

@@ -70,7 +70,8 @@ def _exports() -> dict[str, tuple[Any, tuple[Any, ...]]]:
             "decode_rows": (rank.decode_rows, (rows, ints, types.int64, types.float64, ints)),
             "set_deadlines": (rank.set_deadlines, (rows, ints)),
             "decode_run": (decode_run.decode_run,
-                           (arrays, floats, ints, ints, ints, run, floats, types.float64[:, ::1]))}
+                           (arrays, floats, floats, ints, ints, ints, run, floats,
+                            types.float64[:, ::1]))}
 
 
 def _compile(compile_: Callable[[], object]) -> None:

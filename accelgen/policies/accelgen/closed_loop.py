@@ -11,9 +11,8 @@ from statistics import NormalDist
 
 import numpy as np
 
-# Two evaluations of one formula (the decision's compiled one, the simulator's) may round apart;
-# a ratio this close to 1 is an exact prediction.
-EXACT = 1e-9
+from accelgen.policies.accelgen.state import EXACT_RATIO
+
 # The interquartile range of a normal distribution in standard deviations: a robust spread of the
 # log errors (an engine's rare stalls of many times the model would blow up a plain standard
 # deviation, and no margin keeps a stalled step on time).
@@ -78,9 +77,42 @@ class ClosedLoop:
     @property
     def tokens(self) -> float:
         """The iterations a request lives through, as the margin counts them."""
+        return self._tokens(self.observed)
+
+    def _tokens(self, observed: int) -> float:
         if self._ln:
             return self._lsum / self._ln
-        return float(max(self.observed, 1))
+        return float(max(observed, 1))
+
+    def at_rest(self) -> bool:
+        """Whether exact predictions leave the plan as it is: no correction, no margin, a fit of
+        zero errors (``observe`` of a ratio of 1 then changes nothing the decision reads)."""
+        return (self.correction == 1.0 and self.margin == 0.0 and self.median == 0.0
+                and self.sd == 0.0)
+
+    def observe_exact(self, n: int) -> None:
+        """``n`` iterations predicted exactly, taken in while ``at_rest``: the state ``n`` calls
+        of ``observe`` with a ratio of 1 leave (zero errors into the window; the fits on their
+        schedule, of which only the last one's quantile remains: at rest every fit is of
+        zero median and spread, as the window's quartiles stay zero)."""
+        size = len(self._errors)
+        since, count, observed, last_fit = self._since, self._n, self.observed, 0
+        for _ in range(n):
+            count = count + 1 if count < size else size
+            observed += 1
+            since += 1
+            if since >= self.every or count < self.every:
+                since, last_fit = 0, observed
+        if n >= size:
+            self._errors[:] = 0.0
+        else:
+            end = self._i + n
+            self._errors[self._i:min(end, size)] = 0.0
+            self._errors[:max(end - size, 0)] = 0.0
+        self._i = (self._i + n) % size
+        self._n, self._since, self.observed = count, since, observed
+        if last_fit:
+            self._fit(last_fit)
 
     def finished(self, output_tokens: int) -> None:
         """An online request finished with ``output_tokens`` tokens (0: never started, not counted)."""
@@ -98,7 +130,7 @@ class ClosedLoop:
             return False
         before = (self.correction, self.margin, self.median, self.sd)
         ratio = measured / predicted
-        if abs(ratio - 1.0) <= EXACT:
+        if abs(ratio - 1.0) <= EXACT_RATIO:
             ratio = 1.0
         error = math.log(ratio / self.correction)
         self.correction += self.weight * (ratio - self.correction)
@@ -111,16 +143,18 @@ class ClosedLoop:
         # (a fit of the window every few iterations: a partition, a few microseconds)
         if self._since >= self.every or self._n < self.every:
             self._since = 0
-            self._fit()
+            self._fit(self.observed)
         return (self.correction, self.margin, self.median, self.sd) != before
 
-    def _fit(self) -> None:
+    def _fit(self, observed: int) -> None:
+        """Fit the window (its last ``_n`` errors); the quantile from the request length, as
+        ``tokens`` counts it after ``observed`` iterations."""
         m = self._n
         lo, mid, hi = (m - 1) // 4, (m - 1) // 2, (3 * (m - 1)) // 4
         e = np.partition(self._errors[:m], (lo, mid, hi))
         median, sd = float(e[mid]), float(e[hi] - e[lo]) / IQR_SD
         # (a request's deadlines: its first token's and each next token's)
-        q = 1.0 - (1.0 - self.target) / (max(self.tokens, 1.0) + 1.0)
+        q = 1.0 - (1.0 - self.target) / (max(self._tokens(observed), 1.0) + 1.0)
         if q != self.quantile:
             self.quantile, self._z = q, _NORMAL.inv_cdf(q)
         self.median, self.sd = median, sd

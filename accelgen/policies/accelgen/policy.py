@@ -31,8 +31,10 @@ from accelgen.policies.accelgen.state import (
     NO_ADMISSION_CAP,
     NO_SLOT,
     OUTCOME,
+    RUN_ALL,
     RUN_ASKS,
     RUN_DECIDED,
+    RUN_OBSERVES,
 )
 from accelgen.policies.accelgen.table import RequestTable
 from accelgen.policies.accelgen.workspace import Workspace, largest_budget
@@ -227,32 +229,34 @@ class AccelGenPolicy(Policy):
                 view.kv.num_free_blocks, admissions, plan_only, t.n_active, t.n_dormant,
                 t.dormant_lo, t.dirty_lo, t.dirty_hi, t.n_gone, t.reindex)
 
-    def decide_decode_run(self, view: SchedulerView, decision: Decision,
+    def decide_decode_run(self, view: SchedulerView, decision: Decision, latency: float,
                           run: DecodeSteps) -> DecodeRunDecisions | None:
-        # The compiled run (``decode_run.decode_run``) is ``schedule_after_decodes``' open-loop
-        # path step by step, while nothing but the batch's rows changes between its steps: no
-        # waiting request's deadline passes (the table's sweep) and no row of the batch is dormant
-        # (no rows to re-watch); the closed loop takes in every step's latency in Python.
-        t, ws = self._table, self._ws
+        # The compiled run (``decode_run.decode_run``) is ``schedule_after_decodes``' path step by
+        # step, while nothing but the batch's rows changes between its steps: no waiting
+        # request's deadline passes (the table's sweep), no row of the batch is dormant (no rows
+        # to re-watch), and the closed loop, if any, stays at rest (exact predictions).
+        t, ws, loop = self._table, self._ws, self.loop
         n = len(run.blocks)
-        if (self.loop is not None or not self.after_decodes_reads_blocks_only(decision)
-                or t.num_unplanned or n != len(decision.scheduled)):
+        if (not self.after_decodes_reads_blocks_only(decision) or t.num_unplanned
+                or n != len(decision.scheduled)
+                or (loop is not None and (self.measured_by_backend or not loop.at_rest()))):
             return None
         slots = ws.slots[:n]
         if t.dormancy and t.dormant[slots].any():
             return None
+        if loop is not None:
+            self._measured(latency)  # (the step before the run; it may set the plan's scales)
         step = self._inputs(view)
-        if step is None:
-            return None
+        assert step is not None  # (the batch's requests are live)
         clock = run.clock
         steps = len(clock)
+        if loop is not None and not loop.at_rest():
+            steps = 1  # (the next take-in changes the plan again)
         sweep_at = t.next_sweep()  # (a deadline the table's sweep pops once the clock passes it)
-        if sweep_at < clock[-1]:
-            steps = max(1, int(np.searchsorted(clock, sweep_at, side="right")))
+        if sweep_at < clock[steps - 1]:
+            steps = max(1, int(np.searchsorted(clock[:steps], sweep_at, side="right")))
         kernels = load()
-        infos, stop = ws.decode_run(kernels.decode_run, step, clock[:steps],
-                                    run.free_blocks[:steps], run.blocks, run.first_need,
-                                    run.block_size)
+        infos, stop = ws.decode_run(kernels.decode_run, step, run, steps, loop is not None)
         if t.dirty_hi or t.n_gone or t.reindex:
             t.seen()
         names = self._info_names
@@ -262,6 +266,10 @@ class AccelGenPolicy(Policy):
             self._era_owner = int(t.req_id[stop.era_owner]) if stop.era_owner != NO_SLOT else None
             self._planned = float(infos[-1, _T_PLANNED])
             decision.info = rows[-1]
+        if loop is not None and rows:
+            # (the steps taken in before the run's later decisions, and before the next step's
+            # where the run decided it)
+            loop.observe_exact(len(rows) - (stop.stop in (RUN_ALL, RUN_OBSERVES)))
         following = None
         if stop.stop == RUN_DECIDED:
             following = self._decision(ws.outcome(), decision, view)

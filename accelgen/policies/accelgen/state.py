@@ -25,8 +25,12 @@ NO_ADMISSION_CAP = 1 << 60  # max_num_seqs None: admissions left is only ever de
 DORMANT_BLOCK = 64  # the dormant queue is searched in blocks of this many entries (their minima)
 FOR_ADMISSION, FOR_DECODE, FOR_CHUNK = 0, 1, 2
 # Where a decode run's decisions stopped (``DecodeRun.stop``): after every step, at a step
-# whose decision is complete and differs, at a step whose decision waits on the cost model.
-RUN_ALL, RUN_DECIDED, RUN_ASKS = 0, 1, 2  # what a preemption makes room for (``preempt.room``)
+# whose decision is complete and differs, at a step whose decision waits on the cost model, before
+# a step whose decision the closed loop's take-in of the step before may change.
+RUN_ALL, RUN_DECIDED, RUN_ASKS, RUN_OBSERVES = 0, 1, 2, 3
+# Two evaluations of one formula (the decision's compiled one, the simulator's) may round apart;
+# a measured / predicted ratio this close to 1 is an exact prediction (``closed_loop``).
+EXACT_RATIO = 1e-9  # what a preemption makes room for (``preempt.room``)
 # The demand class of step 2's closest candidate (``batch.select_euclidean``).
 NO_PICK, PICK_FRESH, PICK_PROMPT, PICK_DECODE_BLOCK, PICK_DECODE_FREE = -1, 0, 1, 2, 3
 i8, f8, b1 = np.int64, np.float64, np.bool_
@@ -163,7 +167,9 @@ class DecodeRun:
 
     batch: int  # requests of the batch (the head of ``Batch.slots``)
     block_size: int
-    stop: int  # RUN_ALL, RUN_DECIDED or RUN_ASKS
+    exact_only: bool  # the closed loop at rest: stop before a step after an inexact prediction
+    planned_at: int  # (``exact_only``) the position of the predicted latency in ``info``
+    stop: int  # RUN_ALL, RUN_DECIDED, RUN_ASKS or RUN_OBSERVES
     need: int  # (RUN_ASKS) the token budget whose full batch's latency the decision waits on
     budget: int  # the last step decided the same: its token budget
     era_owner: int  # and its ERA holder (a slot, NO_SLOT)

@@ -17,13 +17,14 @@ from accelgen.policies.accelgen.state import (
     DECODE_RUN,
     DORMANT_BLOCK,
     DORMANT_MINIMA,
+    INFO_INDEX,
     LISTS,
     STATE,
     DecisionArrays,
 )
 
 if TYPE_CHECKING:
-    from accelgen.core.policy import SchedulerView
+    from accelgen.core.policy import DecodeSteps, SchedulerView
     from accelgen.costmodel.linear import LinearTerms
     from accelgen.policies.accelgen.policy import AccelGenParams
     from accelgen.policies.accelgen.table import RequestTable
@@ -215,17 +216,18 @@ class Workspace:
         """The last decision's ``Outcome`` fields, in order."""
         return self._outcome.tolist()  # type: ignore[no-any-return]
 
-    def decode_run(self, kernel: Any, step: tuple[Any, ...], clock: np.ndarray,
-                   free_blocks: np.ndarray, blocks: np.ndarray, first_need: np.ndarray,
-                   block_size: int) -> tuple[np.ndarray, DecodeRunStop]:
+    def decode_run(self, kernel: Any, step: tuple[Any, ...], run: DecodeSteps, steps: int,
+                   exact_only: bool) -> tuple[np.ndarray, DecodeRunStop]:
         """Run ``kernel`` (``decode_run.decode_run``) on the first step's inputs ``step`` and
-        the run's clock, free blocks and the batch's blocks: the diagnostics of the steps
-        decided the same (a row each) and where it stopped."""
+        the first ``steps`` steps of ``run`` (``exact_only``: the closed loop at rest): the
+        diagnostics of the steps decided the same (a row each) and where it stopped."""
         ctl = self._run_ctl
-        ctl.batch, ctl.block_size = len(blocks), block_size
+        ctl.batch, ctl.block_size = len(run.blocks), run.block_size
+        ctl.exact_only, ctl.planned_at = exact_only, INFO_INDEX["t_planned"]
         self._step[0] = step
-        infos = np.empty((len(clock), len(self.info_values)))
-        k = kernel(self.arrays, clock, free_blocks, blocks, first_need, ctl, self.info_values,
+        infos = np.empty((steps, len(self.info_values)))
+        k = kernel(self.arrays, run.clock[:steps], run.latencies[:steps],
+                   run.free_blocks[:steps], run.blocks, run.first_need, ctl, self.info_values,
                    infos)
         stop = ctl.view(np.ndarray)[0]
         return infos[:k], DecodeRunStop(int(stop["stop"]), int(stop["need"]),
