@@ -19,7 +19,8 @@ from accelgen.policies.accelgen.jit import jit
 def decode_run(a: st.DecisionArrays, clock: np.ndarray, latencies: np.ndarray,
                free_blocks: np.ndarray, blocks: np.ndarray, first_need: np.ndarray,
                run: np.ndarray, info: np.ndarray, infos: np.ndarray) -> int:
-    """Decide the steps of a decode run of the previous decision's batch (the head of
+    """Decide steps ``run[0].first`` to ``run[0].last`` (exclusive) of a decode run of the
+    previous decision's batch (the head of
     ``Batch.slots``, ``run[0].batch`` requests). Before step ``k`` each request of the batch
     takes in its token of the step before at ``clock[k]`` (``rank.decode_row``), holding its
     ``blocks`` of the run's start and one more from each ``block_size``-th step on from its
@@ -28,8 +29,8 @@ def decode_run(a: st.DecisionArrays, clock: np.ndarray, latencies: np.ndarray,
     nothing asked of the cost model) leaves its diagnostics (``info``, the record's float view)
     in ``infos[k]``. With ``run[0].exact_only`` (the closed loop at rest) a step is decided only
     if the step before took (``latencies``) what its decision predicted, a ratio of 1 to
-    EXACT_RATIO (the loop's take-in of it changes nothing then). Returns the number of such
-    steps; ``run[0].stop`` says where it stopped: RUN_ALL (after every step), RUN_DECIDED (the
+    EXACT_RATIO (the loop's take-in of it changes nothing then). Returns the step after the
+    last such step; ``run[0].stop`` says where it stopped: RUN_ALL (after every step), RUN_DECIDED (the
     returned step's decision is complete and differs), RUN_ASKS (it waits on the latency of
     ``run[0].need`` budget tokens' full batch: ``Workspace.complete``) or RUN_OBSERVES (the
     returned step is not decided: the prediction before it was not exact);
@@ -38,7 +39,7 @@ def decode_run(a: st.DecisionArrays, clock: np.ndarray, latencies: np.ndarray,
     step, par, out, ora = rec.step, rec.params, rec.outcome, rec.oracle
     slots = a.lists[0]  # (``Batch.slots``)
     n, block_size = ctl.batch, ctl.block_size
-    for k in range(len(clock)):
+    for k in range(ctl.first, ctl.last):
         if k and ctl.exact_only:
             predicted, took = infos[k - 1, ctl.planned_at], latencies[k - 1]
             if not (0.0 < predicted < np.inf and 0.0 < took < np.inf
@@ -67,4 +68,4 @@ def decode_run(a: st.DecisionArrays, clock: np.ndarray, latencies: np.ndarray,
         step.dirty_lo = step.dirty_hi = step.n_gone = 0  # (taken in: ``RequestTable.seen``)
         step.reindex = False
     ctl.stop = st.RUN_ALL
-    return len(clock)
+    return ctl.last

@@ -246,30 +246,42 @@ class AccelGenPolicy(Policy):
             return None
         if loop is not None:
             self._measured(latency)  # (the step before the run; it may set the plan's scales)
-        step = self._inputs(view)
-        assert step is not None  # (the batch's requests are live)
         clock = run.clock
-        steps = len(clock)
-        if loop is not None and not loop.at_rest():
-            steps = 1  # (the next take-in changes the plan again)
-        sweep_at = t.next_sweep()  # (a deadline the table's sweep pops once the clock passes it)
-        if sweep_at < clock[steps - 1]:
-            steps = max(1, int(np.searchsorted(clock[:steps], sweep_at, side="right")))
+        total = len(clock) if loop is None or loop.at_rest() else 1  # (else: changes again)
         kernels = load()
-        infos, stop = ws.decode_run(kernels.decode_run, step, run, steps, loop is not None)
-        if t.dirty_hi or t.n_gone or t.reindex:
-            t.seen()
+        infos = np.empty((total, len(ws.info_values)))
+        done = 0
+        while True:
+            # The steps up to the next that finds a waiting request's deadline passed: the
+            # table's sweep before that step's decision, here (``_inputs``), as the step's own
+            # call would make it (nothing it reads changes with the batch's rows).
+            view.now = float(clock[done])
+            step = self._inputs(view)
+            assert step is not None  # (the batch's requests are live)
+            last = total
+            sweep_at = t.next_sweep()
+            if sweep_at < clock[total - 1]:
+                last = max(done + 1, int(np.searchsorted(clock[:total], sweep_at, side="right")))
+            stop = ws.decode_run(kernels.decode_run, step, run, (done, last), loop is not None,
+                                 infos)
+            if t.dirty_hi or t.n_gone or t.reindex:
+                t.seen()
+            if stop.end > done:
+                self._prev_budget = stop.budget
+                self._era_owner = (int(t.req_id[stop.era_owner]) if stop.era_owner != NO_SLOT
+                                   else None)
+            done = stop.end
+            if stop.stop != RUN_ALL or done == total:
+                break
         names = self._info_names
-        rows = [InfoRow(names, v) for v in infos]
+        rows = [InfoRow(names, v) for v in infos[:done]]
         if rows:
-            self._prev_budget = stop.budget
-            self._era_owner = int(t.req_id[stop.era_owner]) if stop.era_owner != NO_SLOT else None
-            self._planned = float(infos[-1, _T_PLANNED])
+            self._planned = float(infos[done - 1, _T_PLANNED])
             decision.info = rows[-1]
         if loop is not None and rows:
             # (the steps taken in before the run's later decisions, and before the next step's
             # where the run decided it)
-            loop.observe_exact(len(rows) - (stop.stop in (RUN_ALL, RUN_OBSERVES)))
+            loop.observe_exact(done - (stop.stop in (RUN_ALL, RUN_OBSERVES)))
         following = None
         if stop.stop == RUN_DECIDED:
             following = self._decision(ws.outcome(), decision, view)

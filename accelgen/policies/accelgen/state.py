@@ -167,6 +167,8 @@ class DecodeRun:
 
     batch: int  # requests of the batch (the head of ``Batch.slots``)
     block_size: int
+    first: int  # the steps to decide: ``first`` to ``last`` (exclusive)
+    last: int
     exact_only: bool  # the closed loop at rest: stop before a step after an inexact prediction
     planned_at: int  # (``exact_only``) the position of the predicted latency in ``info``
     stop: int  # RUN_ALL, RUN_DECIDED, RUN_ASKS or RUN_OBSERVES

@@ -31,10 +31,12 @@ if TYPE_CHECKING:
 
 
 class DecodeRunStop(NamedTuple):
-    """Where a decode run's decisions stopped (``Workspace.decode_run``): ``stop`` (RUN_ALL,
-    RUN_DECIDED, RUN_ASKS), the budget the decision waits on (RUN_ASKS), the token budget and
-    ERA holder (a slot) of the last step decided the same."""
+    """Where a decode run's decisions stopped (``Workspace.decode_run``): the step after the
+    last decided the same, ``stop`` (RUN_ALL, RUN_DECIDED, RUN_ASKS, RUN_OBSERVES), the budget
+    the decision waits on (RUN_ASKS), the token budget and ERA holder (a slot) of the last step
+    decided the same."""
 
+    end: int
     stop: int
     need: int
     budget: int
@@ -216,19 +218,20 @@ class Workspace:
         """The last decision's ``Outcome`` fields, in order."""
         return self._outcome.tolist()  # type: ignore[no-any-return]
 
-    def decode_run(self, kernel: Any, step: tuple[Any, ...], run: DecodeSteps, steps: int,
-                   exact_only: bool) -> tuple[np.ndarray, DecodeRunStop]:
-        """Run ``kernel`` (``decode_run.decode_run``) on the first step's inputs ``step`` and
-        the first ``steps`` steps of ``run`` (``exact_only``: the closed loop at rest): the
-        diagnostics of the steps decided the same (a row each) and where it stopped."""
+    def decode_run(self, kernel: Any, step: tuple[Any, ...], run: DecodeSteps,
+                   steps: tuple[int, int], exact_only: bool,
+                   infos: np.ndarray) -> DecodeRunStop:
+        """Run ``kernel`` (``decode_run.decode_run``) on steps ``steps`` (first, last) of
+        ``run``, the first of them with the inputs ``step`` (``exact_only``: the closed loop at
+        rest), the diagnostics of the steps decided the same into their rows of ``infos``:
+        the step after them and where it stopped."""
         ctl = self._run_ctl
         ctl.batch, ctl.block_size = len(run.blocks), run.block_size
+        ctl.first, ctl.last = steps
         ctl.exact_only, ctl.planned_at = exact_only, INFO_INDEX["t_planned"]
         self._step[0] = step
-        infos = np.empty((steps, len(self.info_values)))
-        k = kernel(self.arrays, run.clock[:steps], run.latencies[:steps],
-                   run.free_blocks[:steps], run.blocks, run.first_need, ctl, self.info_values,
-                   infos)
+        end = kernel(self.arrays, run.clock, run.latencies, run.free_blocks, run.blocks,
+                     run.first_need, ctl, self.info_values, infos)
         stop = ctl.view(np.ndarray)[0]
-        return infos[:k], DecodeRunStop(int(stop["stop"]), int(stop["need"]),
-                                        int(stop["budget"]), int(stop["era_owner"]))
+        return DecodeRunStop(end, int(stop["stop"]), int(stop["need"]), int(stop["budget"]),
+                             int(stop["era_owner"]))
