@@ -654,18 +654,24 @@ class Simulator:
         the steps decided the same, the next step's decision where the call made it, and the
         free blocks and the clock after the steps."""
         steps = len(latencies)
-        need = np.zeros(steps, np.int64)  # new blocks per step
-        for j in first_need:
-            need[j::self.kv.block_size] += 1
-        free_after = free - np.cumsum(need)
-        free_before = np.empty(steps, np.int64)
-        free_before[0] = free
-        free_before[1:] = free_after[:-1]
-        # (accumulated left to right, as ``now += latency`` adds them)
-        clock = np.add.accumulate(np.concatenate(([self._now], latencies)))
-        fits = need <= free_before
-        last = min(steps, int(np.argmin(fits)) if not fits.all() else steps,
-                   int(np.searchsorted(clock[:steps], until, side="left")))
+        # The free blocks before each step; the run ends before a step whose new blocks do not
+        # fit (there the loop asks, then finds them short).
+        last = steps
+        at, taken = [], [0]  # the steps that give blocks, the blocks given up to each
+        for k in sorted(grows):
+            if len(grows[k]) > free - taken[-1]:
+                last = k
+                break
+            at.append(k)
+            taken.append(taken[-1] + len(grows[k]))
+        free_before = free - np.array(taken)[np.searchsorted(np.array(at, np.int64),
+                                                             np.arange(steps + 1))]
+        # (the clock accumulated left to right, as ``now += latency`` adds them)
+        clock = np.empty(steps + 1)
+        clock[0] = self._now
+        clock[1:] = latencies
+        np.cumsum(clock, out=clock)
+        last = min(last, int(np.searchsorted(clock[:steps], until, side="left")))
         if last < 1:
             return 0, None, free, self._now
         scheduled = decision.scheduled
@@ -689,10 +695,10 @@ class Simulator:
             for r in grows.get(k, ()):
                 r.num_blocks += 1
         starts.extend(clock[:done].tolist())
-        frees.extend(free_after[:done].tolist())
+        frees.extend(free_before[1:done + 1].tolist())
         infos.extend(got.infos)
         decide.extend(repeat(per_step, done))
-        return done, got.following, int(free_after[done - 1]), float(clock[done])
+        return done, got.following, int(free_before[done]), float(clock[done])
 
     def _redecide_on_block_need(self, decision: Decision, latency: float, horizon: float,
                                 max_iterations: float) -> Decision | None:
