@@ -171,6 +171,29 @@ class IterationLog:
             if len(self._rows) >= self.CHUNK_ROWS:
                 self._store()
 
+    def append_rows_block(self, rows: Sequence[tuple[Any, ...]], decision_times: Sequence[float],
+                          info_index: dict[str, int], info_values: np.ndarray) -> None:
+        """``append_rows_each`` of rows whose diagnostics are the rows of ``info_values``,
+        named by ``info_index`` (``InfoRow(info_index, info_values[i])`` each): a run of decode
+        steps a policy decided in one call."""
+        if info_index is not self._fast_index:  # (the first row sets the names up)
+            self.append_rows_each(rows[:1], decision_times[:1],
+                                  [InfoRow(info_index, info_values[0])])
+            rows, decision_times, info_values = rows[1:], decision_times[1:], info_values[1:]
+            if info_index is not self._fast_index:
+                self.append_rows_each(rows, decision_times,
+                                      [InfoRow(info_index, v) for v in info_values])
+                return
+        done = 0
+        while done < len(rows):
+            end = min(len(rows), done + self.CHUNK_ROWS - len(self._rows))
+            self._rows.extend(rows[done:end])
+            self.decision_time.extend(decision_times[done:end])
+            self._fast_rows.extend(info_values[done:end])
+            done = end
+            if len(self._rows) >= self.CHUNK_ROWS:
+                self._store()
+
     def _append_info(self, info: MutableMapping[str, float], num_rows: int) -> None:
         """Add one row's diagnostics; ``num_rows``: rows not yet stored, this one too."""
         row_index = None  # an InfoRow's names, for the rows after it

@@ -194,11 +194,14 @@ class DecodeSteps:
 
 @dataclass(slots=True)
 class DecodeRunDecisions:
-    """What ``Policy.decide_decode_run`` decided: the first ``len(infos)`` steps' decisions are
-    the decision itself (their diagnostics, a row each; its ``info`` the last's); ``following``
-    the next step's decision where it was made (None: that step is not asked yet)."""
+    """What ``Policy.decide_decode_run`` decided: the first ``len(info_values)`` steps'
+    decisions are the decision itself, their diagnostics the rows of ``info_values`` under the
+    names ``info_index`` (as ``InfoRow``s; the decision's ``info`` is the last's);
+    ``following`` the next step's decision where it was made (None: that step is not asked
+    yet)."""
 
-    infos: list[InfoRow]
+    info_index: dict[str, int]
+    info_values: Any  # float64 array, a row per step
     following: Decision | None
 
 

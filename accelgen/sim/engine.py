@@ -588,10 +588,11 @@ class Simulator:
         asked_ahead: Decision | None = None  # (the compiled run's next step, asked already)
         overflow = False
         first = 0
+        decided_infos = None  # (the diagnostics of the first steps, a row each)
         if self._decides_runs:
-            first, asked_ahead, free, now = self._decided_run(
+            first, asked_ahead, free, now, decided_infos = self._decided_run(
                 decision, latency, run_latencies, grows, first_need, free, until, starts, frees,
-                infos, decide)
+                decide)
             if first:
                 latency = latencies[first - 1]
         for k in range(first, steps):
@@ -628,12 +629,17 @@ class Simulator:
             self.cost.took_decode_run(done)
             total = kv.num_total_blocks
             used_tokens = range(self._kv_used_tokens + n, self._kv_used_tokens + n * done + 1, n)
-            self.log.append_rows_each(list(zip(
+            rows = list(zip(
                 starts, latencies, repeat(n), repeat(0), repeat(n), repeat(0), repeat(n),
                 repeat(0.0), range(decode_ctx, decode_ctx + n * done, n),
                 [total - f for f in frees], repeat(total), used_tokens, repeat(0),
                 repeat(len(self._waiting)), repeat(len(self._running)),
-                repeat(len(self._swapped)), repeat(0.0))), decide, infos)
+                repeat(len(self._swapped)), repeat(0.0)))
+            if first:
+                assert decided_infos is not None
+                self.log.append_rows_block(rows[:first], decide[:first], *decided_infos)
+            if done > first:
+                self.log.append_rows_each(rows[first:], decide[first:], infos)
             _emit_run_tokens(scheduled, [*starts[1:], now])
             self._kv_used_tokens = used_tokens[-1]
             self._now = now
@@ -644,28 +650,32 @@ class Simulator:
 
     def _decided_run(self, decision: Decision, latency: float, latencies: np.ndarray,
                      grows: dict[int, list[Request]], first_need: list[int], free: int,
-                     until: float, starts: list[float], frees: list[int], infos: list[Any],
-                     decide: list[float]) -> tuple[int, Decision | None, int, float]:
+                     until: float, starts: list[float], frees: list[int],
+                     decide: list[float]) -> tuple[int, Decision | None, int, float,
+                                                   tuple[dict[str, int], np.ndarray] | None]:
         """``_asking_decode_run``'s first steps decided by the policy in one call
         (``Policy.decide_decode_run``): the steps before the first that would overflow the
         cache or start at or after ``until`` (``latency``: the iteration's before the run).
-        Their starts, free blocks after, diagnostics and decision times go to the lists, the
-        batch's requests take in their new blocks. Returns
-        the steps decided the same, the next step's decision where the call made it, and the
-        free blocks and the clock after the steps."""
+        Their starts, free blocks after and decision times go to the lists, the batch's
+        requests take in their new blocks. Returns the steps decided the same, the next step's
+        decision where the call made it, the free blocks and the clock after the steps, and
+        the steps' diagnostics (names, a row each)."""
         steps = len(latencies)
         # The free blocks before each step; the run ends before a step whose new blocks do not
         # fit (there the loop asks, then finds them short).
         last = steps
-        at, taken = [], [0]  # the steps that give blocks, the blocks given up to each
-        for k in sorted(grows):
-            if len(grows[k]) > free - taken[-1]:
-                last = k
-                break
-            at.append(k)
-            taken.append(taken[-1] + len(grows[k]))
-        free_before = free - np.array(taken)[np.searchsorted(np.array(at, np.int64),
-                                                             np.arange(steps + 1))]
+        if grows:
+            at, taken = [], [0]  # the steps that give blocks, the blocks given up to each
+            for k in sorted(grows):
+                if len(grows[k]) > free - taken[-1]:
+                    last = k
+                    break
+                at.append(k)
+                taken.append(taken[-1] + len(grows[k]))
+            free_before = free - np.array(taken)[np.searchsorted(np.array(at, np.int64),
+                                                                 np.arange(steps + 1))]
+        else:
+            free_before = np.full(steps + 1, free, np.int64)
         # (the clock accumulated left to right, as ``now += latency`` adds them)
         clock = np.empty(steps + 1)
         clock[0] = self._now
@@ -673,7 +683,7 @@ class Simulator:
         np.cumsum(clock, out=clock)
         last = min(last, int(np.searchsorted(clock[:steps], until, side="left")))
         if last < 1:
-            return 0, None, free, self._now
+            return 0, None, free, self._now, None
         scheduled = decision.scheduled
         view = self._view
         view.now = self._now
@@ -685,20 +695,20 @@ class Simulator:
             np.array(first_need, np.int64), self.kv.block_size))
         decide_s = time.perf_counter() - t0
         if got is None:  # (not this run: asked step by step)
-            return 0, None, free, self._now
-        done = len(got.infos)
+            return 0, None, free, self._now, None
+        done = len(got.info_values)
         per_step = decide_s / (done + (got.following is not None))
         self._decide_s = per_step
         if not done:
-            return 0, got.following, free, self._now
+            return 0, got.following, free, self._now, None
         for k in range(done):
             for r in grows.get(k, ()):
                 r.num_blocks += 1
         starts.extend(clock[:done].tolist())
         frees.extend(free_before[1:done + 1].tolist())
-        infos.extend(got.infos)
         decide.extend(repeat(per_step, done))
-        return done, got.following, int(free_before[done]), float(clock[done])
+        return (done, got.following, int(free_before[done]), float(clock[done]),
+                (got.info_index, got.info_values))
 
     def _redecide_on_block_need(self, decision: Decision, latency: float, horizon: float,
                                 max_iterations: float) -> Decision | None:

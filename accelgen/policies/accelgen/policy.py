@@ -273,12 +273,10 @@ class AccelGenPolicy(Policy):
             done = stop.end
             if stop.stop != RUN_ALL or done == total:
                 break
-        names = self._info_names
-        rows = [InfoRow(names, v) for v in infos[:done]]
-        if rows:
+        if done:
             self._planned = float(infos[done - 1, _T_PLANNED])
-            decision.info = rows[-1]
-        if loop is not None and rows:
+            decision.info = InfoRow(self._info_names, infos[done - 1])
+        if loop is not None and done:
             # (the steps taken in before the run's later decisions, and before the next step's
             # where the run decided it)
             loop.observe_exact(done - (stop.stop in (RUN_ALL, RUN_OBSERVES)))
@@ -288,7 +286,7 @@ class AccelGenPolicy(Policy):
         elif stop.stop == RUN_ASKS:
             following = self._decision(ws.complete(kernels.decide, view.cost, stop.need),
                                        decision, view)
-        return DecodeRunDecisions(rows, following)
+        return DecodeRunDecisions(self._info_names, infos[:done], following)
 
     def _sync(self, view: SchedulerView) -> None:
         """Adopt requests the hooks did not announce (e.g. an adapter that missed a hook)."""
