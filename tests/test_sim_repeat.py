@@ -1,5 +1,5 @@
 """The simulator runs a decode-only decision again without asking the policy when the policy
-declares it repeats (``Policy.repeats``, Orca): every result is the one asking at every
+declares it repeats (``Policy.repeats``, Orca and EDF): every result is the one asking at every
 iteration gives."""
 
 from __future__ import annotations
@@ -15,9 +15,16 @@ from hypothesis import strategies as st
 from accelgen.core.iteration import Pivot
 from accelgen.core.kvcache import BlockManager
 from accelgen.core.policy import Decision, SchedulerView
+from accelgen.core.request import Request
+from accelgen.core.specs import Deployment
+from accelgen.costmodel.base import CostModel
+from accelgen.costmodel.factory import make_cost_model
+from accelgen.policies.edf import EDFPolicy
 from accelgen.policies.orca import OrcaPolicy
 from accelgen.sim.engine import SimulationResult, Simulator
 from tests.conftest import LinearCost, assert_same_results, make_requests
+
+ANALYTIC = make_cost_model(Deployment(model="opt-13b", hardware="a100"))
 
 
 class AskingOrca(OrcaPolicy):
@@ -94,3 +101,69 @@ def test_most_iterations_of_a_long_decode_repeat(monkeypatch: pytest.MonkeyPatch
          max_iterations=None, horizon_s=None, overhead=True)
     assert asked >= len(fast.iterations)
     assert not math.isnan(fast.end_time)
+
+
+class AskingEDF(EDFPolicy):
+    """EDF asked at every iteration."""
+
+    def repeats(self, view: SchedulerView, decision: Decision) -> bool:
+        return False
+
+
+# TBT SLOs drawn from a few values, two of them closer than ``edf.ORDER_GAP_S``.
+_TBTS = (0.05, 0.05 + 1e-9, 0.08, 0.2)
+
+
+def _edf_requests(specs: list[tuple[float, int, int, int]]) -> list[Request]:
+    return [Request(req_id=i, arrival=a, prompt_len=p, ttft_slo=1.0 if kind < 4 else math.inf,
+                    tbt_slo=_TBTS[kind] if kind < 4 else math.inf,
+                    jct_slo=math.inf if kind < 4 else 5.0, online=kind < 4)
+            for i, (a, p, _, kind) in enumerate(specs)]
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(specs=st.lists(st.tuples(st.floats(min_value=0.0, max_value=2.0, allow_nan=False),
+                                st.integers(min_value=1, max_value=120),
+                                st.integers(min_value=1, max_value=150),
+                                st.integers(min_value=0, max_value=4)),
+                      min_size=1, max_size=20),
+       num_blocks=st.integers(min_value=6, max_value=60), block_size=st.sampled_from([4, 16]),
+       token_budget=st.sampled_from([2, 64]), analytic=st.booleans(),
+       max_iterations=st.sampled_from([None, 150]), horizon_s=st.sampled_from([None, 1.5]))
+def test_edf_repeats_give_the_results_of_asking(
+        specs: list[tuple[float, int, int, int]], num_blocks: int, block_size: int,
+        token_budget: int, analytic: bool, max_iterations: int | None,
+        horizon_s: float | None) -> None:
+    """EDF's repeated decode steps (``EDFPolicy.repeats``; runs of them at once,
+    ``Simulator._decode_run``, under the analytic model): online requests of equal, close and
+    distant TBT SLOs and offline ones, a budget smaller than the batch, blocks running short."""
+    specs = sorted(specs, key=lambda x: x[0])
+    results = []
+    for policy in (EDFPolicy(token_budget=token_budget), AskingEDF(token_budget=token_budget)):
+        cost: CostModel = ANALYTIC if analytic else LinearCost()
+        sim = Simulator(_edf_requests(specs), [o for _, _, o, _ in specs], policy, cost,
+                        BlockManager(num_blocks, block_size),
+                        Pivot(s_pf=64, t_pf=cost.forward_time(64)), max_model_len=100_000,
+                        max_iterations=max_iterations, horizon_s=horizon_s)
+        results.append(sim.run())
+    assert_same_results(*results)
+
+
+def test_most_of_edfs_decode_steps_served_alone_repeat(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(5)
+    specs = [(float(a), int(p), int(o), int(k)) for a, p, o, k in zip(
+        np.arange(10) * 20.0, rng.integers(1, 100, 10), rng.integers(50, 300, 10),
+        rng.integers(0, 5, 10), strict=True)]
+    asked = 0
+    schedule = EDFPolicy.schedule
+
+    def counted(self: EDFPolicy, view: SchedulerView) -> Decision:
+        nonlocal asked
+        asked += 1
+        return schedule(self, view)
+
+    monkeypatch.setattr(EDFPolicy, "schedule", counted)
+    res = Simulator(_edf_requests(specs), [o for _, _, o, _ in specs], EDFPolicy(), ANALYTIC,
+                    BlockManager(200, 16), Pivot(s_pf=64, t_pf=ANALYTIC.forward_time(64)),
+                    max_model_len=100_000).run()
+    assert len(res.iterations) > 1000 and asked < len(res.iterations) / 5

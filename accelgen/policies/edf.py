@@ -29,6 +29,12 @@ from accelgen.core.policy import (
 from accelgen.core.request import Request, Status
 from accelgen.policies.common import BatchBuilder, OrderedWaiting
 
+# Two running requests whose last tokens came together keep the order of their next deadlines
+# (that time plus each one's TBT SLO) at every later clock when their TBT SLOs are equal (then by
+# req_id) or further apart than this: far more than the rounding of a clock a simulation reaches
+# (a unit in the last place of 1e9 s is 1.2e-7 s).
+ORDER_GAP_S = 1e-6
+
 
 class EDFParams(PolicyParams):
     token_budget: PositiveInt | None = None  # default: the pivot forward size S_pf
@@ -59,6 +65,30 @@ class EDFPolicy(Policy):
 
     def on_arrival(self, req: Request, now: float) -> None:
         self._waiting.arrived.append(req)
+
+    def repeats(self, view: SchedulerView, decision: Decision) -> bool:
+        # Under the simulator's conditions (a decode-only decision that admitted, rejected and
+        # preempted nothing; then no arrival, no finish, no new block for the batch): with no
+        # request waiting and every running request in the batch, EDF schedules the same batch
+        # again (one token each within the budget; no new block, so no preemption), in the same
+        # order while the deadlines keep theirs: a single request; or online requests whose last
+        # tokens came together (each deadline that time plus its TBT SLO), in ascending TBT SLO,
+        # equal ones by req_id, unequal ones more than ORDER_GAP_S apart.
+        scheduled = decision.scheduled
+        if view.waiting or view.swapped or len(scheduled) != len(view.running):
+            return False
+        if len(scheduled) == 1:
+            return True
+        prev: Request | None = None
+        for r, _ in scheduled:
+            if not r.online or r.last_token_time != view.now:
+                return False
+            if prev is not None:
+                gap = r.tbt_slo - prev.tbt_slo
+                if gap < 0.0 or (gap == 0.0 and r.req_id < prev.req_id) or 0.0 < gap <= ORDER_GAP_S:
+                    return False
+            prev = r
+        return True
 
     def largest_budget(self, pivot: Pivot) -> int:
         return self.params.token_budget or pivot.s_pf

@@ -144,6 +144,10 @@ class Simulator:
                               and self._prices_decode_runs
                               and type(policy).after_decodes_reads_blocks_only
                               is not Policy.after_decodes_reads_blocks_only)
+        # Whether ``_repeat`` may take runs of decode iterations at once (``_decode_run``): the
+        # policy is not told of each (``on_step_end`` is the base class's, which does nothing).
+        self._repeats_in_runs = (self._may_repeat
+                                 and type(policy).on_step_end is Policy.on_step_end)
         # Whether the policy may decide such a run's steps in one call
         # (``Policy.decide_decode_run``; it may still decline a run).
         self._decides_runs = (self._asks_in_runs and type(policy).decide_decode_run
@@ -491,6 +495,9 @@ class Simulator:
         n_done = self._n_done
         while (self._now < self._next_arrival and self._now < horizon
                and self._iteration < max_iterations):
+            if self._repeats_in_runs and self._decode_run(decision, horizon, max_iterations,
+                                                          to_block_need=True):
+                continue
             shape = self._decode_shape(scheduled)
             if shape is None:
                 return  # a request's next token needs a new block: ask the policy
@@ -782,7 +789,8 @@ class Simulator:
         transfer, no decision time): the same elementwise arithmetic."""
         return (np.maximum(compute, 0.0) if self.swap_overlap else compute + 0.0) + 0.0
 
-    def _decode_run(self, decision: Decision, horizon: float, max_iterations: float) -> float:
+    def _decode_run(self, decision: Decision, horizon: float, max_iterations: float,
+                    to_block_need: bool = False) -> float:
         """``_redecide_on_block_need``'s iterations, several at once: while no request of the
         decode-only ``decision`` finishes, no new block is short and no arrival, horizon or
         ``max_iterations`` comes, each iteration is the same batch one token further on, so
@@ -790,7 +798,8 @@ class Simulator:
         only the clock, the latency and the log row are worked out per iteration: the same
         values, in the same order, as iteration by iteration. Returns the last iteration's
         latency, or 0.0 when no run of ``MIN_DECODE_RUN`` iterations is possible (the caller
-        then runs the next iteration itself)."""
+        then runs the next iteration itself). ``to_block_need``: the run ends before the first
+        iteration that needs a new block (``_repeat``'s runs)."""
         scheduled = decision.scheduled
         kv = self.kv
         block_size = kv.block_size
@@ -798,6 +807,10 @@ class Simulator:
         if run is None:
             return 0.0
         steps, decode_ctx, first_need = run
+        if to_block_need:
+            steps = min(steps, *first_need)
+            if steps < MIN_DECODE_RUN:
+                return 0.0
         need = [0] * steps
         for j in first_need:
             for k in range(j, steps, block_size):
