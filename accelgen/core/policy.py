@@ -265,6 +265,11 @@ class Policy(ABC):
         (``Simulator._asking_decode_run``). Asked before every such call. Default: False."""
         return False
 
+    def decides_decode_run(self, decision: Decision) -> bool:
+        """Whether ``decide_decode_run`` would decide a run of ``decision``'s decode steps now
+        (asked before the backend lays out the run; it may still decline). Default: False."""
+        return False
+
     def decide_decode_run(self, view: SchedulerView, decision: Decision, latency: float,
                           run: DecodeSteps) -> DecodeRunDecisions | None:
         """``schedule_after_decodes`` asked before each step of ``run`` in one call, where

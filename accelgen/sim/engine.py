@@ -596,7 +596,7 @@ class Simulator:
         overflow = False
         first = 0
         decided_infos = None  # (the diagnostics of the first steps, a row each)
-        if self._decides_runs:
+        if self._decides_runs and policy.decides_decode_run(decision):
             first, asked_ahead, free, now, decided_infos = self._decided_run(
                 decision, latency, run_latencies, grows, first_need, free, until, starts, frees,
                 decide)

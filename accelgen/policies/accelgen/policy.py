@@ -229,20 +229,21 @@ class AccelGenPolicy(Policy):
                 view.kv.num_free_blocks, admissions, plan_only, t.n_active, t.n_dormant,
                 t.dormant_lo, t.dirty_lo, t.dirty_hi, t.n_gone, t.reindex)
 
-    def decide_decode_run(self, view: SchedulerView, decision: Decision, latency: float,
-                          run: DecodeSteps) -> DecodeRunDecisions | None:
+    def decides_decode_run(self, decision: Decision) -> bool:
         # The compiled run (``decode_run.decode_run``) is ``schedule_after_decodes``' path step by
         # step, while nothing but the batch's rows changes between its steps: no waiting
-        # request's deadline passes (the table's sweep), no row of the batch is dormant (no rows
-        # to re-watch), and the closed loop, if any, stays at rest (exact predictions).
+        # request's deadline passes (the table's sweep, run between the run's parts), no row of
+        # the batch is dormant (no rows to re-watch), no JCT plan to make, and the closed loop,
+        # if any, stays at rest (exact predictions).
+        t, loop = self._table, self.loop
+        return (self.after_decodes_reads_blocks_only(decision) and not t.num_unplanned
+                and (loop is None or (not self.measured_by_backend and loop.at_rest()))
+                and not (t.dormancy and t.dormant[self._ws.slots[:len(decision.scheduled)]].any()))
+
+    def decide_decode_run(self, view: SchedulerView, decision: Decision, latency: float,
+                          run: DecodeSteps) -> DecodeRunDecisions | None:
         t, ws, loop = self._table, self._ws, self.loop
-        n = len(run.blocks)
-        if (not self.after_decodes_reads_blocks_only(decision) or t.num_unplanned
-                or n != len(decision.scheduled)
-                or (loop is not None and (self.measured_by_backend or not loop.at_rest()))):
-            return None
-        slots = ws.slots[:n]
-        if t.dormancy and t.dormant[slots].any():
+        if len(run.blocks) != len(decision.scheduled) or not self.decides_decode_run(decision):
             return None
         if loop is not None:
             self._measured(latency)  # (the step before the run; it may set the plan's scales)
