@@ -64,6 +64,10 @@ class Simulator:
     _iteration: int
     _idle_decisions: int  # decisions in a row that scheduled nothing
     _decide_s: float  # wall time of the last decision
+    # Asking runs still to ask step by step before the next decided run, and how many after the
+    # next decided run that decides few steps (``DECIDED_RUN_WORTH``).
+    _decided_skip: int
+    _decided_backoff: int
     # The waiting queue's order as numbers, by req_id: arrivals join the back with increasing
     # ones, preempted requests the front with decreasing ones, so the queue is always sorted by
     # them and a request is found by bisection (``_remove``), not by a scan.
@@ -276,6 +280,7 @@ class Simulator:
         self._iteration = 0
         self._idle_decisions = 0
         self._decide_s = 0.0
+        self._decided_skip, self._decided_backoff = 0, 1
         self._queue_key = [0] * len(reqs)
         self._back_key = self._front_key = 0
         self._swap_cost_per_block = (
@@ -597,11 +602,22 @@ class Simulator:
         first = 0
         decided_infos = None  # (the diagnostics of the first steps, a row each)
         if self._decides_runs and policy.decides_decode_run(decision):
-            first, asked_ahead, free, now, decided_infos = self._decided_run(
-                decision, latency, run_latencies, grows, first_need, free, until, starts, frees,
-                decide)
-            if first:
-                latency = latencies[first - 1]
+            if self._decided_skip:
+                self._decided_skip -= 1
+            else:
+                first, asked_ahead, free, now, decided_infos = self._decided_run(
+                    decision, latency, run_latencies, grows, first_need, free, until, starts,
+                    frees, decide)
+                if first:
+                    latency = latencies[first - 1]
+                # (a call that decides a few steps costs more than asking them one by one:
+                # after one, the next asking runs are asked step by step, more of them after
+                # each such call in a row)
+                if first + (asked_ahead is not None) < DECIDED_RUN_WORTH:
+                    self._decided_skip = self._decided_backoff
+                    self._decided_backoff = min(2 * self._decided_backoff, MAX_DECIDED_SKIP)
+                else:
+                    self._decided_backoff = 1
         for k in range(first, steps):
             if asked_ahead is not None:
                 asked, asked_ahead = asked_ahead, None
@@ -1005,6 +1021,10 @@ _RUNNING, _WAITING = Status.RUNNING, Status.WAITING
 MIN_DECODE_RUN = 4
 # The longest asking run (``Simulator._asking_decode_run``): its latencies are priced at once.
 MAX_ASKING_RUN = 512
+# A decided run (``Simulator._decided_run``) pays for its layout when it decides at least this
+# many steps; after one that decides fewer, up to this many asking runs are asked step by step.
+DECIDED_RUN_WORTH = 4
+MAX_DECIDED_SKIP = 32
 
 # The collector's thresholds during the loop (Python's defaults: 700, 10, 10).
 LOOP_GC_THRESHOLDS = (100_000, 50, 100)
