@@ -163,6 +163,31 @@ ASKING_RUN_SCALE: tuple[tuple[float, float], ...] = (
     (4.0, 0.921))
 
 
+# AccelGen's family (open and closed loop, the ablations, the Oracle), without noise, decide
+# their asking runs' steps in one compiled call (``decode_run``, ``Policy.decide_decode_run``).
+# Their capacity jobs' variable part scaled by what that saved, per load factor: the same jobs
+# side by side with the build before (dfb5657), alternating, every results file identical
+# (`scripts/measure_jobs.py config/paper.yaml --only capacity --per-policy --sample 8
+# --policies accelgen accelgen-closed oracle --checkout <dfb5657>`, 2026-11-28, build 7a0d6a4:
+# 16 jobs, 171.4 against 230.1 CPU s); the variable part after over before, averaged per load
+# factor (the noisy jobs among the sample left out: they are priced as before). From a load
+# factor of 1 on no saving is priced: the single jobs there measured 0.78-1.16x, within the
+# host's spread.
+DECIDED_RUN_POLICIES = (*ASKING_RUN_POLICIES, "accelgen-closed")
+DECIDED_RUN_SCALE: tuple[tuple[float, float], ...] = (
+    (0.00390625, 0.56), (0.0078125, 0.5), (0.015625, 0.478), (0.03125, 0.662), (0.0625, 0.61),
+    (0.125, 0.675), (0.5, 0.778), (1.0, 1.0))
+# EDF and Orca repeat their decode-only decisions in runs of iterations at once
+# (``EDFPolicy.repeats``, ``Simulator._repeat``): the same kind of measurement
+# (`... --sample 8 --policies edf orca --checkout <dfb5657>`, 16 jobs, 1.73x in all).
+REPEAT_RUN_SCALE: dict[str, tuple[tuple[float, float], ...]] = {
+    "edf": ((0.00390625, 0.484), (0.0078125, 0.463), (0.03125, 0.413), (0.0625, 0.526),
+            (0.5, 0.602), (2.0, 0.772), (4.0, 0.662)),
+    "orca": ((0.00390625, 0.475), (0.0078125, 0.465), (0.03125, 0.454), (0.0625, 0.58),
+             (0.5, 0.735), (2.0, 0.318), (4.0, 0.414)),
+}
+
+
 def _interpolated(pts: tuple[tuple[float, float], ...], load_factor: float) -> float:
     """The values of ``pts`` ((load factor, value), ascending) interpolated in log(load
     factor), held at the ends."""
@@ -193,15 +218,21 @@ def capacity_seconds(policy: str, num_requests: int, load_factor: float,
     """CPU seconds of one capacity-sweep job of ``policy`` at ``load_factor`` (None when the
     policy was not measured there): the measured jobs interpolated in log(load factor), held at
     the ends, net of the fixed part scaled by requests (and by search points for the Oracle),
-    and by ``ASKING_RUN_SCALE`` where the job takes the asking runs (not ``noisy``);
+    and by ``ASKING_RUN_SCALE``, ``DECIDED_RUN_SCALE`` and ``REPEAT_RUN_SCALE`` where the job
+    takes those runs (not ``noisy``);
     ``warm``: with the fixed part of a job forked by ``accelgen warm``."""
     pts = CAPACITY_MEASURED.get(policy) or CAPACITY_MEASURED.get(base_policy(policy))
     if not pts:
         return None
     fixed = fixed_seconds(policy)
     var = _interpolated(tuple((lf, max(t - fixed, 0.0)) for lf, t in pts), load_factor)
-    if policy in ASKING_RUN_POLICIES and not noisy:
-        var *= _interpolated(ASKING_RUN_SCALE, load_factor)
+    if not noisy:
+        if policy in ASKING_RUN_POLICIES:
+            var *= _interpolated(ASKING_RUN_SCALE, load_factor)
+        if policy in DECIDED_RUN_POLICIES:
+            var *= _interpolated(DECIDED_RUN_SCALE, load_factor)
+        if policy in REPEAT_RUN_SCALE:
+            var *= _interpolated(REPEAT_RUN_SCALE[policy], load_factor)
     if base_policy(policy) == "oracle":
         var *= search_points / CAPACITY_ORACLE_POINTS
     return fixed_seconds(policy, warm) + var * num_requests / CAPACITY_REQUESTS
