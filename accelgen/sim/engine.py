@@ -542,7 +542,8 @@ class Simulator:
                 if ran:
                     run_steps = min(2 * run_steps, MAX_ASKING_RUN)
                     continue
-            run_steps = run_steps or MIN_DECODE_RUN
+            run_steps = run_steps or (FIRST_DECIDED_RUN if self._decides_runs
+                                      and not self._decided_skip else MIN_DECODE_RUN)
             view.now = self._now
             t0 = time.perf_counter()
             decided = policy.schedule_after_decodes(view, decision, latency)
@@ -1025,6 +1026,9 @@ MAX_ASKING_RUN = 512
 # many steps; after one that decides fewer, up to this many asking runs are asked step by step.
 DECIDED_RUN_WORTH = 4
 MAX_DECIDED_SKIP = 32
+# The first asking run's length for such a policy (then doubling): a decided run stops where the
+# decision changes, and under overload a decode-only stretch lasts a few dozen iterations.
+FIRST_DECIDED_RUN = 64
 
 # The collector's thresholds during the loop (Python's defaults: 700, 10, 10).
 LOOP_GC_THRESHOLDS = (100_000, 50, 100)
