@@ -168,7 +168,7 @@ ASKING_RUN_SCALE: tuple[tuple[float, float], ...] = (
 # Their capacity jobs' variable part scaled by what that saved, per load factor: the same jobs
 # side by side with the build before (dfb5657), alternating, every results file identical
 # (`scripts/measure_jobs.py config/paper.yaml --only capacity --per-policy --sample 8
-# --policies accelgen accelgen-closed oracle --checkout <dfb5657>`, 2026-11-28, build 7a0d6a4:
+# --policies accelgen accelgen-closed oracle --checkout <dfb5657>`, 2026-11-28, build 373b852:
 # 16 jobs, 171.4 against 230.1 CPU s); the variable part after over before, averaged per load
 # factor (the noisy jobs among the sample left out: they are priced as before). From a load
 # factor of 1 on no saving is priced: the single jobs there measured 0.78-1.16x, within the
