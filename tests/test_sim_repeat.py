@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from accelgen.core.iteration import Pivot
 from accelgen.core.kvcache import BlockManager
-from accelgen.core.policy import Decision, SchedulerView
+from accelgen.core.policy import Decision, Policy, SchedulerView
 from accelgen.core.request import Request
 from accelgen.core.specs import Deployment
 from accelgen.costmodel.base import CostModel
@@ -44,6 +44,19 @@ def _run(policy: OrcaPolicy, trace: list[tuple[float, int, int]], *, num_blocks:
                     max_iterations=max_iterations, horizon_s=horizon_s,
                     add_scheduler_overhead=overhead)
     return sim.run()
+
+
+def _count_decisions(monkeypatch: pytest.MonkeyPatch, cls: type[Policy]) -> list[int]:
+    """A counter (its one entry) of ``cls.schedule``'s calls from now on."""
+    asked = [0]
+    schedule = cls.schedule
+
+    def counted(self: Policy, view: SchedulerView) -> Decision:
+        asked[0] += 1
+        return schedule(self, view)
+
+    monkeypatch.setattr(cls, "schedule", counted)
+    return asked
 
 
 def _same(trace: list[tuple[float, int, int]], **kw: Any) -> tuple[SimulationResult, ...]:
@@ -81,25 +94,17 @@ def test_most_iterations_of_a_long_decode_repeat(monkeypatch: pytest.MonkeyPatch
     trace = [(float(a), int(p), int(o)) for a, p, o in zip(
         np.sort(rng.uniform(0, 2, 20)), rng.integers(1, 100, 20), rng.integers(20, 200, 20),
         strict=True)]
-    asked = 0
-    schedule = OrcaPolicy.schedule
-
-    def counted(self: OrcaPolicy, view: SchedulerView) -> Decision:
-        nonlocal asked
-        asked += 1
-        return schedule(self, view)
-
-    monkeypatch.setattr(OrcaPolicy, "schedule", counted)
+    asked = _count_decisions(monkeypatch, OrcaPolicy)
     fast, _ = _same(trace, num_blocks=40, block_size=16, max_batch_size=2, max_seq_len=8192,
                     max_iterations=None, horizon_s=None)
-    asked_fast = asked - len(_.iterations)  # the reference asked once per iteration
+    asked_fast = asked[0] - len(_.iterations)  # the reference asked once per iteration
     assert len(fast.iterations) > 1000 and asked_fast < len(fast.iterations) / 5
     # Decision time is not charged: with add_scheduler_overhead the policy is asked every time.
-    asked = 0
+    asked[0] = 0
     trace = sorted(trace)
     _run(OrcaPolicy(max_batch_size=2), trace, num_blocks=40, block_size=16,
          max_iterations=None, horizon_s=None, overhead=True)
-    assert asked >= len(fast.iterations)
+    assert asked[0] >= len(fast.iterations)
     assert not math.isnan(fast.end_time)
 
 
@@ -154,16 +159,8 @@ def test_most_of_edfs_decode_steps_served_alone_repeat(monkeypatch: pytest.Monke
     specs = [(float(a), int(p), int(o), int(k)) for a, p, o, k in zip(
         np.arange(10) * 20.0, rng.integers(1, 100, 10), rng.integers(50, 300, 10),
         rng.integers(0, 5, 10), strict=True)]
-    asked = 0
-    schedule = EDFPolicy.schedule
-
-    def counted(self: EDFPolicy, view: SchedulerView) -> Decision:
-        nonlocal asked
-        asked += 1
-        return schedule(self, view)
-
-    monkeypatch.setattr(EDFPolicy, "schedule", counted)
+    asked = _count_decisions(monkeypatch, EDFPolicy)
     res = Simulator(_edf_requests(specs), [o for _, _, o, _ in specs], EDFPolicy(), ANALYTIC,
                     BlockManager(200, 16), Pivot(s_pf=64, t_pf=ANALYTIC.forward_time(64)),
                     max_model_len=100_000).run()
-    assert len(res.iterations) > 1000 and asked < len(res.iterations) / 5
+    assert len(res.iterations) > 1000 and asked[0] < len(res.iterations) / 5
