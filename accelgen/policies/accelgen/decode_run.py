@@ -20,21 +20,21 @@ def decode_run(a: st.DecisionArrays, clock: np.ndarray, latencies: np.ndarray,
                free_blocks: np.ndarray, blocks: np.ndarray, first_need: np.ndarray,
                run: np.ndarray, info: np.ndarray, infos: np.ndarray) -> int:
     """Decide steps ``run[0].first`` to ``run[0].last`` (exclusive) of a decode run of the
-    previous decision's batch (the head of
-    ``Batch.slots``, ``run[0].batch`` requests). Before step ``k`` each request of the batch
-    takes in its token of the step before at ``clock[k]`` (``rank.decode_row``), holding its
-    ``blocks`` of the run's start and one more from each ``block_size``-th step on from its
-    ``first_need``; the decision then runs with ``free_blocks[k]`` and the step before's budget
-    and ERA holder. Each step whose decision is the same batch and nothing else (no chunk cut,
-    nothing asked of the cost model) leaves its diagnostics (``info``, the record's float view)
-    in ``infos[k]``. With ``run[0].exact_only`` (the closed loop at rest) a step is decided only
-    if the step before took (``latencies``) what its decision predicted, a ratio of 1 to
-    EXACT_RATIO (the loop's take-in of it changes nothing then). Returns the step after the
-    last such step; ``run[0].stop`` says where it stopped: RUN_ALL (after every step), RUN_DECIDED (the
-    returned step's decision is complete and differs), RUN_ASKS (it waits on the latency of
-    ``run[0].need`` budget tokens' full batch: ``Workspace.complete``) or RUN_OBSERVES (the
-    returned step is not decided: the prediction before it was not exact);
-    ``run[0].budget`` and ``era_owner``: the last same step's."""
+    previous decision's batch (the head of ``Batch.slots``, ``run[0].batch`` requests). Before
+    step ``k`` each request of the batch takes in its token of the step before at ``clock[k]``
+    (``rank.decode_row``), holding its ``blocks`` of the run's start and one more from each
+    ``block_size``-th step on from its ``first_need``; the decision then runs with
+    ``free_blocks[k]`` and the step before's budget and ERA holder. Each step whose decision is
+    the same batch and nothing else (no chunk cut, nothing asked of the cost model) leaves its
+    diagnostics (``info``, the record's float view) in ``infos[k]``. With ``run[0].exact_only``
+    (the closed loop at rest) a step is decided only if the step before took (``latencies``)
+    what its decision predicted, a ratio of 1 to EXACT_RATIO (the loop's take-in of it changes
+    nothing then). Returns the step after the last such step; ``run[0].stop`` says where it
+    stopped: RUN_ALL (after every step), RUN_DECIDED (the returned step's decision is complete
+    and differs), RUN_ASKS (it waits on the latency of ``run[0].need`` budget tokens' full
+    batch: ``Workspace.complete``) or RUN_OBSERVES (the returned step is not decided: the
+    prediction before it was not exact); ``run[0].budget`` and ``era_owner``: the last same
+    step's."""
     rec, ctl = a.state[0], run[0]
     step, par, out, ora = rec.step, rec.params, rec.outcome, rec.oracle
     slots = a.lists[0]  # (``Batch.slots``)
