@@ -273,7 +273,7 @@ class Policy(ABC):
     def decide_decode_run(self, view: SchedulerView, decision: Decision, latency: float,
                           run: DecodeSteps) -> DecodeRunDecisions | None:
         """``schedule_after_decodes`` asked before each step of ``run`` in one call, where
-        ``after_decodes_reads_blocks_only(decision)`` holds and ``view.now`` is the run's first
+        ``decides_decode_run(decision)`` has just held and ``view.now`` is the run's first
         step (``latency``: the step's before it, as the first call would pass it; each later
         call's is the run's step before): for as long as the decision stays ``decision``
         itself, then the step where it does not (``DecodeRunDecisions``); the same results as

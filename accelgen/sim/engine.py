@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -606,10 +606,18 @@ class Simulator:
             if self._decided_skip:
                 self._decided_skip -= 1
             else:
-                first, asked_ahead, free, now, decided_infos = self._decided_run(
-                    decision, latency, run_latencies, grows, first_need, free, until, starts,
-                    frees, decide)
+                got = self._decided_run(decision, latency, run_latencies, grows, first_need,
+                                        until)
+                if got is not None:
+                    first, asked_ahead = got.steps, got.following
+                    self._decide_s = got.decide_s
+                    decided_infos = got.info
                 if first:
+                    assert got is not None
+                    starts.extend(got.clock[:first].tolist())
+                    frees.extend(got.free_after[:first].tolist())
+                    decide.extend(repeat(got.decide_s, first))
+                    free, now = int(got.free_after[first - 1]), float(got.clock[first])
                     latency = latencies[first - 1]
                 # (a call that decides a few steps costs more than asking them one by one:
                 # after one, the next asking runs are asked step by step, more of them after
@@ -673,66 +681,48 @@ class Simulator:
         return decided, done, latency
 
     def _decided_run(self, decision: Decision, latency: float, latencies: np.ndarray,
-                     grows: dict[int, list[Request]], first_need: list[int], free: int,
-                     until: float, starts: list[float], frees: list[int],
-                     decide: list[float]) -> tuple[int, Decision | None, int, float,
-                                                   tuple[dict[str, int], np.ndarray] | None]:
+                     grows: dict[int, list[Request]], first_need: list[int],
+                     until: float) -> DecidedSteps | None:
         """``_asking_decode_run``'s first steps decided by the policy in one call
-        (``Policy.decide_decode_run``): the steps before the first that would overflow the
-        cache or start at or after ``until`` (``latency``: the iteration's before the run).
-        Their starts, free blocks after and decision times go to the lists, the batch's
-        requests take in their new blocks. Returns the steps decided the same, the next step's
-        decision where the call made it, the free blocks and the clock after the steps, and
-        the steps' diagnostics (names, a row each)."""
-        steps = len(latencies)
-        # The free blocks before each step; the run ends before a step whose new blocks do not
-        # fit (there the loop asks, then finds them short).
-        last = steps
-        if grows:
-            at, taken = [], [0]  # the steps that give blocks, the blocks given up to each
-            for k in sorted(grows):
-                if len(grows[k]) > free - taken[-1]:
-                    last = k
-                    break
-                at.append(k)
-                taken.append(taken[-1] + len(grows[k]))
-            free_before = free - np.array(taken)[np.searchsorted(np.array(at, np.int64),
-                                                                 np.arange(steps + 1))]
-        else:
-            free_before = np.full(steps + 1, free, np.int64)
+        (``Policy.decide_decode_run``): the steps before the first whose new blocks do not fit
+        (there the loop asks, then finds them short) or that starts at or after ``until``
+        (``latency``: the iteration's before the run). The batch's requests take in the new
+        blocks of the steps decided the same. None where no step is left or the policy
+        declines."""
+        steps, free = len(latencies), self.kv.num_free_blocks
+        need = np.zeros(steps, np.int64)  # new blocks per step
+        for k, rs in grows.items():
+            need[k] = len(rs)
+        new_blocks = np.cumsum(need)
         # (the clock accumulated left to right, as ``now += latency`` adds them)
         clock = np.empty(steps + 1)
         clock[0] = self._now
         clock[1:] = latencies
         np.cumsum(clock, out=clock)
-        last = min(last, int(np.searchsorted(clock[:steps], until, side="left")))
+        last = min(int(np.searchsorted(new_blocks, free, side="right")),
+                   int(np.searchsorted(clock[:steps], until, side="left")))
         if last < 1:
-            return 0, None, free, self._now, None
+            return None
+        free_after = free - new_blocks
+        free_before = np.empty(last, np.int64)
+        free_before[0] = free
+        free_before[1:] = free_after[:last - 1]
         scheduled = decision.scheduled
         view = self._view
         view.now = self._now
-        self.kv.num_free_blocks = free
         t0 = time.perf_counter()
         got = self.policy.decide_decode_run(view, decision, latency, DecodeSteps(
-            clock[:last], latencies[:last], free_before[:last],
+            clock[:last], latencies[:last], free_before,
             np.array([r.num_blocks for r, _ in scheduled], np.int64),
             np.array(first_need, np.int64), self.kv.block_size))
         decide_s = time.perf_counter() - t0
         if got is None:  # (not this run: asked step by step)
-            return 0, None, free, self._now, None
+            return None
         done = len(got.info_values)
-        per_step = decide_s / (done + (got.following is not None))
-        self._decide_s = per_step
-        if not done:
-            return 0, got.following, free, self._now, None
-        for k in range(done):
-            for r in grows.get(k, ()):
-                r.num_blocks += 1
-        starts.extend(clock[:done].tolist())
-        frees.extend(free_before[1:done + 1].tolist())
-        decide.extend(repeat(per_step, done))
-        return (done, got.following, int(free_before[done]), float(clock[done]),
-                (got.info_index, got.info_values))
+        _take_new_blocks(scheduled, first_need, done, self.kv.block_size)
+        return DecidedSteps(done, got.following, clock, free_after,
+                            decide_s / max(done + (got.following is not None), 1),
+                            (got.info_index, got.info_values))
 
     def _redecide_on_block_need(self, decision: Decision, latency: float, horizon: float,
                                 max_iterations: float) -> Decision | None:
@@ -909,16 +899,13 @@ class Simulator:
         every request of the batch one token further per iteration (its times, its new
         blocks), the KV counts, the clock and the iteration count where the iteration by
         iteration loop leaves them (the view at the last iteration's start)."""
-        done, block_size = len(ends), self.kv.block_size
         _emit_run_tokens(scheduled, ends)
-        for (r, _), j in zip(scheduled, first_need, strict=True):
-            if done > j:
-                r.num_blocks += (done - j - 1) // block_size + 1
+        _take_new_blocks(scheduled, first_need, len(ends), self.kv.block_size)
         self.kv.num_free_blocks = free
         self._kv_used_tokens = used_tokens
         self._now = ends[-1]
         self._view.now = last_start
-        self._iteration += done
+        self._iteration += len(ends)
         self._decide_s = 0.0
 
     def _decode_batch(self, scheduled: list[tuple[Request, int]]) -> BatchShape:
@@ -1014,6 +1001,29 @@ def _emit_run_tokens(scheduled: list[tuple[Request, int]], ends: list[float]) ->
         r.num_output_tokens += done
         r.token_times.extend(ends)
         r.last_token_time = ends[-1]
+
+
+def _take_new_blocks(scheduled: list[tuple[Request, int]], first_need: list[int], done: int,
+                     block_size: int) -> None:
+    """Every request of a run of ``done`` decode iterations holds the blocks it was given: one
+    at its first need (``first_need``, an iteration of the run) and every ``block_size`` after."""
+    for (r, _), j in zip(scheduled, first_need, strict=True):
+        if done > j:
+            r.num_blocks += (done - j - 1) // block_size + 1
+
+
+class DecidedSteps(NamedTuple):
+    """The steps of a decode run a policy decided in one call (``Simulator._decided_run``): how
+    many were decided the same, the next step's decision where the call made it, the run's
+    clock (each step's start, then the end) and free blocks after each step, each decided
+    step's share of the call's wall time, and their diagnostics (names, a row each)."""
+
+    steps: int
+    following: Decision | None
+    clock: np.ndarray
+    free_after: np.ndarray
+    decide_s: float
+    info: tuple[dict[str, int], np.ndarray]
 
 
 _RUNNING, _WAITING = Status.RUNNING, Status.WAITING

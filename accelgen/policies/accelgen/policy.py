@@ -242,9 +242,9 @@ class AccelGenPolicy(Policy):
 
     def decide_decode_run(self, view: SchedulerView, decision: Decision, latency: float,
                           run: DecodeSteps) -> DecodeRunDecisions | None:
+        # (asked only where ``decides_decode_run`` just said it would take the run)
         t, ws, loop = self._table, self._ws, self.loop
-        if len(run.blocks) != len(decision.scheduled) or not self.decides_decode_run(decision):
-            return None
+        assert len(run.blocks) == len(decision.scheduled)
         if loop is not None:
             self._measured(latency)  # (the step before the run; it may set the plan's scales)
         clock = run.clock

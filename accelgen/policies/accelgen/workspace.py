@@ -214,7 +214,7 @@ class Workspace:
             need = decide(arrays)
         if asked:
             self._full_batch[asked] = math.nan
-        return self._outcome.tolist()  # type: ignore[no-any-return]
+        return self.outcome()
 
     def outcome(self) -> list[int]:
         """The last decision's ``Outcome`` fields, in order."""
