@@ -16,7 +16,7 @@ from accelgen import metrics
 from accelgen.core.iteration import Pivot
 from accelgen.core.kvcache import BlockManager
 from accelgen.core.request import Request, served_output_len
-from accelgen.core.specs import Deployment, ExperimentConfig, SimOptions
+from accelgen.core.specs import Deployment, ExperimentConfig, PolicySpec, SimOptions
 from accelgen.costmodel.analytic import roofline_time
 from accelgen.costmodel.factory import make_cost_model
 from accelgen.experiments import oracle_search
@@ -188,3 +188,51 @@ def test_a_search_that_stops_candidates_keeps_the_full_searchs_best_run(
             assert math.isnan(row["goodput_rps"])
         stopped += len(cut)
     assert stopped > 0, "the traces must stop some candidate"
+
+
+def test_a_point_whose_schedule_is_an_earlier_ones_is_not_simulated_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where no request can be a long prompt, points that differ only in ERA's scope make one
+    schedule: the search simulates the first and gives the other the same row, stopped where
+    its own run would have been (checked every iteration); the table and the best run are those
+    of the search that simulates every point. Where long prompts are, nothing is shared, and
+    the scope does change a schedule there."""
+    monkeypatch.setattr(engine, "CHECK_EVERY_ITERATIONS", 1)
+    cfg = ExperimentConfig(deployment=Deployment(model="opt-13b", hardware="a100",
+                                                 kv_cache_gb=1.0), sim=SimOptions(progress=False))
+    # (ERA's scope first, so that each point in request scope is checked against a bar the
+    # points between it and its twin may have raised)
+    grid = {"era_scope": ["prefill", "request"], "kv_plan": ["exact", "none"],
+            "gamma": [0.25, 1.5]}
+    stopped_shared = 0
+    for seed in (1, 2, 3):
+        trace = _trace(24, seed)  # (prompt and output under 1,800 tokens: no long prompt)
+        shared = oracle_search.search(trace, cfg, grid)
+        alone = oracle_search.search(trace, cfg, grid, share=False)
+        assert shared.same_as == {4: 0, 5: 1, 6: 2, 7: 3} and alone.same_as == {}
+        pd.testing.assert_frame_equal(shared.table, alone.table)
+        assert shared.best_params == alone.best_params
+        assert shared.best.summary == alone.best.summary
+        pd.testing.assert_frame_equal(shared.best.iterations, alone.best.iterations)
+        stopped_shared += int(shared.table.loc[4:7, "stopped"].sum())
+    assert stopped_shared > 0, "a shared row must be stopped from the earlier run's checks"
+    # In processes (every point checked against the floor's goodput; a stopped run comes back
+    # pickled): the same.
+    trace = _trace(24, 1)
+    shared = oracle_search.search(trace, cfg, grid, processes=2)
+    alone = oracle_search.search(trace, cfg, grid, processes=2, share=False)
+    pd.testing.assert_frame_equal(shared.table, alone.table)
+    assert len(shared.same_as) == 4 and shared.table["stopped"].any()
+
+    long_cfg = cfg.model_copy(update={"policy": PolicySpec(
+        name="oracle", params={"long_prompt_threshold": 600})})
+    differ = 0
+    for seed in (1, 2, 3):
+        trace = _trace(24, seed)
+        res = oracle_search.search(trace, long_cfg, grid, prune=False)
+        assert res.same_as == {}
+        t = res.table.drop(columns=["param_era_scope"])
+        differ += not t.iloc[:4].reset_index(drop=True).equals(t.iloc[4:8].reset_index(drop=True))
+    assert differ > 0, "with long prompts, ERA's scope must change some schedule"
+    no_era = [{"era": False, "era_scope": scope} for scope in ("prefill", "request")]
+    assert oracle_search.same_schedules(no_era, _trace(4, 1).assign(prompt_len=5000)) == {1: 0}

@@ -79,11 +79,12 @@ def test_search_holds_only_the_best_run_so_far(monkeypatch: pytest.MonkeyPatch) 
         def __del__(self) -> None:
             live[0] -= 1
 
-    def fake_run(args: object, best: float | None = None, work: object = None) -> RunOutput:
+    def fake_run(args: object, best: float | None = None,
+                 work: object = None) -> tuple[RunOutput, None]:
         live[0] += 1
         most[0] = max(most[0], live[0])
         summary = {"goodput_rps": next(goodputs), "slo_attainment_request": 0.5}
-        return _Run(pd.DataFrame(), pd.DataFrame(), summary, pd.DataFrame(), {}, {})
+        return _Run(pd.DataFrame(), pd.DataFrame(), summary, pd.DataFrame(), {}, {}), None
 
     monkeypatch.setattr(oracle_search, "_run", fake_run)
     grid = {"kv_plan": ["exact", "none"], "gamma": [0.25, 1.5]}
@@ -133,6 +134,15 @@ def test_cli_oracle_writes_best_run_and_search_table(tmp_path: Path,
     if not search_cfg["floor_won"]:
         assert search_cfg["best_params"]["gamma"] in (0.25, 1.5)
         assert (its["info_clairvoyant"] == 1.0).all()
+    # ERA's scope on a trace without long prompts: one schedule, simulated once unless asked
+    grid = '{"era_scope": ["prefill", "request"]}'
+    for flag, shared in (([], 1), (["--no-share"], 0)):
+        to = tmp_path / f"era{shared}"
+        assert main(["oracle", "--trace", str(trace), "--deployment", "opt-13b", "--out",
+                     str(to), "--grid", grid, *flag]) == 0
+        assert f"{shared} the schedule of one before them" in capsys.readouterr().out
+    assert (tmp_path / "era1" / "oracle_search.csv").read_bytes() == \
+        (tmp_path / "era0" / "oracle_search.csv").read_bytes()
 
 
 def test_cli_simulate_oracle_searches_and_is_never_below_accelgen(

@@ -26,6 +26,10 @@ def _configure(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
     ap.add_argument("--no-prune", action="store_true",
                     help="run every schedule to its end (by default one whose goodput can no "
                          "longer reach the best so far is stopped: the same best schedule)")
+    ap.add_argument("--no-share", action="store_true",
+                    help="simulate every schedule (by default one that is an earlier one's on "
+                         "this trace, differing only in ERA's scope where no request can be a "
+                         "long prompt, takes that one's row: the same table)")
     ap.add_argument("--no-progress", action="store_true")
     ap.set_defaults(func=run)
     return ap
@@ -53,7 +57,7 @@ def run(a: argparse.Namespace) -> int:
     res = search_to_dir(load_trace(a.trace), cfg, a.out, grid, metric=a.metric,
                         processes=a.processes, trace_path=str(a.trace),
                         progress=not a.no_progress, floor_run=a.floor_run,
-                        prune=not a.no_prune)
+                        prune=not a.no_prune, share=not a.no_share)
     print("\n".join(closing_lines(res, a.out)))
     return 0
 

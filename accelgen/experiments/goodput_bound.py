@@ -66,6 +66,10 @@ class CannotWin(Exception):
         self.now = now
         self.lost = lost
 
+    def __reduce__(self) -> tuple[type[CannotWin], tuple[float, float, int]]:
+        # (a search's processes send it back: an exception pickles its message alone)
+        return CannotWin, (self.bound, self.now, self.lost)
+
 
 def _block_sum(x: int, block_size: int) -> int:
     """sum(c // block_size for c in range(x + 1)) (0 for x < 0)."""
@@ -73,6 +77,30 @@ def _block_sum(x: int, block_size: int) -> int:
         return 0
     q, rem = divmod(x, block_size)
     return block_size * q * (q - 1) // 2 + q * (rem + 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """One check of a run (``GoodputBound``): the bound on its final goodput, the clock, the
+    requests lost by then."""
+
+    bound: float
+    now: float
+    lost: int
+
+
+def below(bound: float, best: float) -> bool:
+    """A run whose goodput is at most ``bound`` cannot beat ``best``."""
+    return bound < best * (1.0 - RELATIVE_SLACK)
+
+
+def first_stop(checks: Sequence[Checked], best: float) -> CannotWin | None:
+    """Where the run whose checks were ``checks`` stops when checked against ``best``: its
+    first check below it (None: it runs to its end, or to where ``checks`` end)."""
+    for c in checks:
+        if below(c.bound, best):
+            return CannotWin(c.bound, c.now, c.lost)
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +166,9 @@ class GoodputBound:
         self._arrived = 0  # requests (in arrival order) taken into ``_open``
         self._open: list[_Tracked] = []  # arrived, neither lost nor done and met
         self._lost_running: list[Request] = []  # lost, still to be served: their end extends
+        # Every check's bound, in order: they do not depend on ``best``, so the same run checked
+        # against another best stops at the first of them below it (``first_stop``).
+        self.checks: list[Checked] = []
 
     def bound(self, now: float, requests: Sequence[Request]) -> float:
         """Update the lost requests and the span to ``now``; the bound on the final goodput."""
@@ -199,7 +230,8 @@ class GoodputBound:
 
     def __call__(self, now: float, requests: Sequence[Request]) -> None:
         bound = self.bound(now, requests)
-        if bound < self.best * (1.0 - RELATIVE_SLACK):
+        self.checks.append(Checked(bound, now, self.lost))
+        if below(bound, self.best):
             raise CannotWin(bound, now, self.lost)
 
     @staticmethod

@@ -23,6 +23,13 @@ the one the full search finds; its row in ``oracle_search.csv`` says ``stopped``
 and the simulated time it stopped at, and has no other metrics. ``prune=False`` runs every
 candidate to its end.
 
+Points that make the same schedule on the trace are simulated once (``same_schedules``): where
+ERA never holds (off, or no request of the trace can be a long prompt: Alpaca's and ShareGPT's
+traces), points that differ only in ERA's scope decide alike at every step. The later point's
+row is the earlier run's, stopped where that run's checks first fall below the later point's bar
+(the bound does not depend on the bar): the table its own simulation would give. ``share=False``
+simulates every point.
+
 Command line (``accelgen.cli.oracle``; writes the best run as a normal results directory
 plus the search table)::
 
@@ -36,11 +43,17 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from accelgen.experiments.goodput_bound import CannotWin, GoodputBound, RemainingWork
+from accelgen.experiments.goodput_bound import (
+    CannotWin,
+    Checked,
+    GoodputBound,
+    RemainingWork,
+    first_stop,
+)
 from accelgen.policies.accelgen import AccelGenParams
 from accelgen.policies.accelgen.oracle import OracleParams
 from accelgen.results import RunOutput, StoredRun, dumps, outcome_counts
@@ -69,6 +82,8 @@ class SearchResult:
     table: pd.DataFrame  # one row per schedule: policy, params, summary metrics, best
     metric: str
     floor_won: bool  # no clairvoyant point beat AccelGen's own schedule
+    # grid point -> the earlier point whose schedule it is on this trace (``same_schedules``)
+    same_as: dict[int, int] = field(default_factory=dict)
 
     def best_label(self) -> str:
         """Which schedule won, for a closing line."""
@@ -85,6 +100,30 @@ def grid_points(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
         if not grid[k]:
             raise ValueError(f"oracle grid: no values for {k!r}")
     return [dict(zip(keys, vals, strict=True)) for vals in itertools.product(*grid.values())]
+
+
+def same_schedules(points: Sequence[Mapping[str, Any]], trace: pd.DataFrame) -> dict[int, int]:
+    """The grid points (merged with the base parameters) that make an earlier point's schedule
+    on ``trace``, by index, each to the first such point: they differ only in ERA's scope where
+    ERA never holds, because it is off or because no request of the trace can be a long prompt.
+    A prompt counts its generated tokens too when recomputed, so a request is never longer than
+    its prompt and output; ERA is taken only by a long prompt, and its scope is read only while
+    it is held (``era.holder``): the two decisions are the same at every step, diagnostics
+    included."""
+    longest = int((trace["prompt_len"] + trace["output_len"]).max()) if len(trace) else 0
+    first: dict[str, int] = {}
+    same: dict[int, int] = {}
+    for j, point in enumerate(points):
+        params = OracleParams(**point)
+        key = params.model_dump(mode="json")
+        if not params.era or longest < params.long_prompt_threshold:
+            del key["era_scope"]
+        text = dumps(key)
+        if text in first:
+            same[j] = first[text]
+        else:
+            first[text] = j
+    return same
 
 
 def base_params(cfg: ExperimentConfig) -> dict[str, Any]:
@@ -155,26 +194,30 @@ def remaining_work(trace: pd.DataFrame, cfg: ExperimentConfig) -> RemainingWork 
 
 
 def _run(args: tuple[pd.DataFrame, ExperimentConfig, str, dict[str, Any]],
-         best: float | None = None, work: RemainingWork | None = None) -> RunOutput | CannotWin:
+         best: float | None = None,
+         work: RemainingWork | None = None) -> tuple[RunOutput | CannotWin, list[Checked] | None]:
     """One schedule's simulation; with ``best``, stopped (its ``CannotWin``) once its goodput
-    cannot reach it (``work``: the bound's work still to do, ``remaining_work``)."""
+    cannot reach it (``work``: the bound's work still to do, ``remaining_work``); and its
+    checks (None without ``best``)."""
     from accelgen.core.specs import PolicySpec
     from accelgen.sim.runner import simulate
 
     trace, cfg, policy, params = args
     run_cfg = cfg.model_copy(update={"policy": PolicySpec(name=policy, params=params)})
     if best is None:
-        return simulate(trace, run_cfg)
+        return simulate(trace, run_cfg), None
+    bound = GoodputBound(best, work=work)
     try:
-        return simulate(trace, run_cfg, check=GoodputBound(best, work=work))
+        return simulate(trace, run_cfg, check=bound), bound.checks
     except CannotWin as stop:
-        return stop
+        return stop, bound.checks
 
 
 def search(trace: pd.DataFrame, cfg: ExperimentConfig,
            grid: Mapping[str, Sequence[Any]] | None = None, *, metric: str = "goodput_rps",
            processes: int = 1, progress: bool = False,
-           floor_run: StoredRun | None = None, prune: bool = True) -> SearchResult:
+           floor_run: StoredRun | None = None, prune: bool = True,
+           share: bool = True) -> SearchResult:
     """CLAIRVOYANT: simulate the Oracle at every grid point on ``trace`` (so the choice knows every
     arrival), and AccelGen's own schedule (the floor), and keep the best ``metric`` (ties: higher
     request-level SLO attainment, then the earlier schedule, the floor last). ``cfg`` gives the
@@ -182,7 +225,10 @@ def search(trace: pd.DataFrame, cfg: ExperimentConfig,
     base the grid overrides. ``progress``: a bar over the schedules. ``floor_run``: AccelGen's
     own run of ``trace`` (``read_floor``), which stands for the floor instead of simulating it
     again. ``prune`` (with ``metric`` goodput): stop a schedule once its goodput cannot reach
-    the best so far (module docstring); with ``processes`` > 1 the bar is the floor's."""
+    the best so far (module docstring); with ``processes`` > 1 the bar is the floor's.
+    ``share``: a point whose schedule is an earlier point's on ``trace`` (``same_schedules``) is
+    not simulated again; its row is that point's, stopped where that run's checks first fall
+    below the bar this point would have been checked against (the same row as its own run)."""
     import pandas as pd
 
     points = grid_points(DEFAULT_GRID if grid is None else grid)
@@ -190,13 +236,14 @@ def search(trace: pd.DataFrame, cfg: ExperimentConfig,
     jobs = [(trace, cfg, "oracle", {**base, **pt}) for pt in points]
     jobs.append((trace, cfg, FLOOR_POLICY, floor))
     to_run = jobs[:-1]
+    same = same_schedules([job[3] for job in to_run], trace) if share else {}
     bar = _progress(len(jobs) if floor_run is None else len(to_run)) if progress else None
     floor_out: RunOutput | StoredRun | None = floor_run
     if floor_out is None:
         # The floor first (never stopped: it is the search's fallback), so that its goodput is
         # the bar from the first candidate on, as when it is read from AccelGen's own run: the
         # same schedules stopped, the same table. Its row stays last.
-        first = _run(jobs[-1])
+        first, _ = _run(jobs[-1])
         assert not isinstance(first, CannotWin)
         floor_out = first
         if bar is not None:
@@ -234,16 +281,45 @@ def search(trace: pd.DataFrame, cfg: ExperimentConfig,
         known = [float(m) for m in values if m is not None and m == m]
         return max(known) if prune and known else None
 
+    checks: dict[int, list[Checked] | None] = {}  # per schedule simulated
+
+    def shared(j: int, best_bar: float | None) -> bool:
+        """Keep schedule ``j``'s row from the earlier run of its schedule, checked against
+        ``best_bar`` as its own run would be; False where those checks cannot say (that run
+        was not checked)."""
+        i = same[j]
+        if best_bar is None:  # (then no earlier bar either: that run went to its end)
+            stop = None
+        else:
+            earlier = checks.get(i)
+            if earlier is None:
+                return False
+            stop = first_stop(earlier, best_bar)
+        if stop is not None:
+            summaries.append({})
+            stops.append(stop)
+        else:
+            # (ran to its end against a lower bar: it does then against this one, and an equal
+            # score at a later index never wins)
+            assert stops[i] is None
+            summaries.append(dict(summaries[i]))
+            stops.append(None)
+        return True
+
     with (ProcessPoolExecutor(min(processes, len(to_run))) if processes > 1
           else contextlib.nullcontext()) as ex:
+        fixed_bar = bar_to_beat()
+        runs: Any = None
         if ex is not None:
-            runs: Any = ex.map(_run, to_run, itertools.repeat(bar_to_beat()),
-                               itertools.repeat(work))
-        else:
-            runs = (_run(job, bar_to_beat(), work) for job in to_run)
-        for run in runs:
-            keep(run)
-            del run  # (not held while the next one runs)
+            runs = ex.map(_run, [job for j, job in enumerate(to_run) if j not in same],
+                          itertools.repeat(fixed_bar), itertools.repeat(work))
+        for j, job in enumerate(to_run):
+            best_bar = fixed_bar if ex is not None else bar_to_beat()
+            if j not in same or not shared(j, best_bar):
+                run, checks[j] = next(runs) if j not in same and runs is not None else \
+                    _run(job, best_bar, work)
+                keep(run)
+                del run  # (not held while the next one runs)
             if bar is not None:
                 bar.update()
     if bar is not None:
@@ -269,21 +345,22 @@ def search(trace: pd.DataFrame, cfg: ExperimentConfig,
     floor_won = best == len(points)
     assert best_run is not None
     return SearchResult(floor if floor_won else points[best], best_run, table, metric,
-                        floor_won)
+                        floor_won, {j: i for j, i in same.items() if j not in checks})
 
 
 def search_to_dir(trace: pd.DataFrame, cfg: ExperimentConfig, out: Path | str,
                   grid: Mapping[str, Sequence[Any]] | None = None, *,
                   metric: str = "goodput_rps", processes: int = 1,
                   trace_path: str | None = None, progress: bool = False,
-                  floor_run: Path | str | None = None, prune: bool = True) -> SearchResult:
+                  floor_run: Path | str | None = None, prune: bool = True,
+                  share: bool = True) -> SearchResult:
     """Run ``search`` and write the best run like ``accelgen simulate`` does, plus
     ``oracle_search.csv`` (every schedule tried) in the same directory. ``floor_run``: the
     results directory of AccelGen's own run of the trace (``read_floor``; the same results as
     simulating the floor)."""
     floor = None if floor_run is None else read_floor(floor_run, cfg, trace_path)
     res = search(trace, cfg, grid, metric=metric, processes=processes, progress=progress,
-                 floor_run=floor, prune=prune)
+                 floor_run=floor, prune=prune, share=share)
     run = res.best
     run.summary["policy"] = "oracle"
     run.summary["clairvoyant"] = True
@@ -309,7 +386,8 @@ def closing_lines(res: SearchResult, out: Path | str) -> list[str]:
             f"{floor['goodput_rps']:.4g}); SLO attainment request "
             f"{s['slo_attainment_request']:.3f}; preemptions {s['num_preemptions']}",
             f"  results: {out} ({outcome_counts(s)}; every schedule in oracle_search.csv, "
-            f"{int(t['stopped'].sum())} stopped once they could not win)"]
+            f"{int(t['stopped'].sum())} stopped once they could not win, {len(res.same_as)} "
+            "the schedule of one before them on this trace, not simulated again)"]
 
 
 def _progress(total: int) -> Any:  # pragma: no cover - cosmetic
