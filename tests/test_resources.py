@@ -146,3 +146,49 @@ def test_the_paper_config_runs_under_snakemake_as_written() -> None:
                       for r in grid.runs())
 
     assert jobs(merged) == jobs(alone)
+
+
+def test_a_workload_measured_on_its_own_prices_its_jobs_from_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job on a workload measured on its own costs what was measured there (scaled by
+    requests, the fixed part not); a policy not measured there its paper-trace price times a
+    measured policy's ratio (AccelGen's for its family, else the mean); an Oracle search the
+    same with its stopped candidates; a workload not measured is priced as before."""
+    from accelgen.pipeline import resources as res
+
+    monkeypatch.setattr(res, "WORKLOAD_MEASURED", {("w", "accelgen"): 42.0, ("w", "vllm"): 11.0,
+                                                   ("w", "oracle"): 300.0})
+    fixed = res.fixed_seconds("accelgen")
+    assert res.workload_seconds("w", "accelgen", 20000, 1) == pytest.approx(42.0)
+    assert res.workload_seconds("w", "accelgen/order", 10000, 1) == pytest.approx(
+        fixed + (42.0 - fixed) / 2)
+    assert res.workload_seconds("w", "oracle", 20000, res.ORACLE_SEARCH_POINTS) == \
+        pytest.approx(300.0)
+    ratio = (42.0 - fixed) / (sim_seconds("accelgen", REFERENCE_REQUESTS) - res.STARTUP_S)
+    two_points = res.workload_seconds("w", "oracle", 20000, 2)
+    assert two_points == pytest.approx(fixed + (sim_seconds("oracle", 20000, 2) - res.STARTUP_S)
+                                       * ratio * res.oracle_pruned_fraction())
+    vllm_ratio = (11.0 - res.fixed_seconds("vllm")) / (
+        sim_seconds("vllm", REFERENCE_REQUESTS) - res.STARTUP_S)
+    sarathi = res.workload_seconds("w", "sarathi", 20000, 1)
+    assert sarathi == pytest.approx(res.fixed_seconds("sarathi") + (
+        sim_seconds("sarathi", REFERENCE_REQUESTS) - res.STARTUP_S) * (ratio + vllm_ratio) / 2)
+    assert res.workload_seconds("other", "accelgen", 20000, 1) is None
+
+
+def test_a_noisy_capacity_job_of_accelgen_costs_what_noisy_jobs_measured() -> None:
+    """Under noise the closed loop never rests (priced from its noisy jobs, above its noiseless
+    price at low load); a policy not measured under noise is priced as without it, unscaled."""
+    from accelgen.pipeline import resources as res
+
+    lf = 0.03125
+    for policy, table in res.NOISY_CAPACITY_MEASURED.items():
+        measured = dict(table)[lf]
+        assert res.capacity_seconds(policy, 1000, lf, noisy=True) == pytest.approx(measured)
+    closed = res.capacity_seconds("accelgen-closed", 1000, lf, noisy=True)
+    assert closed is not None and closed > res.capacity_seconds("accelgen-closed", 1000, lf)
+    assert "vllm" not in res.NOISY_CAPACITY_MEASURED
+    assert res.capacity_seconds("vllm", 1000, lf, noisy=True) == pytest.approx(
+        res.fixed_seconds("vllm") + res._interpolated(
+            tuple((x, t - res.fixed_seconds("vllm")) for x, t in res.CAPACITY_MEASURED["vllm"]),
+            lf))

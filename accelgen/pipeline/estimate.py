@@ -96,7 +96,10 @@ def estimate_measured(config: ConfigFiles, cores: int = 2, warm: bool = False) -
         CAPACITY_MEASURED_ON,
         MEASURED,
         MEASURED_ON,
+        NOISY_CAPACITY_MEASURED_ON,
         ORACLE_SEARCH_MEASURED,
+        WORKLOAD_MEASURED,
+        WORKLOAD_MEASURED_ON,
         base_policy,
         job_seconds,
         oracle_pruned_fraction,
@@ -130,8 +133,10 @@ def estimate_measured(config: ConfigFiles, cores: int = 2, warm: bool = False) -
              f"the capacity sweep's jobs from jobs measured per policy and load factor "
              f"({CAPACITY_MEASURED_ON}); the Oracle's searches of full-size traces at "
              f"{oracle_pruned_fraction():.2f}x their unpruned price, as "
-             f"{len(ORACLE_SEARCH_MEASURED)} searches measured with candidates stopped "
-             f"(ORACLE_SEARCH_MEASURED)"]
+             f"{len(ORACLE_SEARCH_MEASURED)} search(es) measured with candidates stopped "
+             f"(ORACLE_SEARCH_MEASURED); the single-dataset workloads' jobs from "
+             f"{len(WORKLOAD_MEASURED)} jobs measured on them ({WORKLOAD_MEASURED_ON}); "
+             f"AccelGen's capacity jobs under noise from noisy jobs ({NOISY_CAPACITY_MEASURED_ON})"]
     if unmeasured:
         lines.append(f"  not measured, priced as the slowest measured policy: {', '.join(unmeasured)}")
     lines.append("by figure (experiment):")

@@ -24,10 +24,10 @@ if TYPE_CHECKING:
     from accelgen.pipeline.grid import Grid, Run
 
 REFERENCE_REQUESTS = 20_000
-MEASURED_ON = ("scripts/bench_sim.py --traces paper bursty, every policy in one session, "
-               "2026-11-25, 2-core development VM, build 74eb80c (load 1.0 before and after); "
-               "vllm, sarathi, fastgen and vllm-priority rescaled by side-by-side runs of later builds, "
-               "2026-11-27; accelgen re-measured on build 16e56c4, 2026-11-28")
+MEASURED_ON = ("scripts/measure_jobs.py config/paper.yaml --only base --per-policy --sample 1 "
+               "--deployments opt-13b --seeds 0 on build 48488e4, 2026-11-28, for vllm, sarathi, "
+               "fastgen, fastserve, orca and accelgen; the others from scripts/bench_sim.py "
+               "--traces paper bursty, every policy in one session, 2026-11-25, build 74eb80c")
 STARTUP_S = 3.0  # interpreter, imports, trace load: not scaled
 BASE_MB = 250.0  # the process before the run (interpreter, numpy, pandas, pyarrow)
 
@@ -44,36 +44,29 @@ class JobCost:
 # search (the Oracle's policy at one parameter setting); a search costs points + 1 of them.
 MEASURED: dict[str, JobCost] = {
     # peak RSS in MiB (ru_maxrss)
-    # vLLM, Sarathi-Serve and FastGen: the session's 45.4, 49.6 and 52.9 s, their simulation
-    # part (net of the start-up) scaled by this build's ratio to the build before their
-    # after-decodes shortcut (issue 42), measured side by side on the paper trace, alternating,
-    # byte-identical results, 2026-11-27: vLLM by CPU time of `simulate_to_dir`, medians of
-    # three pairs, 37.8 / 74.1 s (load 2.7-2.9); Sarathi-Serve by the simulation loop's wall
-    # time, medians of three pairs (`bench_sim.py --traces paper --policies vllm sarathi
-    # --checkout`, load 2.9-3.7), 37.8 / 136.8 s; FastGen by CPU time, one pair, 43.5 / 80.2 s.
-    # vLLM re-measured on the build that counts the decodes' new blocks in the simulator
-    # (Policy.after_decodes_while_blocks_fit), the same way against the same older build:
-    # 33.34 / 74.58 s (pairs 33.34/70.82, 35.34/74.58, 31.30/85.92; load 1.0-1.4).
-    "vllm": JobCost(seconds=STARTUP_S + (45.4 - STARTUP_S) * 33.34 / 74.58, rss_mb=909.0),
+    # vLLM, Sarathi-Serve, FastGen, FastServe, Orca and AccelGen re-measured on build 48488e4
+    # as the pipeline runs their jobs (the paper workload's 20K-request trace on OPT-13B, seed
+    # 0: `scripts/measure_jobs.py config/paper.yaml --only base --per-policy --sample 1
+    # --systems vllm orca fastgen sarathi fastserve accelgen --deployments opt-13b --seeds 0`,
+    # 2026-11-28, beside one other job): CPU seconds of the job net of its measured fixed part
+    # (FIXED_S), plus STARTUP_S as for the others. Peak memory as measured on 2026-11-25.
+    "vllm": JobCost(seconds=STARTUP_S + 20.46 - 1.0, rss_mb=909.0),
     "vllm-v0": JobCost(seconds=46.3, rss_mb=920.0),
-    "sarathi": JobCost(seconds=STARTUP_S + (49.6 - STARTUP_S) * 37.8 / 136.8, rss_mb=902.0),
+    "sarathi": JobCost(seconds=STARTUP_S + 21.81 - 1.0, rss_mb=902.0),
     # Sarathi-Serve in slack order is asked at every iteration (no after-decodes shortcut):
-    # Sarathi's cost before it.
+    # Sarathi's cost before it (2026-11-25).
     "sarathi-slack": JobCost(seconds=49.6, rss_mb=902.0),
-    "fastgen": JobCost(seconds=STARTUP_S + (52.9 - STARTUP_S) * 43.5 / 80.2, rss_mb=878.0),
-    "fastserve": JobCost(seconds=80.5, rss_mb=935.0),
-    "edf": JobCost(seconds=85.5, rss_mb=918.0),
-    "orca": JobCost(seconds=68.0, rss_mb=1590.0),  # 16.9 M iterations (batches of 8)
-    "oracle": JobCost(seconds=91.1, rss_mb=1353.0),  # one point of a search
-    # AccelGen re-measured on the build with exact plans and the closed loop, by CPU time of the
-    # whole process on the paper trace, quiet host (load 1.0-1.5), 2026-11-28 (`bench_sim.py
-    # --traces paper --policies accelgen --checkout <660746d>`: 81.8 s, the build before it
-    # 101.0 s; under load 100.8-119.6 s). It was 59.9 s on the host of 2026-11-25.
-    "accelgen": JobCost(seconds=81.8, rss_mb=1201.0),
-    # Not a paper-trace run: vllm's cost scaled by the CPU-time ratio of the two side by side
-    # (quick 500-request trace at 8 req/s, three alternating runs each, medians net of the
-    # 1.46 s start-up: 3.28 s / 2.86 s = 1.15), peak memory as vllm's; then its after-decodes
-    # shortcut, by CPU time side by side on the paper trace (one pair, 39.6 / 79.6 s, issue 42).
+    "fastgen": JobCost(seconds=STARTUP_S + 26.95 - 1.0, rss_mb=878.0),
+    "fastserve": JobCost(seconds=STARTUP_S + 141.0 - 1.0, rss_mb=935.0),
+    "edf": JobCost(seconds=85.5, rss_mb=918.0),  # (2026-11-25)
+    "orca": JobCost(seconds=STARTUP_S + 56.68 - 1.0, rss_mb=1590.0),  # batches of 8
+    "oracle": JobCost(seconds=91.1, rss_mb=1353.0),  # one point of a search (2026-11-25)
+    "accelgen": JobCost(seconds=STARTUP_S + 88.96 - 2.0, rss_mb=1201.0),
+    # Not a paper-trace run: vllm's cost (2026-11-25: 45.4 s) scaled by the CPU-time ratio of
+    # the two side by side (quick 500-request trace at 8 req/s, three alternating runs each,
+    # medians net of the 1.46 s start-up: 3.28 s / 2.86 s = 1.15), peak memory as vllm's; then
+    # its after-decodes shortcut, by CPU time side by side on the paper trace (one pair, 39.6 /
+    # 79.6 s, issue 42).
     "vllm-priority": JobCost(seconds=3.0 + 1.15 * (45.4 - 3.0) * 39.6 / 79.6, rss_mb=909.0),
 }
 SCENARIO_REQUESTS = 100  # a fixed scenario (figure 6's ERA case and the like) is this small
@@ -129,22 +122,91 @@ CAPACITY_ORACLE_POINTS = 2
 # (``experiments.goodput_bound``, with the work still to do). Whole jobs measured as the pipeline
 # runs them (the default 12-point grid, the floor read; `scripts/measure_jobs.py
 # config/paper.yaml --only VARIANT --systems oracle --deployments DEP --seeds 0 --sample 1`,
-# 2026-11-28): (variant, deployment) -> CPU seconds of the job, on build 5f5630d (the asking
-# runs' first form) beside another job and tests; on 5dbac87, beside one other job, 682.5 and
-# 841.3 s. Their variable part over the unpruned price's (``sim_seconds``) prices every search of
-# a full-size trace.
+# 2026-11-28, build 48488e4, beside one other job): (variant, deployment) -> CPU seconds of the
+# job. Their variable part over the unpruned price's (``sim_seconds``) prices every search of a
+# full-size trace of a workload not measured on its own (``WORKLOAD_MEASURED``).
 ORACLE_SEARCH_MEASURED: dict[tuple[str, str], float] = {
-    ("base", "opt-13b"): 730.2,  # 7 of 12 candidates stopped
-    ("base-only-alpaca", "opt-13b"): 883.6,  # 10 of 12 stopped
+    ("base", "opt-13b"): 617.0,  # 7 of 12 candidates stopped
 }
 ORACLE_SEARCH_POINTS = 12  # (with the floor read: 12 simulations unpruned)
 
 
 def oracle_pruned_fraction() -> float:
-    """The measured searches' variable CPU time over their unpruned price (mean)."""
+    """The measured searches' variable CPU time over their unpruned price (mean), for a search
+    of a workload not measured (``WORKLOAD_MEASURED``)."""
     full = sim_seconds("oracle", REFERENCE_REQUESTS, ORACLE_SEARCH_POINTS) - STARTUP_S
     return sum((t - STARTUP_S) / full for t in ORACLE_SEARCH_MEASURED.values()) / len(
         ORACLE_SEARCH_MEASURED)
+
+
+# A workload variant whose requests differ from the paper trace's mix costs what its own traces
+# do: the datasets figure's single-dataset traces (Alpaca's and ShareGPT's requests are short,
+# BookCorpus's long). Its 20K-request jobs measured as the pipeline runs them, on OPT-13B, seed
+# 0 (the only deployment the datasets figure runs; WORKLOAD_MEASURED_ON), CPU seconds of the job
+# (the Oracle: its search, the floor read): (variant, policy) -> seconds.
+WORKLOAD_MEASURED_ON = ("scripts/measure_jobs.py config/paper.yaml --only base-only --per-policy "
+                        "--sample 3 --systems vllm orca fastgen sarathi fastserve accelgen "
+                        "--deployments opt-13b --seeds 0, and --only base-only-VARIANT --systems "
+                        "oracle ... --sample 1, 2026-11-28, 2-core development VM, build 48488e4, "
+                        "two jobs at a time")
+WORKLOAD_MEASURED: dict[tuple[str, str], float] = {
+    ("base-only-alpaca", "accelgen"): 16.18,
+    ("base-only-alpaca", "fastgen"): 13.52,
+    ("base-only-alpaca", "fastserve"): 22.88,
+    ("base-only-alpaca", "orca"): 25.87,
+    ("base-only-alpaca", "sarathi"): 10.45,
+    ("base-only-alpaca", "vllm"): 10.21,
+    ("base-only-alpaca", "oracle"): 463.32,  # 6 of its 12 points the schedule of an earlier one
+    ("base-only-bookcorpus", "accelgen"): 185.93,
+    ("base-only-bookcorpus", "fastgen"): 52.24,
+    ("base-only-bookcorpus", "fastserve"): 244.33,
+    ("base-only-bookcorpus", "orca"): 107.13,
+    ("base-only-bookcorpus", "sarathi"): 46.99,
+    ("base-only-bookcorpus", "vllm"): 43.47,
+    ("base-only-sharegpt", "accelgen"): 39.51,
+    ("base-only-sharegpt", "fastgen"): 14.76,
+    ("base-only-sharegpt", "fastserve"): 40.81,
+    ("base-only-sharegpt", "orca"): 34.19,
+    ("base-only-sharegpt", "sarathi"): 11.24,
+    ("base-only-sharegpt", "vllm"): 10.81,
+    ("base-only-sharegpt", "oracle"): 160.14,
+}
+ACCELGEN_FAMILY = ("accelgen", "accelgen-closed", "oracle")
+
+
+def _workload_ratio(variant: str, policy: str) -> float | None:
+    """A policy's variable CPU time on ``variant``'s jobs over its paper-trace price: measured,
+    else AccelGen's for AccelGen's family, else the mean of the policies measured there (None:
+    none was)."""
+    ratios = {p: (t - fixed_seconds(p)) / (sim_seconds(p, REFERENCE_REQUESTS) - STARTUP_S)
+              for (v, p), t in WORKLOAD_MEASURED.items() if v == variant and p != "oracle"}
+    if not ratios:
+        return None
+    if policy in ratios:
+        return ratios[policy]
+    if policy in ACCELGEN_FAMILY and "accelgen" in ratios:
+        return ratios["accelgen"]
+    return sum(ratios.values()) / len(ratios)
+
+
+def workload_seconds(variant: str, policy: str, num_requests: int, search_points: int,
+                     warm: bool = False) -> float | None:
+    """CPU seconds of a job of ``policy`` on workload ``variant`` from the jobs measured on it
+    (``WORKLOAD_MEASURED``): its own, scaled by requests, else its paper-trace price (an
+    Oracle search's stopped candidates as ``oracle_pruned_fraction``) times
+    ``_workload_ratio``; None where the variant was not measured."""
+    base = base_policy(policy)
+    ratio = _workload_ratio(variant, base)
+    if ratio is None:
+        return None
+    measured = WORKLOAD_MEASURED.get((variant, base))
+    if measured is not None and (base != "oracle" or search_points == ORACLE_SEARCH_POINTS):
+        var = measured - fixed_seconds(policy)
+    else:
+        var = (sim_seconds(policy, REFERENCE_REQUESTS, search_points) - STARTUP_S) * ratio
+        if base == "oracle" and search_points > 1:
+            var *= oracle_pruned_fraction()
+    return fixed_seconds(policy, warm) + var * num_requests / REFERENCE_REQUESTS
 
 
 # Open-loop AccelGen (its ablations too) and the Oracle, without noise, take their redecided
@@ -212,6 +274,26 @@ def fixed_seconds(policy: str, warm: bool = False) -> float:
                    else "other"]
 
 
+# Under per-step noise (figure 18's systems) AccelGen's jobs cost what noisy jobs measured:
+# the closed loop never rests (every step corrects its model and margin, asked one at a time),
+# the open loop takes the decided runs as without noise. Whole jobs measured as the pipeline
+# runs them (`scripts/measure_jobs.py config/paper.yaml --only capacity --systems
+# accelgen-noiseL accelgen-closed-noiseL ... --per-policy --sample N`, noise 5, 10 and 20 %, the
+# four KV-auto deployments, 2026-11-28, build 48488e4, beside another job): policy -> ((load
+# factor, CPU seconds), ...), several jobs at one load factor: their mean.
+NOISY_CAPACITY_MEASURED_ON = ("scripts/measure_jobs.py config/paper.yaml --only capacity --systems "
+                              "accelgen-noise{5,10,20} accelgen-closed-noise{5,10,20} (21 jobs), "
+                              "2026-11-28, build 48488e4")
+NOISY_CAPACITY_MEASURED: dict[str, tuple[tuple[float, float], ...]] = {
+    # noise 10 at 1/32, 1/4, 1/2 and 1; 5 and 20 at 1/32, 1/16 and 2
+    "accelgen": ((0.03125, 8.38), (0.0625, 8.92), (0.25, 7.05), (0.5, 7.32), (1.0, 5.86),
+                 (2.0, 7.54)),
+    # noise 10 and 20 at 1/32, 1/16, 1/2 and 1; 5 at 1/32, 1/16 and 2
+    "accelgen-closed": ((0.03125, 33.77), (0.0625, 29.05), (0.5, 10.73), (1.0, 14.67),
+                        (2.0, 12.01)),
+}
+
+
 def capacity_seconds(policy: str, num_requests: int, load_factor: float,
                      search_points: int = 1, warm: bool = False,
                      noisy: bool = False) -> float | None:
@@ -219,9 +301,11 @@ def capacity_seconds(policy: str, num_requests: int, load_factor: float,
     policy was not measured there): the measured jobs interpolated in log(load factor), held at
     the ends, net of the fixed part scaled by requests (and by search points for the Oracle),
     and by ``ASKING_RUN_SCALE``, ``DECIDED_RUN_SCALE`` and ``REPEAT_RUN_SCALE`` where the job
-    takes those runs (not ``noisy``);
+    takes those runs (not ``noisy``; a noisy job of a policy measured under noise from
+    ``NOISY_CAPACITY_MEASURED``);
     ``warm``: with the fixed part of a job forked by ``accelgen warm``."""
-    pts = CAPACITY_MEASURED.get(policy) or CAPACITY_MEASURED.get(base_policy(policy))
+    noisy_pts = NOISY_CAPACITY_MEASURED.get(policy) if noisy else None
+    pts = noisy_pts or CAPACITY_MEASURED.get(policy) or CAPACITY_MEASURED.get(base_policy(policy))
     if not pts:
         return None
     fixed = fixed_seconds(policy)
@@ -260,6 +344,9 @@ def job_seconds(grid: Grid, run: Run, warm: bool = False) -> float:
                              noisy=bool(grid.noise_level.get(run.system)))
         if t is not None:
             return t
+    t_workload = workload_seconds(run.variant, policy, n, points, warm)
+    if t_workload is not None:
+        return t_workload
     t = sim_seconds(policy, n, points, warm)
     if base_policy(policy) == "oracle" and points > 1:  # (a search stops candidates)
         fixed = WARM_FIXED_S if warm else STARTUP_S
