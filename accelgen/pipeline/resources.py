@@ -163,6 +163,7 @@ WORKLOAD_MEASURED: dict[tuple[str, str], float] = {
     ("base-only-bookcorpus", "orca"): 107.13,
     ("base-only-bookcorpus", "sarathi"): 46.99,
     ("base-only-bookcorpus", "vllm"): 43.47,
+    ("base-only-bookcorpus", "oracle"): 1292.04,
     ("base-only-sharegpt", "accelgen"): 39.51,
     ("base-only-sharegpt", "fastgen"): 14.76,
     ("base-only-sharegpt", "fastserve"): 40.81,
