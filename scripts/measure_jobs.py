@@ -24,28 +24,30 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import resource
 import statistics
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 
-def _cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
+class Measured(NamedTuple):
+    cpu_s: float  # user + system
+    rss_mb: float  # peak resident memory
 
 
-def _run(cmd: list[str], log: Path, tree: Path | None = None) -> float:
-    """CPU seconds (user + system) of one command, its output in ``log``; with ``tree``, on
-    that source tree (``python -m`` puts the working directory first on the path, so the
-    command runs there too)."""
+def _run(cmd: list[str], log: Path, tree: Path | None = None) -> Measured:
+    """CPU seconds (user + system) and peak memory of one command, its output in ``log``; with
+    ``tree``, on that source tree (``python -m`` puts the working directory first on the path,
+    so the command runs there too)."""
     env = None if tree is None else {**os.environ, "PYTHONPATH": str(tree)}
-    before = _cpu()
     with open(log, "w") as fh:
-        subprocess.run(cmd, check=True, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=tree)
-    return _cpu() - before
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=tree)
+        _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, cmd)
+    return Measured(usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024)  # (KiB on Linux)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from accelgen.pipeline.estimate import load_grid
     from accelgen.pipeline.grid import Run
-    from accelgen.pipeline.resources import base_policy, job_seconds, run_job
+    from accelgen.pipeline.resources import base_policy, job_resources, job_seconds, run_job
 
     grid, names = load_grid(a.config)
     py = sys.executable
@@ -105,8 +107,9 @@ def main(argv: list[str] | None = None) -> int:
             traces[key] = out
         return traces[key]
 
-    def simulate(run: Run, trace_file: Path, tag: str, tree: Path | None = None) -> float:
-        """CPU seconds of the run's job (on ``tree``'s sources when given); an Oracle search
+    def simulate(run: Run, trace_file: Path, tag: str, tree: Path | None = None) -> Measured:
+        """CPU seconds and peak memory of the run's job (on ``tree``'s sources when given); an
+        Oracle search
         reads its floor (AccelGen's own run, simulated first and not counted) as the
         pipeline's does."""
         v, d, s, sd = run.variant, run.deployment, run.system, run.seed
@@ -141,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             and (a.deployments is None or r.deployment in a.deployments)
             and (a.seeds is None or r.seed in a.seeds)]
     if a.per_policy:
-        by_policy: dict[str, list[object]] = {}
+        by_policy: dict[str, list[Run]] = {}
         for r in runs:
             by_policy.setdefault(base_policy(run_job(grid, r.variant, r.system)[0]), []).append(r)
         sample = [r for rs in by_policy.values()
@@ -156,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     first = sample[0]
     one = work / "one.parquet"
     pd.read_parquet(trace(first.variant, first.deployment, first.seed)).head(1).to_parquet(one)
-    fixed = [simulate(first, one, f"startup{i}") for i in range(a.startup_repeats)]
+    fixed = [simulate(first, one, f"startup{i}").cpu_s for i in range(a.startup_repeats)]
     print(f"fixed part ({first.system}, 1 request): CPU s {', '.join(f'{x:.2f}' for x in fixed)}"
           f" (median {statistics.median(fixed):.2f})")
     checkout = a.checkout.resolve() if a.checkout is not None else None
@@ -165,19 +168,24 @@ def main(argv: list[str] | None = None) -> int:
                              names)
 
     tot_m = tot_e = 0.0
+    over = 0  # jobs whose peak memory exceeded their SLURM mem_mb
     print(f"{'variant':28s} {'deployment':16s} {'system':22s} {'policy':16s} {'n':>6s} "
-          f"{'pts':>3s} {'load':>9s} {'cpu_s':>8s} {'est_s':>8s}")
+          f"{'pts':>3s} {'load':>9s} {'cpu_s':>8s} {'est_s':>8s} {'rss_mb':>7s} {'mem_mb':>7s}")
     for r in sample:
         tf = trace(r.variant, r.deployment, r.seed)
-        cpu = simulate(r, tf, "job")
+        got = simulate(r, tf, "job")
         policy, n, pts = run_job(grid, r.variant, r.system, r.deployment, r.seed)
         est = job_seconds(grid, r)
-        tot_m += cpu
+        mem = job_resources(grid, r.variant, r.system, r.deployment, r.seed)["mem_mb"]
+        over += got.rss_mb > mem
+        tot_m += got.cpu_s
         tot_e += est
         print(f"{r.variant:28s} {r.deployment:16s} {r.system:22s} {policy:16s} {n:6d} {pts:3d} "
-              f"{load_factor.get(r, math.nan):9.4g} {cpu:8.2f} {est:8.2f}", flush=True)
+              f"{load_factor.get(r, math.nan):9.4g} {got.cpu_s:8.2f} {est:8.2f} "
+              f"{got.rss_mb:7.0f} {mem:7d}", flush=True)
     print(f"measure_jobs: {names}: {len(sample)} of {len(runs)} simulation jobs measured "
-          f"{tot_m:.1f} CPU s, the estimate {tot_e:.1f} s ({tot_e / tot_m - 1:+.0%} of measured)")
+          f"{tot_m:.1f} CPU s, the estimate {tot_e:.1f} s ({tot_e / tot_m - 1:+.0%} of measured); "
+          f"{over} above their SLURM mem_mb")
     return 0
 
 
@@ -195,8 +203,8 @@ def _side_by_side(sample: list[Any], checkout: Path, trace: Any, simulate: Any,
     for i, r in enumerate(sample):
         tf = trace(r.variant, r.deployment, r.seed)
         order = [("this", here), ("other", checkout)]
-        cpu = {tag: simulate(r, tf, tag, tree) for tag, tree in (order if i % 2 == 0
-                                                                 else order[::-1])}
+        cpu = {tag: simulate(r, tf, tag, tree).cpu_s for tag, tree in (order if i % 2 == 0
+                                                                       else order[::-1])}
         same = same_results(r, "this", "other")
         differ += not same
         tot_this += cpu["this"]
