@@ -6,7 +6,8 @@ the CPU time of the simulation command on a 1-request trace (interpreter, import
     python scripts/measure_jobs.py config/paper.yaml --sample 24 --work /tmp/jobs
     python scripts/measure_jobs.py config/paper.yaml config/paper-scaled.yaml --sample 24
 
-Prints one line per job (policy, requests, measured CPU s, estimated s) and the totals; the
+Prints one line per job (policy, requests, measured CPU s, estimated s, peak memory and the
+SLURM mem_mb it would get) and the totals; the
 sample is every ``len(runs) / sample``-th run of the grid in its order, over all experiments.
 Synthetic workloads and built-in deployments only (no downloads, no profile stage).
 
