@@ -207,3 +207,5 @@ def test_a_job_of_longer_requests_or_a_search_gets_the_memory_it_holds() -> None
     search = res.sim_mem_mb("oracle", 20000, "base", 12)
     assert search >= 1.5 * (res.BASE_MB + 3 * (res.MEASURED["oracle"].rss_mb - res.BASE_MB))
     assert search > one == res.sim_mem_mb("oracle", 20000)
+    # (two points and the floor beside them: three runs too)
+    assert res.sim_mem_mb("oracle", 20000, "base", 2) == search

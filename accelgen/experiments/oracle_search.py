@@ -315,9 +315,10 @@ def search(trace: pd.DataFrame, cfg: ExperimentConfig,
                           itertools.repeat(fixed_bar), itertools.repeat(work))
         for j, job in enumerate(to_run):
             best_bar = fixed_bar if ex is not None else bar_to_beat()
-            if j not in same or not shared(j, best_bar):
-                run, checks[j] = next(runs) if j not in same and runs is not None else \
-                    _run(job, best_bar, work)
+            if not (j in same and shared(j, best_bar)):
+                # (a shared point its row cannot come from was not handed to the processes)
+                submitted = runs is not None and j not in same
+                run, checks[j] = next(runs) if submitted else _run(job, best_bar, work)
                 keep(run)
                 del run  # (not held while the next one runs)
             if bar is not None:

@@ -90,6 +90,7 @@ CAPACITY_REQUESTS = 1000
 # The fixed part of a job (a 1-request trace: interpreter, imports, the AccelGen kernels' load,
 # results written), measured the same way: not scaled by requests.
 FIXED_S = {"accelgen": 2.0, "other": 1.0}
+ACCELGEN_FAMILY = ("accelgen", "accelgen-closed", "oracle")  # (base policies: they load kernels)
 # Under ``accelgen warm`` (a job forked from a server that has imported everything and loaded
 # AccelGen's kernels) the fixed part is what the fork itself uses: the same 1-request command,
 # 20 forks (accelgen, vllm, sarathi, edf; `accelgen warm --jobs-log`, 2026-11-28, this VM):
@@ -172,9 +173,6 @@ WORKLOAD_MEASURED: dict[tuple[str, str], float] = {
     ("base-only-sharegpt", "vllm"): 10.81,
     ("base-only-sharegpt", "oracle"): 160.14,
 }
-ACCELGEN_FAMILY = ("accelgen", "accelgen-closed", "oracle")
-
-
 def _workload_ratio(variant: str, policy: str) -> float | None:
     """A policy's variable CPU time on ``variant``'s jobs over its paper-trace price: measured,
     else AccelGen's for AccelGen's family, else the mean of the policies measured there (None:
@@ -271,8 +269,7 @@ def fixed_seconds(policy: str, warm: bool = False) -> float:
     compiled kernels; ``warm``: a job forked by ``accelgen warm``)."""
     if warm:
         return WARM_FIXED_S
-    return FIXED_S["accelgen" if base_policy(policy) in ("accelgen", "accelgen-closed", "oracle")
-                   else "other"]
+    return FIXED_S["accelgen" if base_policy(policy) in ACCELGEN_FAMILY else "other"]
 
 
 # Under per-step noise (figure 18's systems) AccelGen's jobs cost what noisy jobs measured:
@@ -402,7 +399,7 @@ def sim_mem_mb(policy: str, num_requests: int, variant: str | None = None,
     ``variant``'s requests, ``WORKLOAD_MEMORY_SCALE``; an Oracle search of several points holds
     ``SEARCH_RUNS_HELD`` runs), plus half again, in steps of 500 MB, at least 1000 MB."""
     cost = job_cost(policy)
-    runs = min(search_points, SEARCH_RUNS_HELD) if base_policy(policy) == "oracle" else 1
+    runs = SEARCH_RUNS_HELD if base_policy(policy) == "oracle" and search_points > 1 else 1
     scale = num_requests / REFERENCE_REQUESTS * WORKLOAD_MEMORY_SCALE.get(variant or "", 1.0)
     peak = BASE_MB + max(cost.rss_mb - BASE_MB, 0.0) * scale * runs
     return max(1000, math.ceil(1.5 * peak / 500.0) * 500)
