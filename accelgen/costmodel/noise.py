@@ -43,6 +43,25 @@ MIN_STALLS = 5  # fewer stalls than this in the replays: no stall distribution f
 STALL_QUANTILES = 101  # the stalls' quantiles (every 1 %)
 
 
+# exp by range reduction and a polynomial, in numpy's elementwise + and x only: numpy's own
+# float64 exp has an AVX-512 implementation whose last bits differ from the one other hosts run,
+# and a step error one bit apart can change a schedule, so draws would depend on the host.
+_LN2_HI = 6.93147180369123816490e-01  # (ln 2 split so that k x _LN2_HI is exact)
+_LN2_LO = 1.90821492927058770002e-10
+_EXP_TERMS = tuple(1.0 / math.factorial(i) for i in range(14))  # |r| <= ln2 / 2: < 1e-17
+
+
+def portable_exp(x: np.ndarray | float) -> np.ndarray:
+    """``exp(x)`` within about an ulp, bit for bit the same on every host (no SIMD libm)."""
+    x = np.asarray(x, dtype=np.float64)
+    k = np.rint(x / math.log(2.0))
+    r = (x - k * _LN2_HI) - k * _LN2_LO
+    p = np.full_like(r, _EXP_TERMS[-1])
+    for c in _EXP_TERMS[-2::-1]:
+        p = p * r + c
+    return np.ldexp(p, k.astype(np.int64))
+
+
 def _generator(seed: int) -> np.random.Generator:
     # A stream of its own: never the one a policy or a workload draws from with the same seed.
     return np.random.default_rng([seed, 0x4E015E])
@@ -59,8 +78,8 @@ class StepNoise:
             raise ValueError("noise kind 'none' draws nothing")
         self.spec = spec
         self._rng = _generator(spec.seed if spec.seed is not None else seed)
-        self.run_factor = float(math.exp(spec.run_mu + spec.run_sigma
-                                         * float(self._rng.standard_normal())))
+        self.run_factor = float(portable_exp(spec.run_mu + spec.run_sigma
+                                             * float(self._rng.standard_normal())))
         # The phase before the first step: a draw from its stationary law, N(0, 1). (Nothing is
         # drawn without a phase: the independent draws stay those of a spec without one.)
         self._phase = float(self._rng.standard_normal()) if spec.phase_share > 0 else 0.0
@@ -86,10 +105,10 @@ class StepNoise:
             from scipy.special import ndtr
 
             z = self._scores(n)
-            err = (np.exp(spec.step_mu + spec.step_sigma * z) if spec.kind == "lognormal"
+            err = (portable_exp(spec.step_mu + spec.step_sigma * z) if spec.kind == "lognormal"
                    else np.interp(ndtr(z), self._probs, self._q))
         elif spec.kind == "lognormal":
-            err = np.exp(spec.step_mu + spec.step_sigma * self._rng.standard_normal(n))
+            err = portable_exp(spec.step_mu + spec.step_sigma * self._rng.standard_normal(n))
         else:
             err = np.interp(self._rng.random(n), self._probs, self._q)
         return err * self.run_factor, None
@@ -106,8 +125,8 @@ class StepNoise:
         stalled = u >= 1.0 - p
         body = np.minimum(u / (1.0 - p), 1.0)
         if spec.kind == "lognormal":
-            err = np.exp(spec.step_mu + spec.step_sigma
-                         * ndtri(np.clip(body, 1e-12, 1.0 - 1e-12)))
+            err = portable_exp(spec.step_mu + spec.step_sigma
+                               * ndtri(np.clip(body, 1e-12, 1.0 - 1e-12)))
         else:
             err = np.interp(body, self._probs, self._q)
         err[stalled] = 1.0
