@@ -46,6 +46,11 @@ fi
 if ((cluster)); then
   bash scripts/install_cluster.sh .venv
 fi
+# jsonschema imports rfc3987-syntax when it is installed (jupyter-events' jsonschema extra pulls
+# it in) for an IRI format check nothing here uses, and that package builds an Earley grammar
+# at import: 3.2 s of CPU at the start of every Snakemake run (its config validation), papermill
+# run and nbformat import. Without it jsonschema skips that one format.
+.venv/bin/python -m pip uninstall --quiet --yes rfc3987-syntax 2>/dev/null || true
 # JupyterLab of this venv saves the notebooks of notebooks/ without outputs (their executed
 # copies are in logs/<name>/notebooks/), so exploring leaves them as committed
 # (accelgen.pipeline.nbsource; README, "Explore in JupyterLab").
