@@ -7,8 +7,8 @@ the CPU time of the simulation command on a 1-request trace (interpreter, import
     python scripts/measure_jobs.py config/paper.yaml config/paper-scaled.yaml --sample 24
 
 Prints one line per job (policy, requests, measured CPU s, estimated s, peak memory and the
-SLURM mem_mb it would get) and the totals; the
-sample is every ``len(runs) / sample``-th run of the grid in its order, over all experiments.
+SLURM mem_mb it would get) and the totals; the sample is every ``len(runs) / sample``-th run
+of the grid in its order, over all experiments.
 Synthetic workloads and built-in deployments only (no downloads, no profile stage).
 
 ``--checkout DIR`` also runs every sampled job on another source tree (e.g. a clone

@@ -173,6 +173,8 @@ WORKLOAD_MEASURED: dict[tuple[str, str], float] = {
     ("base-only-sharegpt", "vllm"): 10.81,
     ("base-only-sharegpt", "oracle"): 160.14,
 }
+
+
 def _workload_ratio(variant: str, policy: str) -> float | None:
     """A policy's variable CPU time on ``variant``'s jobs over its paper-trace price: measured,
     else AccelGen's for AccelGen's family, else the mean of the policies measured there (None:
