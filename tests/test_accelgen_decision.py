@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import runpy
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -217,3 +220,33 @@ def test_decide_names_the_slot_lists_as_the_workspace_lays_them_out() -> None:
             if isinstance(arg, ast.Subscript) and getattr(arg.value, "id", "") == "x":
                 seen.append((field, state.LISTS[arg.slice.value]))  # type: ignore[attr-defined]
     assert sorted(seen) == sorted((name, name) for name in state.LISTS)
+
+
+def test_the_build_command_keeps_a_current_build_and_rebuilds_on_force(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m accelgen.policies.accelgen`` (what setup.sh runs every time): a build of the
+    current sources that is there is kept, ``--force`` builds again, anything else is refused."""
+    from accelgen.policies.accelgen import build as build_module
+
+    built: list[Path] = []
+    current = tmp_path / "decide_current.so"
+
+    def fake_build() -> Path:
+        current.write_bytes(b"x" * 2048)
+        built.append(current)
+        return current
+
+    monkeypatch.setattr(build_module, "aot_path", lambda: current)
+    monkeypatch.setattr(build_module, "build", fake_build)
+
+    def run(*args: str) -> str:
+        monkeypatch.setattr(sys, "argv", ["accelgen.policies.accelgen", *args])
+        runpy.run_module("accelgen.policies.accelgen", run_name="__main__")
+        return capsys.readouterr().out
+
+    assert "accelgen: built" in run() and len(built) == 1  # none there: built
+    assert "is there" in run() and len(built) == 1  # kept
+    assert "accelgen: built" in run("--force") and len(built) == 2
+    with pytest.raises(SystemExit, match="usage"):
+        run("--forced")
+    assert len(built) == 2

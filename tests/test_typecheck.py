@@ -21,7 +21,9 @@ def test_mypy_is_clean() -> None:
 
 
 def imported_modules(package: Path, top: str) -> set[str]:
-    """The modules of ``top`` (and ``top`` itself) that the package's files import."""
+    """The modules of ``top`` (and ``top`` itself) that the package's files import (``from
+    top.x import name`` counts as ``top.x``: a submodule imported by name that way would not be
+    seen, and the package imports none)."""
     found: set[str] = set()
     for path in package.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):

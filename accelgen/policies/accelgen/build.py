@@ -23,7 +23,8 @@ _CACHE = _HERE / "__pycache__"
 # Everything the compiled module is built from: the code, and the record layouts in its signature
 # (not the policy's modules, which run in Python).
 _SOURCES = (*sorted(p for p in _HERE.glob("*.py")
-                    if p.name not in ("__init__.py", "policy.py", "oracle.py", "closed_loop.py")),
+                    if p.name not in ("__init__.py", "__main__.py", "policy.py", "oracle.py",
+                                      "closed_loop.py")),
             *(_HERE.parent.parent / "costmodel" / f
               for f in ("linear.py", "analytic.py", "calibrated.py", "base.py")),
             _HERE.parent.parent / "core" / "iteration.py")
