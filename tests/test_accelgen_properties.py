@@ -107,3 +107,26 @@ def test_batch_budget_iterations_fit_slo_min(name: str, cost_kind: str, trace,
     planned = its[(its["info_budget_clamped_low"] == 0) & (its["info_slo_min"] < 1e9)]
     late = planned[planned["latency"] > planned["info_slo_min"] + 1e-12]
     assert late.empty, late[["latency", "info_slo_min", "info_token_budget"]].head()
+
+
+@settings(max_examples=200, deadline=None)
+@given(keys=st.lists(st.one_of(st.sampled_from([0.0, 1.0, -2.5, float("nan")]),
+                               st.floats(allow_nan=True, allow_infinity=True)), max_size=300),
+       presorted=st.booleans(), descending=st.booleans())
+def test_the_decisions_sort_is_numpys_stable_sort(keys: list[float], presorted: bool,
+                                                  descending: bool) -> None:
+    """``rank._merge_sort`` (the decision's queue order) orders slots as numpy's stable sort
+    does, NaN last and ties in their given order, whether the queue comes in order or not."""
+    import numpy as np
+
+    from accelgen.policies.accelgen import rank
+
+    column = np.array(keys, dtype=np.float64)
+    if presorted:
+        column = np.sort(column, kind="stable")
+    m = len(column)
+    slots = np.arange(m, dtype=np.int64)[::-1].copy()  # (slot numbers unrelated to positions)
+    gathered = -column if descending else column.copy()
+    expected = slots[np.argsort(gathered, kind="stable")]
+    rank._merge_sort(gathered, slots, m, np.empty(m + 1), np.empty(m + 1, np.int64))
+    assert slots.tolist() == expected.tolist()

@@ -10,7 +10,7 @@ import numpy as np
 
 from accelgen.policies.accelgen import era
 from accelgen.policies.accelgen import state as st
-from accelgen.policies.accelgen.jit import jit
+from accelgen.policies.accelgen.jit import jit, jit_inline
 
 
 @jit
@@ -141,7 +141,7 @@ def borrow(cs: st.Candidates, par: st.Params, t_max: float) -> bool:
     return True
 
 
-@jit
+@jit_inline
 def columns(cs: st.Candidates, s: int, par: st.Params, led: st.Ledger) -> None:
     """The columns of candidate ``s`` that hold for the whole pass."""
     r, c = cs.req[s], cs.cand[s]
@@ -151,23 +151,29 @@ def columns(cs: st.Candidates, s: int, par: st.Params, led: st.Ledger) -> None:
     c.n_chunks = n_chunks(c.rem, c.is_decode, cs.chunk_mean)
     c.to_deadline = r.deadline - cs.now
     c.online_decode = c.is_decode and r.online
-    c.lost = par.order and par.lost_last and r.online and (r.lost or c.to_deadline < 0.0)
-    if c.online_decode:
-        # (the closed loop plans a decode's iteration within its TBT SLO shrunk by the margin, its
-        # next token too, so its slack and urgency; a request already lost has no attainment left
-        # for the margin to keep)
-        shrink = 1.0 if r.lost else par.tbt_shrink
-        c.slo_iter = r.tbt * shrink
-        c.to_deadline -= r.tbt * (1.0 - shrink)
-    else:
-        if par.err_sd > 0.0 and r.online and c.to_deadline > 0.0:
-            c.to_deadline /= prompt_stretch(par, c.n_chunks)
-        c.slo_iter = c.to_deadline / c.n_chunks
+    c.slo_iter = r.tbt if c.online_decode else c.to_deadline / c.n_chunks
     c.is_long = era.is_long(par, c.total, c.is_decode)
     c.eligible = era.admits(led.era_owner_start, s, c.is_long)
+    c.lost = par.order and par.lost_last and r.online and (r.lost or c.to_deadline < 0.0)
+    if par.tbt_shrink != 1.0 or par.err_sd > 0.0:  # (the closed loop's margin, after ``lost``)
+        _with_margin(r, c, par)
     c.available = c.member = c.urgent = c.counted = False
     c.next_blocks = c.owed = c.admission_blocks = st.UNKNOWN
     c.stamp = led.pass_id
+
+
+@jit
+def _with_margin(r: st.RequestRow, c: st.Candidate, par: st.Params) -> None:
+    """``columns`` under the closed loop's margin: a decode's iteration planned within its TBT SLO
+    shrunk by the margin, its next token too, so its slack and urgency (a request already lost has
+    no attainment left for the margin to keep); a prompt's time left divided by its stretch."""
+    if c.online_decode:
+        shrink = 1.0 if r.lost else par.tbt_shrink
+        c.slo_iter = r.tbt * shrink
+        c.to_deadline -= r.tbt * (1.0 - shrink)
+    elif par.err_sd > 0.0 and r.online and c.to_deadline > 0.0:
+        c.to_deadline /= prompt_stretch(par, c.n_chunks)
+        c.slo_iter = c.to_deadline / c.n_chunks
 
 
 @jit
@@ -196,42 +202,46 @@ def before(a: float, b: float) -> bool:
 
 
 @jit
-def _merge_sort(idx: np.ndarray, m: int, keys: np.ndarray, tmp: np.ndarray) -> None:
-    """Stable sort of ``idx[:m]`` by ``keys[idx]`` (numpy's ``kind="stable"`` order) in place, ``tmp``
-    the buffer: insertion-sorted runs of 16, then bottom-up merges."""
+def _merge_sort(keys: np.ndarray, vals: np.ndarray, m: int, key_tmp: np.ndarray,
+                val_tmp: np.ndarray) -> None:
+    """Stable sort of ``vals[:m]`` by ``keys[:m]`` (numpy's ``kind="stable"`` order), in place, the
+    keys moved along (every comparison reads keys in a row, not through the slots; they end in
+    ``keys`` or ``key_tmp``), the ``_tmp`` arrays the buffers: insertion-sorted runs of 16, then
+    bottom-up merges; two neighbouring runs already in order are copied, not merged (a queue
+    mostly in order costs a pass per width)."""
     for lo in range(0, m, 16):
         for i in range(lo + 1, min(lo + 16, m)):
-            x, j = idx[i], i - 1
-            while j >= lo and before(keys[x], keys[idx[j]]):
-                idx[j + 1] = idx[j]
+            k, v, j = keys[i], vals[i], i - 1
+            while j >= lo and before(k, keys[j]):
+                keys[j + 1], vals[j + 1] = keys[j], vals[j]
                 j -= 1
-            idx[j + 1] = x
-    src, dst, width, in_tmp = idx, tmp, 16, False
+            keys[j + 1], vals[j + 1] = k, v
+    sk, sv, dk, dv, width, in_tmp = keys, vals, key_tmp, val_tmp, 16, False
     while width < m:
         for lo in range(0, m, 2 * width):
             mid, hi = min(lo + width, m), min(lo + 2 * width, m)
+            if mid == hi or not before(sk[mid], sk[mid - 1]):  # (in order: the left run first)
+                for o in range(lo, hi):
+                    dk[o], dv[o] = sk[o], sv[o]
+                continue
             i, j = lo, mid
             for o in range(lo, hi):  # the left run's element first on ties
-                if j < hi and (i == mid or before(keys[src[j]], keys[src[i]])):
-                    dst[o] = src[j]
+                if j < hi and (i == mid or before(sk[j], sk[i])):
+                    dk[o], dv[o] = sk[j], sv[j]
                     j += 1
                 else:
-                    dst[o] = src[i]
+                    dk[o], dv[o] = sk[i], sv[i]
                     i += 1
-        src, dst, width, in_tmp = dst, src, width * 2, not in_tmp
+        sk, sv, dk, dv, width, in_tmp = dk, dv, sk, sv, width * 2, not in_tmp
     for i in range(m if in_tmp else 0):
-        idx[i] = tmp[i]
+        vals[i] = val_tmp[i]
 
 
 @jit
 def sort_slots(cs: st.Candidates, idx: np.ndarray, m: int, keys: np.ndarray, descending: bool) -> None:
     """Sort the slots ``idx[:m]`` stably by a candidate column (``descending``: negated, NaN still
-    last), the keys gathered first (contiguous keys sort about twice as fast)."""
-    gathered, perm, tmp = cs.sort_keys.view(np.float64), cs.sort_perm, cs.sort_tmp
+    last), the keys gathered first and sorted along with the slots."""
+    gathered, key_tmp = cs.sort_keys.view(np.float64), cs.sort_key_tmp.view(np.float64)
     for p in range(m):
-        gathered[p], perm[p] = -keys[idx[p]] if descending else keys[idx[p]], p
-    _merge_sort(perm, m, gathered, tmp)
-    for p in range(m):
-        tmp[p] = idx[perm[p]]
-    for p in range(m):
-        idx[p] = tmp[p]
+        gathered[p] = -keys[idx[p]] if descending else keys[idx[p]]
+    _merge_sort(gathered, idx, m, key_tmp, cs.sort_slot_tmp)

@@ -326,9 +326,9 @@ class Candidates(NamedTuple):
     active: np.ndarray
     now: float
     chunk_mean: float  # L_c
-    sort_keys: np.ndarray  # ``rank.sort_slots``: the keys (float64 bits), a permutation, a buffer
-    sort_perm: np.ndarray
-    sort_tmp: np.ndarray
+    sort_keys: np.ndarray  # ``rank.sort_slots``: the keys and their buffer (float64 bits), the slots'
+    sort_key_tmp: np.ndarray
+    sort_slot_tmp: np.ndarray  # buffer
 
 
 class Dormant(NamedTuple):
