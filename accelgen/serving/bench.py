@@ -77,6 +77,12 @@ from accelgen.workloads.trace import to_requests
 
 API_KEY_ENV = "OPENAI_API_KEY"
 WARMUP_SEED = 10**6  # prompt seeds of the warm-up requests (the trace's ids are far below)
+# How long the fault-checking clients (the soak, the stop under load) keep an idle connection to
+# reuse it. vLLM's API server closes one idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s); aiohttp keeps
+# them 15 s, so a request sent on a connection the server is closing at that moment ends with
+# "Server disconnected" without the server ever reading it: seen in a soak on a loaded host, 25
+# requests of a burst at once, a client's artefact that reads as the server dropping requests.
+IDLE_REUSE_S = 2.0
 
 
 class BenchConfig(StrictModel):

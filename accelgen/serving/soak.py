@@ -67,7 +67,7 @@ from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveIn
 
 from accelgen.core.specs import StrictModel
 from accelgen.serving.arrivals import request_times
-from accelgen.serving.bench import Outcome, StreamParser, first_model
+from accelgen.serving.bench import IDLE_REUSE_S, Outcome, StreamParser, first_model
 from accelgen.vllm_integration.adapter_config import AUTO_REQ_ID_BASE
 from accelgen.vllm_integration.logsink import ABORTED_REASON, has_log, read_log
 from accelgen.vllm_integration.sample_trace import mixed_slo_trace
@@ -346,7 +346,7 @@ async def run_soak(cfg: SoakConfig, base: str, server_pid: int,
     timeout = aiohttp.ClientTimeout(total=cfg.request_timeout_s)
     # Late requests and the aborts' reconnections must not wait behind the load's slots.
     connector = aiohttp.TCPConnector(limit=cfg.max_in_flight + cfg.late_requests + 8,
-                                     force_close=False)
+                                     keepalive_timeout=IDLE_REUSE_S)
     samples: list[Sample] = []
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         model = await first_model(session, base, {})

@@ -30,7 +30,7 @@ from typing import Any
 from pydantic import PositiveFloat, PositiveInt
 
 from accelgen.core.specs import StrictModel
-from accelgen.serving.bench import Outcome, StreamParser, first_model
+from accelgen.serving.bench import IDLE_REUSE_S, Outcome, StreamParser, first_model
 from accelgen.vllm_integration.shutdown_summary import read_summary
 from accelgen.vllm_integration.slo_http import is_shutdown_refusal
 from accelgen.workloads.prompts import prompt_token_ids
@@ -83,7 +83,7 @@ async def _load(base: str, cfg: StopConfig, stop: Any, exited: Any
     examples: list[str] = []
     t_sigterm = [float("inf")]
     timeout = aiohttp.ClientTimeout(total=cfg.request_timeout_s)
-    connector = aiohttp.TCPConnector(limit=cfg.clients + 4)
+    connector = aiohttp.TCPConnector(limit=cfg.clients + 4, keepalive_timeout=IDLE_REUSE_S)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         model = await first_model(session, base, {})
         url = base + "/v1/completions"
