@@ -43,10 +43,9 @@ ENTRY_POINTS = (
     "snakemake.cli", "papermill", "nbclient", "nbformat", "ipykernel.kernelapp",
     "ipykernel.ipkernel", "jupyter_server.serverapp", "matplotlib.pyplot",
     "matplotlib.backends.backend_agg", "matplotlib.backends.backend_pdf", "pandas",
-    "pyarrow.parquet", "scipy.stats", "scipy.optimize", "numba", "pytest", "xdist.plugin",
-    "hypothesis.strategies", "hypothesis.extra.numpy", "openai", "httpx", "aiohttp",
-    "numba.pycc", "jupyterlab", "jupyter_lsp", "jupyterlab_server", "smart_open", "loguru",
-    "websockets",
+    "pyarrow.parquet", "scipy.stats", "scipy.optimize", "pytest", "hypothesis.strategies",
+    "hypothesis.extra.numpy", "openai", "httpx", "aiohttp", "jupyterlab", "jupyter_lsp",
+    "jupyterlab_server", "smart_open", "loguru", "websockets",
 )
 
 
@@ -59,8 +58,8 @@ def _compile_whole(names: tuple[str, ...]) -> None:
 
 
 def _import(name: str) -> None:
-    # (an optional or platform-specific module that does not import: skipped)
-    with contextlib.suppress(BaseException):
+    # (an optional or platform-specific module that does not import, or exits on import: skipped)
+    with contextlib.suppress(Exception, SystemExit):
         importlib.import_module(name)
 
 

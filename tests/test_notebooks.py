@@ -180,8 +180,7 @@ def test_notebooks_have_a_parameters_cell_of_literals():
             assert "figures" in names, path.name
 
 
-def papermill_batches(jobs: list[dict], cwd: Path, env: dict[str, str] | None = None,
-                      processes: int = 2) -> list[str | None]:
+def papermill_batches(jobs: list[dict], cwd: Path, processes: int = 2) -> list[str | None]:
     """Run papermill jobs (``tests/papermill_batch.py``: input, output, parameters) in
     ``processes`` processes side by side, each executing its share one after the other, every
     notebook in a kernel of its own; each job's error (None: it ran)."""
@@ -192,7 +191,7 @@ def papermill_batches(jobs: list[dict], cwd: Path, env: dict[str, str] | None = 
             return []
         res = subprocess.run([sys.executable, str(ROOT / "tests" / "papermill_batch.py")],
                              input=json.dumps([jobs[i] for i in share]), capture_output=True,
-                             text=True, timeout=900, cwd=cwd, env={**os.environ, **(env or {})})
+                             text=True, timeout=900, cwd=cwd)
         assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
         return [(i, r["error"]) for i, r in zip(share, json.loads(res.stdout), strict=True)]
 

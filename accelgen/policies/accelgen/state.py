@@ -326,9 +326,11 @@ class Candidates(NamedTuple):
     active: np.ndarray
     now: float
     chunk_mean: float  # L_c
-    sort_keys: np.ndarray  # ``rank.sort_slots``: the keys and their buffer (float64 bits), the slots'
+    # ``rank.sort_slots``' scratch: the gathered keys and their merge buffer (float64 bits in
+    # int64 rows), and the slots' merge buffer
+    sort_keys: np.ndarray
     sort_key_tmp: np.ndarray
-    sort_slot_tmp: np.ndarray  # buffer
+    sort_slot_tmp: np.ndarray
 
 
 class Dormant(NamedTuple):
