@@ -10,6 +10,11 @@ this is for a quick look at a handful of points (e.g. how far down the 99 % capa
 
 ``--out`` keeps every run's results directory (``DIR/<variant>/<system>``), e.g. to look at which
 requests missed and in which iterations.
+
+``--decode-margin M`` runs each open-loop AccelGen system (its ablations too) with every online
+decode planned within its TBT SLO / (1 + M) (``AccelGenPolicy.fix_decode_margin``), the margin the
+closed loop keeps under noise, here fixed and without noise: what planning with that margin
+everywhere costs (docs/accelgen.md, *Closed loop*); other systems run as they are.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -36,6 +42,8 @@ def main() -> int:
     ap.add_argument("--noise", type=float, default=0.0,
                     help="per-step noise level (log standard deviation, mean 1)")
     ap.add_argument("--seed", type=int, default=None, help="default: the experiment's first")
+    ap.add_argument("--decode-margin", type=float, default=0.0, metavar="M",
+                    help="open-loop AccelGen plans every online decode within TBT / (1 + M)")
     ap.add_argument("--out", type=Path,
                     help="also write every run's results directory under OUT/<variant>/<system>")
     args = ap.parse_args()
@@ -48,6 +56,8 @@ def main() -> int:
     from accelgen.pipeline.__main__ import main as pipeline_main
     from accelgen.pipeline.capacity import sweep_rate
     from accelgen.pipeline.grid import Grid
+    from accelgen.policies.accelgen.policy import AccelGenPolicy
+    from accelgen.policies.registry import make_policy, register_policy
     from accelgen.sim.runner import simulate
     from accelgen.workloads.trace import load_trace
 
@@ -60,6 +70,9 @@ def main() -> int:
     unknown = [s for s in args.systems if s not in grid.systems]
     if unknown:
         print(f"unknown system(s): {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    if not args.decode_margin >= 0.0:
+        print(f"--decode-margin: must be >= 0, got {args.decode_margin}", file=sys.stderr)
         return 2
     d = args.deployment or cap.deployments[0]
     seed = args.seed if args.seed is not None else cfg.seeds_of(cap)[0]
@@ -88,8 +101,14 @@ def main() -> int:
             if spec.budget == "tuned":
                 params["token_budget"] = grid._resolve_tuned(v, cap.workload, d, s,
                                                              seed).token_budget
+            policy = spec.policy
+            probe = make_policy(policy, params)
+            if (args.decode_margin > 0.0 and isinstance(probe, AccelGenPolicy)
+                    and probe.loop is None):
+                policy = f"{spec.policy}+margin"
+                register_policy(policy, _with_margin(spec.policy, args.decode_margin))
             ec = ExperimentConfig(deployment=dep,
-                                  policy=PolicySpec(name=spec.policy, params=params),
+                                  policy=PolicySpec(name=policy, params=params),
                                   sim=SimOptions(progress=False, noise=noise), seed=seed)
             run = simulate(trace, ec)
             if args.out is not None:
@@ -99,14 +118,28 @@ def main() -> int:
             print(f"{d} seed {seed} noise {args.noise:g}: load factor {f:g} rate {rate:g} "
                   f"{s}: request-level attainment {a:.3f}", flush=True)
     for s, pts in att.items():
-        r, a = np.array([p[0] for p in pts]), np.array([p[1] for p in pts])
-        c90, w90 = metrics.sweep_capacity(r, a, 0.9)
-        c99, w99 = metrics.sweep_capacity(r, a, 0.99)
+        rates, atts = np.array([p[0] for p in pts]), np.array([p[1] for p in pts])
+        c90, w90 = metrics.sweep_capacity(rates, atts, 0.9)
+        c99, w99 = metrics.sweep_capacity(rates, atts, 0.99)
         print(json.dumps({"system": s, "deployment": d, "seed": seed, "noise": args.noise,
+                          "decode_margin": args.decode_margin,
                           "capacity_90": c90, "where_90": w90, "capacity_99": c99,
                           "where_99": w99}), flush=True)
     print(f"capacity_probe: {len(args.systems)} systems x {len(factors)} rates simulated")
     return 0
+
+
+def _with_margin(name: str, margin: float) -> Any:
+    """A factory of policy ``name`` planning its decodes with the fixed ``margin``."""
+    from accelgen.policies.accelgen.policy import AccelGenPolicy
+    from accelgen.policies.registry import make_policy
+
+    def factory(**params: Any) -> Any:
+        policy = make_policy(name, params)
+        assert isinstance(policy, AccelGenPolicy)
+        policy.fix_decode_margin(margin)
+        return policy
+    return factory
 
 
 if __name__ == "__main__":

@@ -306,3 +306,33 @@ def test_an_at_risk_prompt_borrows_its_decodes_margin_under_noise() -> None:
     assert plan[50.0].max() < 0.047 / 1.2  # (the margin, about 0.35 here)
     assert plan[0.45].max() > plan[50.0].max() + 2e-3 and plan[0.45].max() <= 0.047
     assert ttft[0.45] < ttft[50.0]
+
+
+def test_a_fixed_decode_margin_plans_every_decode_within_its_shrunk_slo() -> None:
+    """``fix_decode_margin`` (scripts/capacity_probe.py --decode-margin): the open loop plans the
+    iterations beside a 15 ms decode within 15 ms / 1.5 and charges them so, with no noise; the
+    closed loop, which sets its own margin, refuses it, as does a negative margin."""
+    trace = [(0.0, 64, 40, 0.015, 2.0, None)] + [(0.05 + 0.001 * i, 200, 8, 0.2, 5.0, None)
+                                                 for i in range(1, 7)]
+    plans = {}
+    for margin in (0.0, 0.5):
+        policy = make_policy("accelgen")
+        assert isinstance(policy, AccelGenPolicy)
+        policy.fix_decode_margin(margin)
+        res = run_sim(*trace_requests(trace), policy, num_blocks=200, block_size=16, s_pf=512,
+                      cost=CalibratedCostModel(ENGINE))
+        its = res.iterations.to_frame()
+        beside = its[(its["decode_tokens"] > 0) & (its["prefill_tokens"] > 0)
+                     & np.isfinite(its["info_plan_slo"])]
+        assert not beside.empty
+        assert (beside["latency"] <= beside["info_plan_slo"]).all()
+        assert (its["info_time_scale"] == 1.0 + margin).all()
+        plans[margin] = beside["info_plan_slo"].max()
+    assert plans[0.0] == pytest.approx(0.015)
+    assert plans[0.5] == pytest.approx(0.015 / 1.5)
+    with pytest.raises(ValueError, match="closed loop"):
+        closed = make_policy("accelgen-closed")
+        assert isinstance(closed, AccelGenPolicy)
+        closed.fix_decode_margin(0.5)
+    with pytest.raises(ValueError, match=">= 0"):
+        policy.fix_decode_margin(-0.1)

@@ -153,6 +153,17 @@ class AccelGenPolicy(Policy):
         if self.loop is not None and self.loop.observe(predicted, measured):
             self._ws.set_scales(*self.loop.scales)
 
+    def fix_decode_margin(self, margin: float) -> None:
+        """Plan every online decode within its TBT SLO / (1 + ``margin``) from now on, as the
+        closed loop does under noise, but fixed and with nothing learnt: what that margin costs
+        where no iteration is noisy (``scripts/capacity_probe.py --decode-margin``). Only for a
+        policy without the closed loop, which would set its own."""
+        if self.loop is not None:
+            raise ValueError("fix_decode_margin: the closed loop sets its own margin")
+        if not margin >= 0.0:
+            raise ValueError(f"fix_decode_margin: margin must be >= 0, got {margin!r}")
+        self._ws.set_scales(1.0, 1.0 / (1.0 + margin))
+
     def _measured(self, latency: float) -> None:
         """The closed loop takes in the iteration of the last decision (it took ``latency``)."""
         loop = self.loop
