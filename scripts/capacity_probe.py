@@ -79,6 +79,26 @@ def main() -> int:
     dep = cfg.deployment(d)
     est = grid.capacity_bound(cap.workload, d, cfg.seeds_of(cap)[0]).estimate_rps
     noise = sensitivity_noise(args.noise)
+
+    def with_margin(name: str) -> Any:
+        """A factory of policy ``name`` planning its decodes with the fixed margin."""
+        def factory(**params: Any) -> AccelGenPolicy:
+            policy = make_policy(name, params)
+            assert isinstance(policy, AccelGenPolicy)
+            policy.fix_decode_margin(args.decode_margin)
+            return policy
+        return factory
+
+    # The policy each system runs: an open-loop AccelGen one under ``--decode-margin`` registered
+    # as planning with that margin.
+    policy_of: dict[str, str] = {}
+    for s in args.systems:
+        spec = grid.systems[s]
+        probe = make_policy(spec.policy, dict(spec.params))
+        policy_of[s] = spec.policy
+        if args.decode_margin > 0.0 and isinstance(probe, AccelGenPolicy) and probe.loop is None:
+            policy_of[s] = f"{spec.policy}+margin"
+            register_policy(policy_of[s], with_margin(spec.policy))
     factors = args.load_factors or cap.load_factors
     att: dict[str, list[tuple[float, float]]] = {s: [] for s in args.systems}
     tmp = Path(tempfile.mkdtemp(prefix="capacity_probe."))
@@ -101,14 +121,8 @@ def main() -> int:
             if spec.budget == "tuned":
                 params["token_budget"] = grid._resolve_tuned(v, cap.workload, d, s,
                                                              seed).token_budget
-            policy = spec.policy
-            probe = make_policy(policy, params)
-            if (args.decode_margin > 0.0 and isinstance(probe, AccelGenPolicy)
-                    and probe.loop is None):
-                policy = f"{spec.policy}+margin"
-                register_policy(policy, _with_margin(spec.policy, args.decode_margin))
             ec = ExperimentConfig(deployment=dep,
-                                  policy=PolicySpec(name=policy, params=params),
+                                  policy=PolicySpec(name=policy_of[s], params=params),
                                   sim=SimOptions(progress=False, noise=noise), seed=seed)
             run = simulate(trace, ec)
             if args.out is not None:
@@ -127,19 +141,6 @@ def main() -> int:
                           "where_99": w99}), flush=True)
     print(f"capacity_probe: {len(args.systems)} systems x {len(factors)} rates simulated")
     return 0
-
-
-def _with_margin(name: str, margin: float) -> Any:
-    """A factory of policy ``name`` planning its decodes with the fixed ``margin``."""
-    from accelgen.policies.accelgen.policy import AccelGenPolicy
-    from accelgen.policies.registry import make_policy
-
-    def factory(**params: Any) -> Any:
-        policy = make_policy(name, params)
-        assert isinstance(policy, AccelGenPolicy)
-        policy.fix_decode_margin(margin)
-        return policy
-    return factory
 
 
 if __name__ == "__main__":
