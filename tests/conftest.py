@@ -28,8 +28,18 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # both cores, so two at once only slow each other down and blur the timings they read. They run
 # first, since they are the longest share of the suite. Every other module is a group of its
 # own, so a module-scoped fixture (a served model, a workflow's dry runs, executed notebooks) is
-# built once, not once per worker.
+# built once, not once per worker. The groups with tests marked ``slow`` follow, most slow tests
+# first, and the quick groups last: a worker that ends on a long group while the other has
+# nothing left to take is what makes a two-worker suite slower than half its summed time.
 ENGINE_GROUP = "vllm-engine"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # xdist would otherwise queue the groups by their number of tests, putting the engine group
+    # behind every larger module and the few-test slow groups (a soak, executed notebooks, the
+    # workflow's dry runs) at the end; the queue keeps the order set below instead.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 @pytest.hookimpl(wrapper=True)  # around xdist's own hook, which reads the groups
@@ -47,12 +57,29 @@ def pytest_collection_modifyitems(config: pytest.Config,
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module
                                                     else item.nodeid.split("::")[0]))
-    items[:] = engine + others
+    items[:] = engine + slow_groups_first(others)
     result = yield
     if getattr(config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup
         for item in items:
             group_the_node_id(item)
     return result
+
+
+def _group_of(item: pytest.Item) -> str:
+    marker = item.get_closest_marker("xdist_group")
+    return str(marker.args[0] if marker and marker.args else "")
+
+
+def slow_groups_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    """``items`` with each xdist group's tests together, the groups ordered by how many of their
+    tests are marked ``slow`` (most first), otherwise in the order they were collected."""
+    groups: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        groups.setdefault(_group_of(item), []).append(item)
+    slow = {name: sum(i.get_closest_marker("slow") is not None for i in members)
+            for name, members in groups.items()}
+    order = sorted(groups, key=lambda name: -slow[name])  # stable: collection order otherwise
+    return [item for name in order for item in groups[name]]
 
 
 def group_the_node_id(item: pytest.Item) -> None:

@@ -36,6 +36,7 @@ def _digests_in_a_fresh_process(env: dict[str, str], names: list[str]) -> tuple[
     return build, digests
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("env", "build", "names"), [
     ({"NUMBA_DISABLE_JIT": "1"}, "python", ["overload/accelgen", "overload/oracle"]),
     ({"ACCELGEN_DECISION": "jit"}, "jit",

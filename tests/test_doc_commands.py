@@ -289,6 +289,7 @@ def plans(workdir: Path) -> dict[tuple[str, ...], Plan]:
             for a, plan in zip(half, got, strict=True)}
 
 
+@pytest.mark.slow
 def test_every_documented_snakemake_command_plans(plans: dict[tuple[str, ...], Plan]) -> None:
     runs: dict[tuple[str, ...], list[Command]] = {}
     for cmd in all_documented():
@@ -316,6 +317,7 @@ def test_a_target_after_a_multi_value_option_is_caught(
 PAPER_RUN = ("--cores", "all", "--configfile", "config/paper.yaml")
 
 
+@pytest.mark.slow
 def test_the_documented_paper_run_plans_every_job_of_its_grid(
         plans: dict[tuple[str, ...], Plan]) -> None:
     """The paper config's plan (thousands of jobs) has every simulation, trace, figure and

@@ -203,6 +203,7 @@ def papermill_batches(jobs: list[dict], cwd: Path, processes: int = 2) -> list[s
     return errors
 
 
+@pytest.mark.slow
 def test_every_notebook_runs_under_papermill(tiny_figures, tmp_path):
     figures_dir, grid = tiny_figures
     groups = list(grid.groups())

@@ -203,6 +203,7 @@ def project_venv(dest: Path) -> Path:
     return dest / "bin" / "python"
 
 
+@pytest.mark.slow
 def test_reruns_follow_changes_not_saves_or_moves(tmp_path):
     """On a tiny grid run in a checkout with its own .venv: a re-run does nothing; a notebook
     saved with outputs re-runs nothing; after the checkout moves, nothing; a code change in a

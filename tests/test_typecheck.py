@@ -10,9 +10,12 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_mypy_is_clean() -> None:
     res = subprocess.run([sys.executable, "-m", "mypy", "accelgen"], cwd=ROOT,
                          capture_output=True, text=True, timeout=900)
