@@ -70,8 +70,9 @@ class Workspace:
         self._outcome = self._part(state, "outcome", np.int64)
         self._oracle = self._part(state, "oracle", np.int64)
         self.info_values = self._part(state, "info", np.float64)
-        # (the closed loop's parameters, set every iteration under noise: plain views too)
-        self._scales = tuple(self._param(state, f) for f in SCALES)
+        # (the closed loop's parameters, set every iteration under noise: one plain view of
+        # the six, which lie side by side in the record)
+        self._scales = self._params(state, SCALES)
         times = _records(BUDGET_TIME, 1)
         self._full_batch = times.view(np.ndarray)["full_batch"]
         self._run_ctl = _records(DECODE_RUN, 1)  # (``decode_run``'s batch and where it stopped)
@@ -84,6 +85,9 @@ class Workspace:
         self.cap = 0
         self.exact_kv = False
         self._terms: LinearTerms | None = None
+        # ``prices_batches``, kept beside the parameters it is read from: the closed loop asks it
+        # at every decode step, and a field read through the record array costs microseconds.
+        self._prices_batches = False
         # ``Params.time_scale``, ``tbt_shrink``, ``err_median``, ``err_sd``, ``err_z``, ``risk``
         self.scales: tuple[float, ...] = (1.0, 1.0, 0.0, 0.0, 0.0, 0.0)
 
@@ -103,15 +107,17 @@ class Workspace:
         scales = (time_scale, tbt_shrink, err_median, err_sd, err_z, risk)
         if scales != self.scales:
             self.scales = scales
-            for view, v in zip(self._scales, scales, strict=True):
-                view[0] = v
+            self._scales[:] = scales
 
     @staticmethod
-    def _param(state: np.ndarray, name: str) -> np.ndarray:
-        """A float64 view of one field of ``state``'s parameters."""
+    def _params(state: np.ndarray, names: tuple[str, ...]) -> np.ndarray:
+        """A float64 view of consecutive float64 fields ``names`` of ``state``'s parameters."""
         params, offset = STATE.fields["params"][:2]  # type: ignore[index]
-        at = offset + params.fields[name][1]  # type: ignore[index]
-        return state.view(np.uint8)[at:at + 8].view(np.float64)
+        at = [offset + params.fields[name][1] for name in names]  # type: ignore[index]
+        if at != list(range(at[0], at[0] + 8 * len(names), 8)) or any(
+                params.fields[name][0] != np.float64 for name in names):  # type: ignore[index]
+            raise TypeError(f"{names}: not consecutive float64 fields of the parameters")
+        return state.view(np.uint8)[at[0]:at[0] + 8 * len(names)].view(np.float64)
 
     @staticmethod
     def _part(state: np.ndarray, name: str, dtype: type) -> np.ndarray:
@@ -161,6 +167,7 @@ class Workspace:
         self._full_batch[:] = math.nan
         if not par.cost_linear:
             times.forward = [cost.forward_time(b) for b in range(cap + 2)]
+        self._prices_batches = bool(par.cost_linear or par.cost_roofline or par.cost_calibrated)
         self.arrays = self.arrays._replace(times=times, finals=np.zeros(kv.num_total_blocks + 3, np.int64))
         return True
 
@@ -168,8 +175,7 @@ class Workspace:
     def prices_batches(self) -> bool:
         """Whether the decision evaluates the cost model itself (linear, roofline or calibrated
         constants), so it prices every batch it forms (``info.t_planned``)."""
-        par = self.arrays.state[0].params
-        return bool(par.cost_linear or par.cost_roofline or par.cost_calibrated)
+        return self._prices_batches
 
     def use_cost(self, cost: CostModel) -> None:
         """Follow the cost model's linear terms (an online model's refit replaces them)."""
@@ -181,6 +187,7 @@ class Workspace:
         par.cost_linear = terms is not None
         if terms is not None:
             par.base_s, par.per_token_s, par.per_ctx_s, par.per_attn_s = terms
+        self._prices_batches = bool(par.cost_linear or par.cost_roofline or par.cost_calibrated)
 
     def follow(self, table: RequestTable) -> None:
         """Use the table's current arrays (reallocated when it grows), the per-request ones as large."""
