@@ -167,7 +167,7 @@ class Workspace:
         self._full_batch[:] = math.nan
         if not par.cost_linear:
             times.forward = [cost.forward_time(b) for b in range(cap + 2)]
-        self._prices_batches = bool(par.cost_linear or par.cost_roofline or par.cost_calibrated)
+        self._note_pricing(par)
         self.arrays = self.arrays._replace(times=times, finals=np.zeros(kv.num_total_blocks + 3, np.int64))
         return True
 
@@ -176,6 +176,10 @@ class Workspace:
         """Whether the decision evaluates the cost model itself (linear, roofline or calibrated
         constants), so it prices every batch it forms (``info.t_planned``)."""
         return self._prices_batches
+
+    def _note_pricing(self, par: Any) -> None:
+        """``prices_batches`` from the parameters' cost fields, after one of them was set."""
+        self._prices_batches = bool(par.cost_linear or par.cost_roofline or par.cost_calibrated)
 
     def use_cost(self, cost: CostModel) -> None:
         """Follow the cost model's linear terms (an online model's refit replaces them)."""
@@ -187,7 +191,7 @@ class Workspace:
         par.cost_linear = terms is not None
         if terms is not None:
             par.base_s, par.per_token_s, par.per_ctx_s, par.per_attn_s = terms
-        self._prices_batches = bool(par.cost_linear or par.cost_roofline or par.cost_calibrated)
+        self._note_pricing(par)
 
     def follow(self, table: RequestTable) -> None:
         """Use the table's current arrays (reallocated when it grows), the per-request ones as large."""
