@@ -28,7 +28,7 @@ from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequenc
 from dataclasses import dataclass
 from itertools import repeat
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import pandas as pd
@@ -79,8 +79,9 @@ class IterationLog:
     CHUNK_ROWS = 1 << 16
     SEGMENT_ROWS = 1 << 20
 
-    __slots__ = ("_capacity", "_cols", "_dtypes", "_fast_index", "_fast_rows", "_info",
-                 "_info_cols", "_info_dtypes", "_num_stored", "_rows", "decision_time")
+    __slots__ = ("_block_rows", "_blocks", "_capacity", "_cols", "_dtypes", "_fast_index",
+                 "_fast_rows", "_info", "_info_cols", "_info_dtypes", "_num_stored", "_rows",
+                 "decision_time")
 
     def __init__(self) -> None:
         self._rows: list[tuple[Any, ...]] = []  # the rows not yet stored in the columns
@@ -102,10 +103,14 @@ class IterationLog:
         # couple of dozen diagnostics every iteration.
         self._fast_index: dict[str, int] | None = None
         self._fast_rows: list[Any] = []
+        # Rows given as columns (``append_block``), not yet stored: they come after the stored
+        # rows and before the tuple rows (which a block turns into one before it).
+        self._blocks: list[_Block] = []
+        self._block_rows = 0
         self.decision_time: array[float] = array("d")
 
     def __len__(self) -> int:
-        return self._num_stored + len(self._rows)
+        return self._num_stored + self._block_rows + len(self._rows)
 
     def append(self, start: float, latency: float, shape: BatchShape, batch_size: int,
                kv_used_blocks: int, kv_total_blocks: int, kv_used_tokens: int,
@@ -194,6 +199,38 @@ class IterationLog:
             if len(self._rows) >= self.CHUNK_ROWS:
                 self._store()
 
+    def append_columns(self, columns: Sequence[np.ndarray | float], num_rows: int,
+                       info: MutableMapping[str, float]) -> None:
+        """``append_rows`` of rows given as columns (``ITERATION_COLUMNS`` order, each an array
+        of ``num_rows`` values or one value for every row): the same log, without a tuple per
+        row (the simulator's runs of decode iterations are most of a long run's rows)."""
+        if type(info) is InfoRow and info._extra is None:
+            values = np.asarray(info._values, dtype=np.float64)
+            self.append_block(columns, num_rows, 0.0, info._index,
+                              np.broadcast_to(values, (num_rows, len(values))))
+        else:
+            self.append_rows(_as_rows(columns, num_rows), info)
+
+    def append_block(self, columns: Sequence[np.ndarray | float], num_rows: int,
+                     decision_time: float, info_index: dict[str, int],
+                     info_values: np.ndarray) -> None:
+        """``append_rows_block`` of rows given as columns (as ``append_columns`` takes them),
+        each with the decision time ``decision_time``: stored at once where the diagnostics
+        have the log's names (else row by row, which sets the names up)."""
+        if not num_rows:
+            return
+        if info_index is not self._fast_index:
+            self.append_rows_block(_as_rows(columns, num_rows), [decision_time] * num_rows,
+                                   info_index, info_values)
+            return
+        self._block_the_rows()  # (the rows before these)
+        self.decision_time.frombytes(np.full(num_rows, decision_time).tobytes())
+        self._blocks.append(_Block(columns, num_rows, info_index=info_index,
+                                   info_values=info_values))
+        self._block_rows += num_rows
+        if self._block_rows >= self.CHUNK_ROWS:
+            self._store_blocks()
+
     def _append_info(self, info: MutableMapping[str, float], num_rows: int) -> None:
         """Add one row's diagnostics; ``num_rows``: rows not yet stored, this one too."""
         row_index = None  # an InfoRow's names, for the rows after it
@@ -210,6 +247,7 @@ class IterationLog:
         for key, value in info.items():
             col = cols.get(key)
             if col is None:  # a name first seen now: NaN in every earlier row
+                self._store_blocks()  # (the rows given as columns lack it)
                 col = cols[key] = array("d", _NAN_ROW) * (num_rows - 1)
                 self._info_cols[key] = [np.full(len(seg), math.nan, np.float32)
                                         for seg in self._cols[0]]
@@ -237,20 +275,64 @@ class IterationLog:
         self._fast_rows = []
 
     def _store(self) -> None:
-        """Move the tuple rows (and their diagnostics) into the column segments."""
+        """Move the rows not yet stored (and their diagnostics) into the column segments."""
+        self._block_the_rows()
+        self._store_blocks()
+
+    def _block_the_rows(self) -> None:
+        """The tuple rows (and their diagnostics) into one more block of columns."""
         self._spread()
         rows = self._rows
         k = len(rows)
         if not k:
             return
-        columns = [np.array(c, dtype=dt)
-                   for c, dt in zip(zip(*rows, strict=True), _ITERATION_DTYPES, strict=True)]
+        self._blocks.append(_Block(
+            [np.array(c, dtype=dt)
+             for c, dt in zip(zip(*rows, strict=True), _ITERATION_DTYPES, strict=True)],
+            k, infos=self._info))
+        self._block_rows += k
+        self._rows = []
+        self._info = {key: array("d") for key in self._info}
+
+    def _store_blocks(self) -> None:
+        """The blocks of columns into the column segments, all at once (the types are checked
+        once per column, not per block: a run's blocks are a few hundred rows each)."""
+        blocks = self._blocks
+        if not blocks:
+            return
+        k = self._block_rows
+        columns = [np.empty(k, dt) for dt in _ITERATION_DTYPES]
+        keys = list(self._info_cols)  # (every block has every name the log has)
+        info = np.empty((len(keys), k))
+        orders: dict[int, list[int]] = {}  # id(block's names) -> their positions in ``keys``
+        start = 0
+        for b in blocks:
+            end = start + b.num_rows
+            for col, values in zip(columns, b.columns, strict=True):
+                col[start:end] = values
+            if b.infos is not None:
+                for j, key in enumerate(keys):
+                    info[j, start:end] = np.frombuffer(b.infos[key])
+            else:
+                assert b.info_index is not None and b.info_values is not None
+                order = orders.get(id(b.info_index))
+                if order is None:
+                    order = orders[id(b.info_index)] = [b.info_index[key] for key in keys]
+                info[:, start:end] = b.info_values.T[order]
+            start = end
+        self._blocks = []
+        self._block_rows = 0
+        self._store_columns(columns, {key: info[j] for j, key in enumerate(keys)}, k)
+
+    def _store_columns(self, columns: list[np.ndarray], infos: dict[str, np.ndarray],
+                       k: int) -> None:
+        """Append ``k`` rows, given as one array per column and per diagnostic (every name the
+        log has), to the column segments."""
         # Widen a column (every stored segment) whose type cannot hold the new values exactly.
         for j, values in enumerate(columns):
             dt = _column_type(self._dtypes[j], values)
             if dt != self._dtypes[j]:
                 self._dtypes[j], self._cols[j] = dt, [seg.astype(dt) for seg in self._cols[j]]
-        infos = {key: np.array(col, dtype=np.float64) for key, col in self._info.items()}
         for key, info_values in infos.items():
             dt = _info_type(self._info_dtypes[key], info_values)
             if dt != self._info_dtypes[key]:
@@ -276,9 +358,6 @@ class IterationLog:
                 self._info_cols[key][-1][off:off + take] = values[done:done + take]
             done += take
             self._num_stored += take
-        self._rows = []
-        for key in self._info:
-            self._info[key] = array("d")
 
     def _join(self) -> None:
         """Every row stored, each column in one array of exactly its rows (kept: a second
@@ -301,6 +380,10 @@ class IterationLog:
         i = index + n if index < 0 else index
         if not 0 <= i < n:
             raise IndexError(f"iteration {index} not in a log of {n}")
+        pending = i - self._num_stored - self._block_rows
+        if pending >= 0:
+            return self._rows[pending]
+        self._store_blocks()
         if i >= self._num_stored:
             return self._rows[i - self._num_stored]
         s = 0
@@ -352,6 +435,24 @@ class IterationLog:
 
 _NAN_ROW = (math.nan,)
 _FLOAT_COLUMNS = frozenset({"start", "latency", "prefill_attn", "swap_time"})
+class _Block(NamedTuple):
+    """``num_rows`` rows of the log as columns (``ITERATION_COLUMNS`` order, each an array or
+    one value for every row) and their diagnostics (every name the log has): a column each
+    (``infos``), or a row each (``info_values``, its columns named by ``info_index``)."""
+
+    columns: Sequence[np.ndarray | float]
+    num_rows: int
+    infos: Mapping[str, array[float]] | None = None
+    info_index: dict[str, int] | None = None
+    info_values: np.ndarray | None = None
+
+
+def _as_rows(columns: Sequence[np.ndarray | float], num_rows: int) -> list[tuple[Any, ...]]:
+    """Rows (tuples of Python values) of columns as ``IterationLog.append_columns`` takes them."""
+    return list(zip(*(c.tolist() if isinstance(c, np.ndarray) else repeat(c, num_rows)
+                      for c in columns), strict=True))
+
+
 _ITERATION_DTYPES = tuple(np.float64 if c in _FLOAT_COLUMNS else np.int64
                           for c in ITERATION_COLUMNS)
 _INT_TYPES = tuple(np.dtype(t) for t in (np.int8, np.int16, np.int32, np.int64))

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from accelgen.core.iteration import BatchShape
@@ -250,3 +250,62 @@ def test_exact_floats_are_stored_narrow_and_given_back_as_float64() -> None:
     assert all(wide[c].dtype == np.float64 for c in ("swap_time", "info_count", "start"))
     np.testing.assert_array_equal(wide["info_mixed"].to_numpy(), np.array(values))
     assert wide["info_count"].tolist() == [float(i) for i in range(len(values))]
+
+
+@settings(max_examples=100, deadline=None)
+@example(steps=[("row", 0), ("block", 2), ("new", 1)], chunk=9, frame_at=30)  # a name after a block
+@given(steps=st.lists(st.tuples(st.sampled_from(["row", "row", "columns", "block", "dict",
+                                                 "part", "new"]), st.integers(0, 5)),
+                      min_size=1, max_size=30),
+       chunk=st.integers(1, 9), frame_at=st.integers(0, 30))
+def test_rows_given_as_columns_make_the_same_table(steps: list[tuple[str, int]], chunk: int,
+                                                   frame_at: int) -> None:
+    """``append_columns`` and ``append_block`` (the simulator's runs of decode iterations)
+    between rows appended one by one: the table, the rows and the decision times of the same
+    rows appended as tuples."""
+    log = type("Small", (IterationLog,), {"CHUNK_ROWS": chunk, "SEGMENT_ROWS": 2 * chunk})()
+    full = {"token_budget": 0, "n_candidates": 1, "slo_min": 2}
+    part = {"n_candidates": 0}
+    rows: list[tuple] = []
+    infos: list[dict] = []
+    times: list[float] = []
+    for i, (kind, m) in enumerate(steps):
+        first = len(rows)
+        start = np.arange(first, first + m) * 0.5
+        ctx = 100 + 3 * np.arange(m, dtype=np.int64)
+        columns = (start, start * 1e-3 + 0.01, 3, 0, 3, 0, 3, 0.0, ctx, 40 + i, 491, ctx * 2,
+                   0, i, 3, 0, 0.0)
+        new = [(float(start[j]), float(start[j]) * 1e-3 + 0.01, 3, 0, 3, 0, 3, 0.0, int(ctx[j]),
+                40 + i, 491, 2 * int(ctx[j]), 0, i, 3, 0, 0.0) for j in range(m)]
+        if kind == "row":
+            info: Any = InfoRow(full, np.array([512.0 + i, float(i), 0.25 * i]))
+            log.append(0.5 * first, 0.02, BatchShape(), 1, i, 491, 0, 1e-6 * i, 0, 0, 1, 0, 0.0,
+                       info)
+            new, row_infos, row_times = ([(0.5 * first, 0.02, 0, 0, 0, 0, 1, 0.0, 0, i, 491, 0,
+                                           0, 0, 1, 0, 0.0)], [dict(info)], [1e-6 * i])
+        elif kind == "block":
+            values = np.column_stack([512.0 + np.arange(m), np.full(m, 1.0 * i),
+                                      0.5 + np.arange(m) * 1e3])
+            log.append_block(columns, m, 2e-6 * i, full, values)
+            row_infos, row_times = [dict(InfoRow(full, v)) for v in values], [2e-6 * i] * m
+        else:
+            info = {"columns": InfoRow(full, [7.0, float(i), 0.125]),
+                    "part": InfoRow(part, np.array([-1.0 - i])),
+                    "dict": {"slo_min": 0.5 * i, "token_budget": 7.0},
+                    "new": {f"extra_{i}": float(i)}}[kind]
+            log.append_columns(columns, m, info)
+            row_infos, row_times = [dict(info)] * m, [0.0] * m
+        rows += new
+        infos += row_infos
+        times += row_times
+        assert len(log) == len(rows)
+        if rows and i % 3 == 2:  # (reading a row stores the blocks: not after every step)
+            assert log.row(-1) == rows[-1]
+        if i == frame_at and rows:
+            pd.testing.assert_frame_equal(log.to_frame(), _reference(rows, infos))
+    assert [log.row(i) for i in range(len(rows))] == rows
+    if rows:
+        want = _reference(rows, infos)
+        pd.testing.assert_frame_equal(log.to_frame(), want)
+        assert _parquet(log.to_frame()) == _parquet(want)
+    assert list(log.decision_time) == times

@@ -601,7 +601,7 @@ class Simulator:
         asked_ahead: Decision | None = None  # (the compiled run's next step, asked already)
         overflow = False
         first = 0
-        decided_infos = None  # (the diagnostics of the first steps, a row each)
+        decided_steps: DecidedSteps | None = None  # (the first steps, decided in one call)
         if self._decides_runs and policy.decides_decode_run(decision):
             if self._decided_skip:
                 self._decided_skip -= 1
@@ -611,12 +611,10 @@ class Simulator:
                 if got is not None:
                     first, asked_ahead = got.steps, got.following
                     self._decide_s = got.decide_s
-                    decided_infos = got.info
                 if first:
                     assert got is not None
+                    decided_steps = got
                     starts.extend(got.clock[:first].tolist())
-                    frees.extend(got.free_after[:first].tolist())
-                    decide.extend(repeat(got.decide_s, first))
                     free, now = int(got.free_after[first - 1]), float(got.clock[first])
                     latency = latencies[first - 1]
                 # (a call that decides a few steps costs more than asking them one by one:
@@ -660,20 +658,26 @@ class Simulator:
         if done:
             self.cost.took_decode_run(done)
             total = kv.num_total_blocks
-            used_tokens = range(self._kv_used_tokens + n, self._kv_used_tokens + n * done + 1, n)
-            rows = list(zip(
-                starts, latencies, repeat(n), repeat(0), repeat(n), repeat(0), repeat(n),
-                repeat(0.0), range(decode_ctx, decode_ctx + n * done, n),
-                [total - f for f in frees], repeat(total), used_tokens, repeat(0),
-                repeat(len(self._waiting)), repeat(len(self._running)),
-                repeat(len(self._swapped)), repeat(0.0)))
+            used = self._kv_used_tokens
+            queues = (len(self._waiting), len(self._running), len(self._swapped))
             if first:
-                assert decided_infos is not None
-                self.log.append_rows_block(rows[:first], decide[:first], *decided_infos)
+                assert decided_steps is not None
+                self.log.append_block(
+                    (decided_steps.clock[:first], run_latencies[:first], n, 0, n, 0, n, 0.0,
+                     decode_ctx + n * np.arange(first, dtype=np.int64),
+                     total - decided_steps.free_after[:first], total,
+                     used + n * np.arange(1, first + 1, dtype=np.int64), 0, *queues, 0.0),
+                    first, decided_steps.decide_s, *decided_steps.info)
             if done > first:
-                self.log.append_rows_each(rows[first:], decide[first:], infos)
+                self.log.append_rows_each(list(zip(
+                    starts[first:], latencies[first:done], repeat(n), repeat(0), repeat(n),
+                    repeat(0), repeat(n), repeat(0.0),
+                    range(decode_ctx + n * first, decode_ctx + n * done, n),
+                    [total - f for f in frees], repeat(total),
+                    range(used + n * (first + 1), used + n * done + 1, n), repeat(0),
+                    *(repeat(q) for q in queues), repeat(0.0))), decide, infos)
             _emit_run_tokens(scheduled, [*starts[1:], now])
-            self._kv_used_tokens = used_tokens[-1]
+            self._kv_used_tokens = used + n * done
             self._now = now
             self._iteration += done
         if overflow:
@@ -881,12 +885,10 @@ class Simulator:
         total_blocks = kv.num_total_blocks
         used_tokens = self._kv_used_tokens + n * np.arange(1, done + 1, dtype=np.int64)
         used_blocks = total_blocks - free + new_blocks[:done]
-        self.log.append_rows(list(zip(
-            clock[:done].tolist(), latency[:done].tolist(), repeat(n), repeat(0), repeat(n),
-            repeat(0), repeat(n), repeat(0.0), ctx[:done].tolist(), used_blocks.tolist(),
-            repeat(total_blocks), used_tokens.tolist(), repeat(0), repeat(len(self._waiting)),
-            repeat(len(self._running)), repeat(len(self._swapped)), repeat(0.0))),
-            decision.info)
+        self.log.append_columns(
+            (clock[:done], latency[:done], n, 0, n, 0, n, 0.0, ctx[:done], used_blocks,
+             total_blocks, used_tokens, 0, len(self._waiting), len(self._running),
+             len(self._swapped), 0.0), done, decision.info)
         self._end_decode_run(decision.scheduled, first_need, clock[1:done + 1].tolist(),
                              float(clock[done - 1]), free - int(new_blocks[done - 1]),
                              int(used_tokens[-1]))
