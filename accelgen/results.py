@@ -208,6 +208,8 @@ class IterationLog:
             values = np.asarray(info._values, dtype=np.float64)
             self.append_block(columns, num_rows, 0.0, info._index,
                               np.broadcast_to(values, (num_rows, len(values))))
+        elif not info and not self._info:  # (no diagnostics here, and none logged before)
+            self.append_block(columns, num_rows, 0.0, _NO_INFO, np.empty((num_rows, 0)))
         else:
             self.append_rows(_as_rows(columns, num_rows), info)
 
@@ -219,7 +221,7 @@ class IterationLog:
         have the log's names (else row by row, which sets the names up)."""
         if not num_rows:
             return
-        if info_index is not self._fast_index:
+        if info_index is not self._fast_index and (info_index or self._info):
             self.append_rows_block(_as_rows(columns, num_rows), [decision_time] * num_rows,
                                    info_index, info_values)
             return
@@ -435,6 +437,9 @@ class IterationLog:
 
 _NAN_ROW = (math.nan,)
 _FLOAT_COLUMNS = frozenset({"start", "latency", "prefill_attn", "swap_time"})
+_NO_INFO: dict[str, int] = {}
+
+
 class _Block(NamedTuple):
     """``num_rows`` rows of the log as columns (``ITERATION_COLUMNS`` order, each an array or
     one value for every row) and their diagnostics (every name the log has): a column each
