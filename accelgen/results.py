@@ -208,20 +208,25 @@ class IterationLog:
             values = np.asarray(info._values, dtype=np.float64)
             self.append_block(columns, num_rows, 0.0, info._index,
                               np.broadcast_to(values, (num_rows, len(values))))
-        elif not info and not self._info:  # (no diagnostics here, and none logged before)
-            self.append_block(columns, num_rows, 0.0, _NO_INFO, np.empty((num_rows, 0)))
+        elif len(info) == len(self._info) and all(key in self._info for key in info):
+            # (a dict with the log's names: the baselines' decisions, and none at all)
+            index = {key: i for i, key in enumerate(info)}
+            values = np.array(list(info.values()), dtype=np.float64)
+            self.append_block(columns, num_rows, 0.0, index,
+                              np.broadcast_to(values, (num_rows, len(values))), names_checked=True)
         else:
             self.append_rows(_as_rows(columns, num_rows), info)
 
     def append_block(self, columns: Sequence[np.ndarray | float], num_rows: int,
                      decision_time: float, info_index: dict[str, int],
-                     info_values: np.ndarray) -> None:
+                     info_values: np.ndarray, names_checked: bool = False) -> None:
         """``append_rows_block`` of rows given as columns (as ``append_columns`` takes them),
         each with the decision time ``decision_time``: stored at once where the diagnostics
-        have the log's names (else row by row, which sets the names up)."""
+        have the log's names (``info_index`` is the one of the last rows with all of them, or
+        ``names_checked``), else row by row, which sets the names up."""
         if not num_rows:
             return
-        if info_index is not self._fast_index and (info_index or self._info):
+        if info_index is not self._fast_index and not names_checked:
             self.append_rows_block(_as_rows(columns, num_rows), [decision_time] * num_rows,
                                    info_index, info_values)
             return
@@ -437,9 +442,6 @@ class IterationLog:
 
 _NAN_ROW = (math.nan,)
 _FLOAT_COLUMNS = frozenset({"start", "latency", "prefill_attn", "swap_time"})
-_NO_INFO: dict[str, int] = {}
-
-
 class _Block(NamedTuple):
     """``num_rows`` rows of the log as columns (``ITERATION_COLUMNS`` order, each an array or
     one value for every row) and their diagnostics (every name the log has): a column each

@@ -255,8 +255,10 @@ def test_exact_floats_are_stored_narrow_and_given_back_as_float64() -> None:
 @settings(max_examples=100, deadline=None)
 @example(steps=[("row", 0), ("block", 2), ("new", 1)], chunk=9, frame_at=30)  # a name after a block
 @example(steps=[("none", 3), ("none", 2), ("row", 0), ("none", 1)], chunk=9, frame_at=30)
+@example(steps=[("row", 0), ("all", 2), ("block", 2), ("all", 3)], chunk=9, frame_at=30)
 @given(steps=st.lists(st.tuples(st.sampled_from(["row", "row", "columns", "block", "dict",
-                                                 "part", "new", "none"]), st.integers(0, 5)),
+                                                 "part", "new", "none", "all"]),
+                                 st.integers(0, 5)),
                       min_size=1, max_size=30),
        chunk=st.integers(1, 9), frame_at=st.integers(0, 30))
 def test_rows_given_as_columns_make_the_same_table(steps: list[tuple[str, int]], chunk: int,
@@ -293,7 +295,8 @@ def test_rows_given_as_columns_make_the_same_table(steps: list[tuple[str, int]],
             info = {"columns": InfoRow(full, [7.0, float(i), 0.125]),
                     "part": InfoRow(part, np.array([-1.0 - i])),
                     "dict": {"slo_min": 0.5 * i, "token_budget": 7.0},
-                    "new": {f"extra_{i}": float(i)}, "none": {}}[kind]
+                    "new": {f"extra_{i}": float(i)}, "none": {},
+                    "all": {"slo_min": 0.5 * i, "n_candidates": 3.0, "token_budget": 64.0 * i}}[kind]
             log.append_columns(columns, m, info)
             row_infos, row_times = [dict(info)] * m, [0.0] * m
         rows += new
