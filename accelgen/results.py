@@ -26,7 +26,7 @@ import tempfile
 from array import array
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import chain, repeat
 from pathlib import Path
 from typing import Any, NamedTuple, cast
 
@@ -105,7 +105,7 @@ class IterationLog:
         self._fast_rows: list[Any] = []
         # Rows given as columns (``append_block``), not yet stored: they come after the stored
         # rows and before the tuple rows (which a block turns into one before it).
-        self._blocks: list[_Block] = []
+        self._blocks: list[_Rows | _Columns] = []
         self._block_rows = 0
         self.decision_time: array[float] = array("d")
 
@@ -232,8 +232,7 @@ class IterationLog:
             return
         self._block_the_rows()  # (the rows before these)
         self.decision_time.frombytes(np.full(num_rows, decision_time).tobytes())
-        self._blocks.append(_Block(columns, num_rows, info_index=info_index,
-                                   info_values=info_values))
+        self._blocks.append(_Columns(num_rows, columns, info_index, info_values))
         self._block_rows += num_rows
         if self._block_rows >= self.CHUNK_ROWS:
             self._store_blocks()
@@ -287,48 +286,71 @@ class IterationLog:
         self._store_blocks()
 
     def _block_the_rows(self) -> None:
-        """The tuple rows (and their diagnostics) into one more block of columns."""
+        """The tuple rows (and their diagnostics) into one more block."""
         self._spread()
         rows = self._rows
-        k = len(rows)
-        if not k:
+        if not rows:
             return
-        self._blocks.append(_Block(
-            [np.array(c, dtype=dt)
-             for c, dt in zip(zip(*rows, strict=True), _ITERATION_DTYPES, strict=True)],
-            k, infos=self._info))
-        self._block_rows += k
+        self._blocks.append(_Rows(len(rows), rows, self._info))
+        self._block_rows += len(rows)
         self._rows = []
         self._info = {key: array("d") for key in self._info}
 
     def _store_blocks(self) -> None:
-        """The blocks of columns into the column segments, all at once (the types are checked
-        once per column, not per block: a run's blocks are a few hundred rows each)."""
+        """The blocks into the column segments, all at once: the tuple rows of every block
+        converted together, the blocks of columns joined column by column (a run's blocks are
+        a few to a few hundred rows each; per block, a numpy call a column would cost more
+        than the rows)."""
         blocks = self._blocks
         if not blocks:
             return
         k = self._block_rows
-        columns = [np.empty(k, dt) for dt in _ITERATION_DTYPES]
         keys = list(self._info_cols)  # (every block has every name the log has)
+        self._blocks = []
+        self._block_rows = 0
+        by_rows = [b for b in blocks if isinstance(b, _Rows)]
+        by_columns = [b for b in blocks if isinstance(b, _Columns)]
+        if not by_columns:  # (tuple rows only: most policies' logs)
+            rows = by_rows[0].rows if len(by_rows) == 1 else list(
+                chain.from_iterable(b.rows for b in by_rows))
+            columns = [np.array(c, dtype=dt)
+                       for c, dt in zip(zip(*rows, strict=True), _ITERATION_DTYPES, strict=True)]
+            self._store_columns(columns, {key: _joined([b.infos[key] for b in by_rows])
+                                          for key in keys}, k)
+            return
+        # Where each kind of block's rows go among the ``k``.
+        from_rows = np.repeat(np.array([isinstance(b, _Rows) for b in blocks]),
+                              [b.num_rows for b in blocks])
+        row_at, column_at = np.flatnonzero(from_rows), np.flatnonzero(~from_rows)
+        lengths = [b.num_rows for b in by_columns]
+        columns = [np.empty(k, dt) for dt in _ITERATION_DTYPES]
         info = np.empty((len(keys), k))
-        orders: dict[int, list[int]] = {}  # id(block's names) -> their positions in ``keys``
-        start = 0
-        for b in blocks:
-            end = start + b.num_rows
-            for col, values in zip(columns, b.columns, strict=True):
-                col[start:end] = values
-            if b.infos is not None:
-                for j, key in enumerate(keys):
-                    info[j, start:end] = np.frombuffer(b.infos[key])
+        if by_rows:
+            rows = list(chain.from_iterable(b.rows for b in by_rows))
+            for col, values, dt in zip(columns, zip(*rows, strict=True), _ITERATION_DTYPES,
+                                       strict=True):
+                col[row_at] = np.array(values, dtype=dt)
+            for j, key in enumerate(keys):
+                info[j, row_at] = _joined([b.infos[key] for b in by_rows])
+        for j, col in enumerate(columns):
+            parts = [b.columns[j] for b in by_columns]
+            arrays = sum(isinstance(v, np.ndarray) for v in parts)
+            if not arrays:
+                col[column_at] = np.repeat(np.array(parts, dtype=col.dtype), lengths)
             else:
-                assert b.info_index is not None and b.info_values is not None
+                col[column_at] = np.concatenate(
+                    parts if arrays == len(parts) else
+                    [v if isinstance(v, np.ndarray) else np.full(n, v, col.dtype)
+                     for v, n in zip(parts, lengths, strict=True)])
+        if keys:
+            orders: dict[int, list[int]] = {}  # id(names) -> their positions in ``keys``
+            parts = []
+            for b in by_columns:
                 order = orders.get(id(b.info_index))
                 if order is None:
                     order = orders[id(b.info_index)] = [b.info_index[key] for key in keys]
-                info[:, start:end] = b.info_values.T[order]
-            start = end
-        self._blocks = []
-        self._block_rows = 0
+                parts.append(b.info_values.T[order])
+            info[:, column_at] = np.concatenate(parts, axis=1)
         self._store_columns(columns, {key: info[j] for j, key in enumerate(keys)}, k)
 
     def _store_columns(self, columns: list[np.ndarray], infos: dict[str, np.ndarray],
@@ -442,16 +464,30 @@ class IterationLog:
 
 _NAN_ROW = (math.nan,)
 _FLOAT_COLUMNS = frozenset({"start", "latency", "prefill_attn", "swap_time"})
-class _Block(NamedTuple):
-    """``num_rows`` rows of the log as columns (``ITERATION_COLUMNS`` order, each an array or
-    one value for every row) and their diagnostics (every name the log has): a column each
-    (``infos``), or a row each (``info_values``, its columns named by ``info_index``)."""
+class _Rows(NamedTuple):
+    """Rows of the log not yet stored, as tuples, with a column of diagnostics per name (every
+    name the log has)."""
 
-    columns: Sequence[np.ndarray | float]
     num_rows: int
-    infos: Mapping[str, array[float]] | None = None
-    info_index: dict[str, int] | None = None
-    info_values: np.ndarray | None = None
+    rows: list[tuple[Any, ...]]
+    infos: Mapping[str, array[float]]
+
+
+class _Columns(NamedTuple):
+    """Rows of the log not yet stored, as columns (``ITERATION_COLUMNS`` order, each an array
+    or one value for every row), with a row of diagnostics each (``info_values``, its columns
+    named by ``info_index``: every name the log has)."""
+
+    num_rows: int
+    columns: Sequence[np.ndarray | float]
+    info_index: dict[str, int]
+    info_values: np.ndarray
+
+
+def _joined(parts: list[array[float]]) -> np.ndarray:
+    """One float64 array of the values of ``parts``."""
+    return np.frombuffer(parts[0]) if len(parts) == 1 else np.concatenate(
+        [np.frombuffer(v) for v in parts])
 
 
 def _as_rows(columns: Sequence[np.ndarray | float], num_rows: int) -> list[tuple[Any, ...]]:
