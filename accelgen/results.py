@@ -55,10 +55,11 @@ REQUEST_COLUMNS = (
 
 class IterationLog:
     """Append-only iteration log, compact enough for a 17 M-iteration run: rows are appended as
-    tuples (cheap in the simulator's hot loop) and every ``CHUNK_ROWS`` rows are moved into typed
-    numpy columns, stored in segments of ``SEGMENT_ROWS`` rows; the policy's diagnostics go into
-    one float column per name (NaN where a row lacks it). ``to_frame`` gives the table the rows
-    make (names, order, dtypes).
+    tuples (cheap in the simulator's hot loop), or as columns for a run of decode iterations
+    (``append_columns``, ``append_block``: most rows of a run below capacity), and every
+    ``CHUNK_ROWS`` rows are moved into typed numpy columns, stored in segments of
+    ``SEGMENT_ROWS`` rows; the policy's diagnostics go into one float column per name (NaN where
+    a row lacks it). ``to_frame`` gives the table the rows make (names, order, dtypes).
 
     Integer columns are stored in the narrowest of int8/16/32/64 that holds every value so far
     (a column is widened, all its segments, when a value does not fit): batch sizes, block and
@@ -103,8 +104,9 @@ class IterationLog:
         # couple of dozen diagnostics every iteration.
         self._fast_index: dict[str, int] | None = None
         self._fast_rows: list[Any] = []
-        # Rows given as columns (``append_block``), not yet stored: they come after the stored
-        # rows and before the tuple rows (which a block turns into one before it).
+        # Rows not yet stored that came before ``_rows``, in order: tuple rows with their
+        # diagnostics, and rows given as columns (``append_block``, which puts the tuple rows
+        # before it here first); stored all together (``_store_blocks``).
         self._blocks: list[_Rows | _Columns] = []
         self._block_rows = 0
         self.decision_time: array[float] = array("d")
@@ -413,8 +415,6 @@ class IterationLog:
         if pending >= 0:
             return self._rows[pending]
         self._store_blocks()
-        if i >= self._num_stored:
-            return self._rows[i - self._num_stored]
         s = 0
         while i >= len(self._cols[0][s]):
             i -= len(self._cols[0][s])
@@ -464,6 +464,8 @@ class IterationLog:
 
 _NAN_ROW = (math.nan,)
 _FLOAT_COLUMNS = frozenset({"start", "latency", "prefill_attn", "swap_time"})
+
+
 class _Rows(NamedTuple):
     """Rows of the log not yet stored, as tuples, with a column of diagnostics per name (every
     name the log has)."""
