@@ -250,6 +250,28 @@ REPEAT_RUN_SCALE: dict[str, tuple[tuple[float, float], ...]] = {
              (0.5, 0.735), (2.0, 0.318), (4.0, 0.414)),
 }
 
+# The simulator's runs of decode iterations go into the iteration log as columns
+# (``IterationLog.append_columns``, ``append_block``), not a tuple per row. The capacity jobs'
+# variable part scaled by what that saved, per policy and load factor: the same jobs side by
+# side with the build before (3cb814a), alternating, nothing else running, every results file
+# identical (`scripts/measure_jobs.py config/paper.yaml --only capacity --per-policy --sample 3
+# --checkout <3cb814a>`, 2026-11-29, build 231f271: 27 jobs, 190.2 against 235.7 CPU s); one
+# job each, the variable part after over before, held beyond the ends. None priced where a
+# job measured 0.93x or slower (within the host's spread: FastServe, which is asked at every
+# iteration, and the AccelGen family from a load factor of 1 on), nor for jobs under noise, nor
+# for the ablations (not measured).
+COLUMN_LOG_SCALE: dict[str, tuple[tuple[float, float], ...]] = {
+    "accelgen": ((0.00390625, 0.822), (1.0, 1.0)),
+    "accelgen-closed": ((0.03125, 0.657), (1.0, 1.0)),
+    "oracle": ((0.00390625, 0.597), (0.0625, 0.659), (1.0, 1.0)),
+    "edf": ((0.00390625, 0.777), (0.0625, 0.835), (1.0, 0.927)),
+    "fastgen": ((0.00390625, 0.358), (0.03125, 0.441), (2.0, 0.667)),
+    "orca": ((0.00390625, 0.345), (0.0625, 0.374), (1.0, 0.705)),
+    "sarathi": ((0.00390625, 0.499), (0.03125, 0.493), (2.0, 0.954)),
+    "vllm": ((0.00390625, 0.463), (0.25, 0.422), (0.5, 0.727)),
+    "vllm-priority": ((0.00390625, 0.344), (0.125, 0.441), (0.25, 0.653)),  # (1/4: 5 % noise)
+}
+
 
 def _interpolated(pts: tuple[tuple[float, float], ...], load_factor: float) -> float:
     """The values of ``pts`` ((load factor, value), ascending) interpolated in log(load
@@ -303,9 +325,9 @@ def capacity_seconds(policy: str, num_requests: int, load_factor: float,
     """CPU seconds of one capacity-sweep job of ``policy`` at ``load_factor`` (None when the
     policy was not measured there): the measured jobs interpolated in log(load factor), held at
     the ends, net of the fixed part scaled by requests (and by search points for the Oracle),
-    and by ``ASKING_RUN_SCALE``, ``DECIDED_RUN_SCALE`` and ``REPEAT_RUN_SCALE`` where the job
-    takes those runs (not ``noisy``; a noisy job of a policy measured under noise from
-    ``NOISY_CAPACITY_MEASURED``);
+    and by ``ASKING_RUN_SCALE``, ``DECIDED_RUN_SCALE``, ``REPEAT_RUN_SCALE`` and
+    ``COLUMN_LOG_SCALE`` where the job takes those runs (not ``noisy``; a noisy job of a policy
+    measured under noise from ``NOISY_CAPACITY_MEASURED``);
     ``warm``: with the fixed part of a job forked by ``accelgen warm``."""
     noisy_pts = NOISY_CAPACITY_MEASURED.get(policy) if noisy else None
     pts = noisy_pts or CAPACITY_MEASURED.get(policy) or CAPACITY_MEASURED.get(base_policy(policy))
@@ -320,6 +342,8 @@ def capacity_seconds(policy: str, num_requests: int, load_factor: float,
             var *= _interpolated(DECIDED_RUN_SCALE, load_factor)
         if policy in REPEAT_RUN_SCALE:
             var *= _interpolated(REPEAT_RUN_SCALE[policy], load_factor)
+        if policy in COLUMN_LOG_SCALE:
+            var *= _interpolated(COLUMN_LOG_SCALE[policy], load_factor)
     if base_policy(policy) == "oracle":
         var *= search_points / CAPACITY_ORACLE_POINTS
     return fixed_seconds(policy, warm) + var * num_requests / CAPACITY_REQUESTS
