@@ -79,6 +79,10 @@ class IterationLog:
 
     CHUNK_ROWS = 1 << 16
     SEGMENT_ROWS = 1 << 20
+    # Fewer rows given as columns go in as tuples: a block costs about what a dozen tuple rows do
+    # (its diagnostics, the columns of the tuple rows before it), and an overloaded run's decode
+    # runs are a few steps each.
+    MIN_BLOCK_ROWS = 16
 
     __slots__ = ("_block_rows", "_blocks", "_capacity", "_cols", "_dtypes", "_fast_index",
                  "_fast_rows", "_info", "_info_cols", "_info_dtypes", "_num_stored", "_rows",
@@ -210,7 +214,8 @@ class IterationLog:
             values = np.asarray(info._values, dtype=np.float64)
             self.append_block(columns, num_rows, 0.0, info._index,
                               np.broadcast_to(values, (num_rows, len(values))))
-        elif len(info) == len(self._info) and all(key in self._info for key in info):
+        elif (num_rows >= self.MIN_BLOCK_ROWS and len(info) == len(self._info)
+              and all(key in self._info for key in info)):
             # (a dict with the log's names: the baselines' decisions, and none at all)
             index = {key: i for i, key in enumerate(info)}
             values = np.array(list(info.values()), dtype=np.float64)
@@ -228,7 +233,8 @@ class IterationLog:
         ``names_checked``), else row by row, which sets the names up."""
         if not num_rows:
             return
-        if info_index is not self._fast_index and not names_checked:
+        if num_rows < self.MIN_BLOCK_ROWS or (info_index is not self._fast_index
+                                              and not names_checked):
             self.append_rows_block(_as_rows(columns, num_rows), [decision_time] * num_rows,
                                    info_index, info_values)
             return

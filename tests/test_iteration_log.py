@@ -253,20 +253,22 @@ def test_exact_floats_are_stored_narrow_and_given_back_as_float64() -> None:
 
 
 @settings(max_examples=100, deadline=None)
-@example(steps=[("row", 0), ("block", 2), ("new", 1)], chunk=9, frame_at=30)  # a name after a block
-@example(steps=[("none", 3), ("none", 2), ("row", 0), ("none", 1)], chunk=9, frame_at=30)
-@example(steps=[("row", 0), ("all", 2), ("block", 2), ("all", 3)], chunk=9, frame_at=30)
+# (a name first seen after a block)
+@example(steps=[("row", 0), ("block", 2), ("new", 1)], chunk=9, frame_at=30, min_block=1)
+@example(steps=[("none", 3), ("none", 2), ("row", 0), ("none", 1)], chunk=9, frame_at=30, min_block=1)
+@example(steps=[("row", 0), ("all", 2), ("block", 2), ("all", 3)], chunk=9, frame_at=30, min_block=1)
 @given(steps=st.lists(st.tuples(st.sampled_from(["row", "row", "columns", "block", "dict",
                                                  "part", "new", "none", "all"]),
                                  st.integers(0, 5)),
                       min_size=1, max_size=30),
-       chunk=st.integers(1, 9), frame_at=st.integers(0, 30))
+       chunk=st.integers(1, 9), frame_at=st.integers(0, 30), min_block=st.integers(1, 4))
 def test_rows_given_as_columns_make_the_same_table(steps: list[tuple[str, int]], chunk: int,
-                                                   frame_at: int) -> None:
+                                                   frame_at: int, min_block: int) -> None:
     """``append_columns`` and ``append_block`` (the simulator's runs of decode iterations)
     between rows appended one by one: the table, the rows and the decision times of the same
     rows appended as tuples."""
-    log = type("Small", (IterationLog,), {"CHUNK_ROWS": chunk, "SEGMENT_ROWS": 2 * chunk})()
+    log = type("Small", (IterationLog,), {"CHUNK_ROWS": chunk, "SEGMENT_ROWS": 2 * chunk,
+                                          "MIN_BLOCK_ROWS": min_block})()
     full = {"token_budget": 0, "n_candidates": 1, "slo_min": 2}
     part = {"n_candidates": 0}
     rows: list[tuple] = []
