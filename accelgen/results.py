@@ -295,14 +295,21 @@ class IterationLog:
 
     def _block_the_rows(self) -> None:
         """The tuple rows (and their diagnostics) into one more block."""
-        self._spread()
         rows = self._rows
         if not rows:
             return
-        self._blocks.append(_Rows(len(rows), rows, self._info))
+        if self._fast_rows and len(self._fast_rows) == len(rows):
+            # (every row's diagnostics kept as its InfoRow's values: kept so, not spread)
+            assert self._fast_index is not None
+            self._blocks.append(_Rows(len(rows), rows, fast_index=self._fast_index,
+                                      fast_rows=self._fast_rows))
+            self._fast_rows = []
+        else:
+            self._spread()
+            self._blocks.append(_Rows(len(rows), rows, infos=self._info))
+            self._info = {key: array("d") for key in self._info}
         self._block_rows += len(rows)
         self._rows = []
-        self._info = {key: array("d") for key in self._info}
 
     def _store_blocks(self) -> None:
         """The blocks into the column segments, all at once: the tuple rows of every block
@@ -323,8 +330,8 @@ class IterationLog:
                 chain.from_iterable(b.rows for b in by_rows))
             columns = [np.array(c, dtype=dt)
                        for c, dt in zip(zip(*rows, strict=True), _ITERATION_DTYPES, strict=True)]
-            self._store_columns(columns, {key: _joined([b.infos[key] for b in by_rows])
-                                          for key in keys}, k)
+            info = _rows_info(by_rows, keys)
+            self._store_columns(columns, {key: info[j] for j, key in enumerate(keys)}, k)
             return
         # Where each kind of block's rows go among the ``k``.
         from_rows = np.repeat(np.array([isinstance(b, _Rows) for b in blocks]),
@@ -338,8 +345,7 @@ class IterationLog:
             for col, values, dt in zip(columns, zip(*rows, strict=True), _ITERATION_DTYPES,
                                        strict=True):
                 col[row_at] = np.array(values, dtype=dt)
-            for j, key in enumerate(keys):
-                info[j, row_at] = _joined([b.infos[key] for b in by_rows])
+            info[:, row_at] = _rows_info(by_rows, keys)
         for j, col in enumerate(columns):
             parts = [b.columns[j] for b in by_columns]
             arrays = sum(isinstance(v, np.ndarray) for v in parts)
@@ -473,12 +479,15 @@ _FLOAT_COLUMNS = frozenset({"start", "latency", "prefill_attn", "swap_time"})
 
 
 class _Rows(NamedTuple):
-    """Rows of the log not yet stored, as tuples, with a column of diagnostics per name (every
-    name the log has)."""
+    """Rows of the log not yet stored, as tuples, with their diagnostics (every name the log
+    has): a column per name (``infos``), or each row's InfoRow values (``fast_rows``, named by
+    ``fast_index``)."""
 
     num_rows: int
     rows: list[tuple[Any, ...]]
-    infos: Mapping[str, array[float]]
+    infos: Mapping[str, array[float]] | None = None
+    fast_index: dict[str, int] | None = None
+    fast_rows: list[Any] | None = None
 
 
 class _Columns(NamedTuple):
@@ -492,10 +501,29 @@ class _Columns(NamedTuple):
     info_values: np.ndarray
 
 
-def _joined(parts: list[array[float]]) -> np.ndarray:
-    """One float64 array of the values of ``parts``."""
-    return np.frombuffer(parts[0]) if len(parts) == 1 else np.concatenate(
-        [np.frombuffer(v) for v in parts])
+def _rows_info(blocks: list[_Rows], keys: list[str]) -> np.ndarray:
+    """The diagnostics of ``blocks``' rows, in order, as an array of a row per name of
+    ``keys``: consecutive blocks of InfoRow values with the same names converted together."""
+    parts: list[np.ndarray] = []
+    run: list[Any] = []  # (InfoRow values with ``run_index``'s names)
+    run_index: dict[str, int] | None = None
+    for b in [*blocks, None]:
+        if b is not None and b.fast_rows is not None and b.fast_index is run_index:
+            run.extend(b.fast_rows)
+            continue
+        if run_index is not None:
+            parts.append(np.array(run, dtype=np.float64).reshape(len(run), len(run_index)).T[
+                [run_index[key] for key in keys]])
+        run, run_index = [], None
+        if b is None:
+            break
+        if b.fast_rows is not None:
+            run, run_index = list(b.fast_rows), b.fast_index
+        else:
+            assert b.infos is not None
+            parts.append(np.array([np.frombuffer(b.infos[key]) for key in keys],
+                                  dtype=np.float64).reshape(len(keys), b.num_rows))
+    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
 
 
 def _as_rows(columns: Sequence[np.ndarray | float], num_rows: int) -> list[tuple[Any, ...]]:
