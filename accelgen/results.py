@@ -512,8 +512,8 @@ def _rows_info(blocks: list[_Rows], keys: list[str]) -> np.ndarray:
             run.extend(b.fast_rows)
             continue
         if run_index is not None:
-            parts.append(np.array(run, dtype=np.float64).reshape(len(run), len(run_index)).T[
-                [run_index[key] for key in keys]])
+            # (an InfoRow's values may run past its names: AccelGen's rows have spare slots)
+            parts.append(np.array(run, dtype=np.float64).T[[run_index[key] for key in keys]])
         run, run_index = [], None
         if b is None:
             break

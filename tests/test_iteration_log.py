@@ -283,18 +283,19 @@ def test_rows_given_as_columns_make_the_same_table(steps: list[tuple[str, int]],
         new = [(float(start[j]), float(start[j]) * 1e-3 + 0.01, 3, 0, 3, 0, 3, 0.0, int(ctx[j]),
                 40 + i, 491, 2 * int(ctx[j]), 0, i, 3, 0, 0.0) for j in range(m)]
         if kind == "row":
-            info: Any = InfoRow(full, np.array([512.0 + i, float(i), 0.25 * i]))
+            # (values past the names, as AccelGen's rows have: not logged)
+            info: Any = InfoRow(full, np.array([512.0 + i, float(i), 0.25 * i, -1.0]))
             log.append(0.5 * first, 0.02, BatchShape(), 1, i, 491, 0, 1e-6 * i, 0, 0, 1, 0, 0.0,
                        info)
             new, row_infos, row_times = ([(0.5 * first, 0.02, 0, 0, 0, 0, 1, 0.0, 0, i, 491, 0,
                                            0, 0, 1, 0, 0.0)], [dict(info)], [1e-6 * i])
         elif kind == "block":
             values = np.column_stack([512.0 + np.arange(m), np.full(m, 1.0 * i),
-                                      0.5 + np.arange(m) * 1e3])
+                                      0.5 + np.arange(m) * 1e3, np.full(m, -1.0)])
             log.append_block(columns, m, 2e-6 * i, full, values)
             row_infos, row_times = [dict(InfoRow(full, v)) for v in values], [2e-6 * i] * m
         else:
-            info = {"columns": InfoRow(full, [7.0, float(i), 0.125]),
+            info = {"columns": InfoRow(full, [7.0, float(i), 0.125, -1.0]),
                     "part": InfoRow(part, np.array([-1.0 - i])),
                     "dict": {"slo_min": 0.5 * i, "token_budget": 7.0},
                     "new": {f"extra_{i}": float(i)}, "none": {},
