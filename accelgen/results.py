@@ -326,12 +326,9 @@ class IterationLog:
         by_rows = [b for b in blocks if isinstance(b, _Rows)]
         by_columns = [b for b in blocks if isinstance(b, _Columns)]
         if not by_columns:  # (tuple rows only: most policies' logs)
-            rows = by_rows[0].rows if len(by_rows) == 1 else list(
-                chain.from_iterable(b.rows for b in by_rows))
-            columns = [np.array(c, dtype=dt)
-                       for c, dt in zip(zip(*rows, strict=True), _ITERATION_DTYPES, strict=True)]
             info = _rows_info(by_rows, keys)
-            self._store_columns(columns, {key: info[j] for j, key in enumerate(keys)}, k)
+            self._store_columns(_rows_columns(by_rows),
+                                {key: info[j] for j, key in enumerate(keys)}, k)
             return
         # Where each kind of block's rows go among the ``k``.
         from_rows = np.repeat(np.array([isinstance(b, _Rows) for b in blocks]),
@@ -341,10 +338,8 @@ class IterationLog:
         columns = [np.empty(k, dt) for dt in _ITERATION_DTYPES]
         info = np.empty((len(keys), k))
         if by_rows:
-            rows = list(chain.from_iterable(b.rows for b in by_rows))
-            for col, values, dt in zip(columns, zip(*rows, strict=True), _ITERATION_DTYPES,
-                                       strict=True):
-                col[row_at] = np.array(values, dtype=dt)
+            for col, values in zip(columns, _rows_columns(by_rows), strict=True):
+                col[row_at] = values
             info[:, row_at] = _rows_info(by_rows, keys)
         for j, col in enumerate(columns):
             parts = [b.columns[j] for b in by_columns]
@@ -499,6 +494,13 @@ class _Columns(NamedTuple):
     columns: Sequence[np.ndarray | float]
     info_index: dict[str, int]
     info_values: np.ndarray
+
+
+def _rows_columns(blocks: list[_Rows]) -> list[np.ndarray]:
+    """The tuple rows of ``blocks``, in order, as one array per column (int64 or float64)."""
+    rows = blocks[0].rows if len(blocks) == 1 else list(chain.from_iterable(b.rows for b in blocks))
+    return [np.array(c, dtype=dt)
+            for c, dt in zip(zip(*rows, strict=True), _ITERATION_DTYPES, strict=True)]
 
 
 def _rows_info(blocks: list[_Rows], keys: list[str]) -> np.ndarray:

@@ -52,9 +52,9 @@ class JobCost:
 # jobs 1.6-1.9x slower than on the day of the table (both builds alike).
 LOG_COLUMNS_MEASURED_ON = ("scripts/measure_jobs.py config/paper.yaml --only base (vllm, orca, "
                            "fastgen, sarathi) and --only capacity --per-policy --sample 3, each "
-                           "with --checkout <3cb814a>, 2026-11-29: COLUMN_LOG_SCALE, "
+                           "with --checkout <3cb814a>, 2026-11-29: LOG_COLUMNS_CAPACITY_SCALE, "
                            "LOG_COLUMNS_BASE_SCALE")
-_LOG = LOG_COLUMNS_BASE_SCALE = {"vllm": 0.667, "sarathi": 0.678, "fastgen": 0.658, "orca": 0.281}
+LOG_COLUMNS_BASE_SCALE = {"vllm": 0.667, "sarathi": 0.678, "fastgen": 0.658, "orca": 0.281}
 
 
 # Per policy (a named variant costs what its base policy costs). ``oracle``: one point of its
@@ -69,16 +69,20 @@ MEASURED: dict[str, JobCost] = {
     # (FIXED_S), plus STARTUP_S as for the others. Peak memory as measured on 2026-11-25.
     # vLLM, Sarathi-Serve, FastGen and Orca: that variable part scaled by what the iteration
     # log's columns saved (``LOG_COLUMNS_BASE_SCALE``).
-    "vllm": JobCost(seconds=STARTUP_S + (20.46 - 1.0) * _LOG["vllm"], rss_mb=909.0),
+    "vllm": JobCost(seconds=STARTUP_S + (20.46 - 1.0) * LOG_COLUMNS_BASE_SCALE["vllm"],
+                    rss_mb=909.0),
     "vllm-v0": JobCost(seconds=46.3, rss_mb=920.0),
-    "sarathi": JobCost(seconds=STARTUP_S + (21.81 - 1.0) * _LOG["sarathi"], rss_mb=902.0),
+    "sarathi": JobCost(seconds=STARTUP_S + (21.81 - 1.0) * LOG_COLUMNS_BASE_SCALE["sarathi"],
+                       rss_mb=902.0),
     # Sarathi-Serve in slack order is asked at every iteration (no after-decodes shortcut):
     # Sarathi's cost before it (2026-11-25).
     "sarathi-slack": JobCost(seconds=49.6, rss_mb=902.0),
-    "fastgen": JobCost(seconds=STARTUP_S + (26.95 - 1.0) * _LOG["fastgen"], rss_mb=878.0),
+    "fastgen": JobCost(seconds=STARTUP_S + (26.95 - 1.0) * LOG_COLUMNS_BASE_SCALE["fastgen"],
+                       rss_mb=878.0),
     "fastserve": JobCost(seconds=STARTUP_S + 141.0 - 1.0, rss_mb=935.0),
     "edf": JobCost(seconds=85.5, rss_mb=918.0),  # (2026-11-25)
-    "orca": JobCost(seconds=STARTUP_S + (56.68 - 1.0) * _LOG["orca"], rss_mb=1590.0),  # batches of 8
+    "orca": JobCost(seconds=STARTUP_S + (56.68 - 1.0) * LOG_COLUMNS_BASE_SCALE["orca"],
+                    rss_mb=1590.0),  # batches of 8
     "oracle": JobCost(seconds=91.1, rss_mb=1353.0),  # one point of a search (2026-11-25)
     "accelgen": JobCost(seconds=STARTUP_S + 88.96 - 2.0, rss_mb=1358.0),  # (RSS: build 89dd7b0)
     # Not a paper-trace run: vllm's cost (2026-11-25: 45.4 s) scaled by the CPU-time ratio of
@@ -279,7 +283,7 @@ REPEAT_RUN_SCALE: dict[str, tuple[tuple[float, float], ...]] = {
 # job measured 0.93x or slower (within the host's spread: FastServe, which is asked at every
 # iteration, and the AccelGen family from a load factor of 1 on), nor for jobs under noise, nor
 # for the ablations (not measured).
-COLUMN_LOG_SCALE: dict[str, tuple[tuple[float, float], ...]] = {
+LOG_COLUMNS_CAPACITY_SCALE: dict[str, tuple[tuple[float, float], ...]] = {
     "accelgen": ((0.00390625, 0.822), (1.0, 1.0)),
     "accelgen-closed": ((0.03125, 0.657), (1.0, 1.0)),
     "oracle": ((0.00390625, 0.597), (0.0625, 0.659), (1.0, 1.0)),
@@ -345,7 +349,7 @@ def capacity_seconds(policy: str, num_requests: int, load_factor: float,
     policy was not measured there): the measured jobs interpolated in log(load factor), held at
     the ends, net of the fixed part scaled by requests (and by search points for the Oracle),
     and by ``ASKING_RUN_SCALE``, ``DECIDED_RUN_SCALE``, ``REPEAT_RUN_SCALE`` and
-    ``COLUMN_LOG_SCALE`` where the job takes those runs (not ``noisy``; a noisy job of a policy
+    ``LOG_COLUMNS_CAPACITY_SCALE`` where the job takes those runs (not ``noisy``; a noisy job of a policy
     measured under noise from ``NOISY_CAPACITY_MEASURED``);
     ``warm``: with the fixed part of a job forked by ``accelgen warm``."""
     noisy_pts = NOISY_CAPACITY_MEASURED.get(policy) if noisy else None
@@ -361,8 +365,8 @@ def capacity_seconds(policy: str, num_requests: int, load_factor: float,
             var *= _interpolated(DECIDED_RUN_SCALE, load_factor)
         if policy in REPEAT_RUN_SCALE:
             var *= _interpolated(REPEAT_RUN_SCALE[policy], load_factor)
-        if policy in COLUMN_LOG_SCALE:
-            var *= _interpolated(COLUMN_LOG_SCALE[policy], load_factor)
+        if policy in LOG_COLUMNS_CAPACITY_SCALE:
+            var *= _interpolated(LOG_COLUMNS_CAPACITY_SCALE[policy], load_factor)
     if base_policy(policy) == "oracle":
         var *= search_points / CAPACITY_ORACLE_POINTS
     return fixed_seconds(policy, warm) + var * num_requests / CAPACITY_REQUESTS
