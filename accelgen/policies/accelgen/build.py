@@ -61,18 +61,19 @@ def _exports() -> dict[str, tuple[Any, tuple[Any, ...]]]:
     from numba import typeof, types
 
     from accelgen.policies.accelgen import decide, decode_run, rank
-    from accelgen.policies.accelgen.state import DECODE_RUN
+    from accelgen.policies.accelgen.state import DECODE_RUN, LOOP_STATE
 
     ints, floats, rows = types.int64[::1], types.float64[::1], typeof(RequestTable(capacity=1).rows)
     arrays = typeof(Workspace(RequestTable(capacity=1)).arrays)
     run = typeof(np.zeros(1, DECODE_RUN).view(np.recarray))
+    loop = typeof(np.zeros(1, LOOP_STATE).view(np.recarray))
     return {"decide": (decide.decide, (arrays,)),
             "read_rows": (rank.read_rows, (rows, types.float64[:, ::1], types.bool_, ints)),
             "decode_rows": (rank.decode_rows, (rows, ints, types.int64, types.float64, ints)),
             "set_deadlines": (rank.set_deadlines, (rows, ints)),
             "decode_run": (decode_run.decode_run,
                            (arrays, floats, floats, ints, ints, ints, run, floats,
-                            types.float64[:, ::1]))}
+                            types.float64[:, ::1], loop, floats, floats))}
 
 
 def _compile(compile_: Callable[[], object]) -> None:

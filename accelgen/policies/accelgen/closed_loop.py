@@ -2,22 +2,23 @@
 the cost model the decision plans with and feeds the recent distribution of its errors; the decision
 then plans against its SLOs shrunk by the margin that keeps a whole request on time with the
 attainment it aims for. Plain Python, run once per iteration (``AccelGenPolicy.on_step_end``),
-nothing here imports numba."""
+nothing here imports numba; a run of decode steps decided in one compiled call takes in its steps
+with the same arithmetic there (``loop_step.take_in``, on ``state``)."""
 
 from __future__ import annotations
 
 import math
 from statistics import NormalDist
+from typing import Any
 
 import numpy as np
 
-from accelgen.policies.accelgen.state import EXACT_RATIO
+from accelgen.policies.accelgen.state import EXACT_RATIO, IQR_SD, LOOP_STATE
 
-# The interquartile range of a normal distribution in standard deviations: a robust spread of the
-# log errors (an engine's rare stalls of many times the model would blow up a plain standard
-# deviation, and no margin keeps a stalled step on time).
-IQR_SD = 1.3489795003921634
 _NORMAL = NormalDist()
+# (``ClosedLoop.state``'s order: the record a compiled decode run takes in steps with)
+assert LOOP_STATE.names == ("correction", "margin", "median", "sd", "quantile", "z", "lsum", "weight",
+                            "target", "i", "n", "since", "observed", "ln", "every")
 
 
 class ClosedLoop:
@@ -57,6 +58,25 @@ class ClosedLoop:
         self.observed = 0  # iterations taken in
         self.quantile = target  # the per-iteration quantile the margin was last read at
         self._z = _NORMAL.inv_cdf(target)  # (its standard normal quantile)
+
+    @property
+    def errors(self) -> np.ndarray:
+        """The window of log errors (a compiled decode run takes in its steps there: ``state``)."""
+        return self._errors
+
+    def state(self) -> tuple[float | int, ...]:
+        """What a compiled decode run takes in steps with (``loop_step.take_in``), in the order of
+        ``state.LoopState``'s fields; ``set_state`` takes it back."""
+        return (self.correction, self.margin, self.median, self.sd, self.quantile, self._z,
+                self._lsum, self.weight, self.target, self._i, self._n, self._since, self.observed,
+                self._ln, self.every)
+
+    def set_state(self, values: tuple[Any, ...]) -> None:
+        """The state a compiled decode run left (``state``'s order; the window was written in
+        place)."""
+        (self.correction, self.margin, self.median, self.sd, self.quantile, self._z, self._lsum,
+         self.weight, self.target, self._i, self._n, self._since, self.observed, self._ln,
+         self.every) = values
 
     @property
     def scale(self) -> float:
@@ -140,7 +160,8 @@ class ClosedLoop:
         self._n = min(self._n + 1, n)
         self.observed += 1
         self._since += 1
-        # (a fit of the window every few iterations: a partition, a few microseconds)
+        # (a fit of the window every few iterations: a partition, a few microseconds; the
+        # compiled take-in of a decode run's steps, ``loop_step.take_in``, repeats this)
         if self._since >= self.every or self._n < self.every:
             self._since = 0
             self._fit(self.observed)

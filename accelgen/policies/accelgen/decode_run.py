@@ -13,12 +13,14 @@ from accelgen.policies.accelgen import rank
 from accelgen.policies.accelgen import state as st
 from accelgen.policies.accelgen.decide import decide
 from accelgen.policies.accelgen.jit import jit
+from accelgen.policies.accelgen.loop_step import take_in
 
 
 @jit
 def decode_run(a: st.DecisionArrays, clock: np.ndarray, latencies: np.ndarray,
                free_blocks: np.ndarray, blocks: np.ndarray, first_need: np.ndarray,
-               run: np.ndarray, info: np.ndarray, infos: np.ndarray) -> int:
+               run: np.ndarray, info: np.ndarray, infos: np.ndarray, loop: np.ndarray,
+               errors: np.ndarray, scratch: np.ndarray) -> int:
     """Decide steps ``run[0].first`` to ``run[0].last`` (exclusive) of a decode run of the
     previous decision's batch (the head of ``Batch.slots``, ``run[0].batch`` requests). Before
     step ``k`` each request of the batch takes in its token of the step before at ``clock[k]``
@@ -29,7 +31,10 @@ def decode_run(a: st.DecisionArrays, clock: np.ndarray, latencies: np.ndarray,
     diagnostics (``info``, the record's float view) in ``infos[k]``. With ``run[0].exact_only``
     (the closed loop at rest) a step is decided only if the step before took (``latencies``)
     what its decision predicted, a ratio of 1 to EXACT_RATIO (the loop's take-in of it changes
-    nothing then). Returns the step after the last such step; ``run[0].stop`` says where it
+    nothing then). With ``run[0].observes`` the closed loop (``loop[0]``, its error window
+    ``errors``, ``scratch`` as long) takes in the step before each step, as
+    ``schedule_after_decodes`` does before deciding, and the plan's scales follow it
+    (``loop_step.take_in``). Returns the step after the last such step; ``run[0].stop`` says where it
     stopped: RUN_ALL (after every step), RUN_DECIDED (the returned step's decision is complete
     and differs), RUN_ASKS (it waits on the latency of ``run[0].need`` budget tokens' full
     batch: ``Workspace.complete``) or RUN_OBSERVES (the returned step is not decided: the
@@ -46,6 +51,14 @@ def decode_run(a: st.DecisionArrays, clock: np.ndarray, latencies: np.ndarray,
                     and abs(took / predicted - 1.0) <= st.EXACT_RATIO):
                 ctl.stop = st.RUN_OBSERVES
                 return k
+        elif k and ctl.observes and take_in(loop[0], errors, scratch,
+                                            infos[k - 1, ctl.planned_at],
+                                            latencies[k - 1]) == st.LOOP_CHANGED:
+            # (the plan's scales: ``ClosedLoop.scales``, as ``Workspace.set_scales`` sets them)
+            lp = loop[0]
+            par.time_scale, par.tbt_shrink = lp.correction, 1.0 / (1.0 + lp.margin)
+            par.err_median, par.err_sd, par.err_z = lp.median, lp.sd, lp.z
+            par.risk = 1.0 - lp.target if lp.sd > 0.0 else 0.0
         now = clock[k]
         for i in range(n):
             j = first_need[i]

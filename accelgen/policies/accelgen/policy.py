@@ -245,10 +245,10 @@ class AccelGenPolicy(Policy):
         # step, while nothing but the batch's rows changes between its steps: no waiting
         # request's deadline passes (the table's sweep, run between the run's parts), no row of
         # the batch is dormant (no rows to re-watch), no JCT plan to make, and the closed loop,
-        # if any, stays at rest (exact predictions).
+        # if any, takes in the steps' latencies as they come (not a backend's own measurements).
         t, loop = self._table, self.loop
         return (self.after_decodes_reads_blocks_only(decision) and not t.num_unplanned
-                and (loop is None or (not self.measured_by_backend and loop.at_rest()))
+                and (loop is None or not self.measured_by_backend)
                 and not (t.dormancy and t.dormant[self._ws.slots[:len(decision.scheduled)]].any()))
 
     def decide_decode_run(self, view: SchedulerView, decision: Decision, latency: float,
@@ -258,8 +258,13 @@ class AccelGenPolicy(Policy):
         assert len(run.blocks) == len(decision.scheduled)
         if loop is not None:
             self._measured(latency)  # (the step before the run; it may set the plan's scales)
+        # At rest (exact predictions) the loop takes in the run's steps after it, in one call, and
+        # the run stops before a step whose prediction was not exact; otherwise the run takes
+        # them in as it goes (``loop_step.take_in``).
+        at_rest = loop is None or loop.at_rest()
+        observing = None if at_rest else loop
         clock = run.clock
-        total = len(clock) if loop is None or loop.at_rest() else 1  # (else: changes again)
+        total = len(clock)
         kernels = load()
         infos = np.empty((total, len(ws.info_values)))
         done = 0
@@ -274,8 +279,8 @@ class AccelGenPolicy(Policy):
             sweep_at = t.next_sweep()
             if sweep_at < clock[total - 1]:
                 last = max(done + 1, int(np.searchsorted(clock[:total], sweep_at, side="right")))
-            stop = ws.decode_run(kernels.decode_run, step, run, (done, last), loop is not None,
-                                 infos)
+            stop = ws.decode_run(kernels.decode_run, step, run, (done, last),
+                                 loop is not None and at_rest, infos, observing)
             if t.dirty_hi or t.n_gone or t.reindex:
                 t.seen()
             if stop.end > done:
@@ -288,7 +293,7 @@ class AccelGenPolicy(Policy):
         if done:
             self._planned = float(infos[done - 1, _T_PLANNED])
             decision.info = InfoRow(self._info_names, infos[done - 1])
-        if loop is not None and done:
+        if loop is not None and at_rest and done:
             # (the steps taken in before the run's later decisions, and before the next step's
             # where the run decided it)
             loop.observe_exact(done - (stop.stop in (RUN_ALL, RUN_OBSERVES)))

@@ -31,6 +31,12 @@ RUN_ALL, RUN_DECIDED, RUN_ASKS, RUN_OBSERVES = 0, 1, 2, 3
 # Two evaluations of one formula (the decision's compiled one, the simulator's) may round apart;
 # a measured / predicted ratio this close to 1 is an exact prediction (``closed_loop``).
 EXACT_RATIO = 1e-9  # what a preemption makes room for (``preempt.room``)
+# The interquartile range of a normal distribution in standard deviations: the closed loop's robust
+# spread of its log errors (``closed_loop``).
+IQR_SD = 1.3489795003921634
+# What the closed loop's take-in of a decode run's step changed (``loop_step.take_in``): nothing the
+# plan reads, or the correction or the fit (the plan's scales follow).
+LOOP_SAME, LOOP_CHANGED = 0, 1
 # The demand class of step 2's closest candidate (``batch.select_euclidean``).
 NO_PICK, PICK_FRESH, PICK_PROMPT, PICK_DECODE_BLOCK, PICK_DECODE_FREE = -1, 0, 1, 2, 3
 i8, f8, b1 = np.int64, np.float64, np.bool_
@@ -170,11 +176,33 @@ class DecodeRun:
     first: int  # the steps to decide: ``first`` to ``last`` (exclusive)
     last: int
     exact_only: bool  # the closed loop at rest: stop before a step after an inexact prediction
-    planned_at: int  # (``exact_only``) the position of the predicted latency in ``info``
+    observes: bool  # the closed loop takes in each step before the next one's decision (``loop_step``)
+    planned_at: int  # (``exact_only``, ``observes``) the position of the predicted latency in ``info``
     stop: int  # RUN_ALL, RUN_DECIDED, RUN_ASKS or RUN_OBSERVES
     need: int  # (RUN_ASKS) the token budget whose full batch's latency the decision waits on
     budget: int  # the last step decided the same: its token budget
     era_owner: int  # and its ERA holder (a slot, NO_SLOT)
+
+
+class LoopState:
+    """The closed loop's state that a decode run's steps take in (``closed_loop.ClosedLoop``, whose
+    attributes of the same names these are; ``i``, ``n``, ``since``: its error window's)."""
+
+    correction: float
+    margin: float
+    median: float
+    sd: float
+    quantile: float
+    z: float
+    lsum: float  # output tokens of the online requests in the length window
+    weight: float
+    target: float
+    i: int
+    n: int
+    since: int
+    observed: int
+    ln: int  # online requests in the length window
+    every: int
 
 
 class Outcome:
@@ -294,7 +322,7 @@ ORACLE_INFO_KEYS = tuple(get_type_hints(Info))[len(INFO_KEYS):]
 INFO_INDEX = {key: i for i, key in enumerate(INFO_KEYS)}
 INFO, DORMANT, DORMANT_MINIMA = record(Info), record(DormantEntry), record(DormantMinima)
 REQUEST, CANDIDATE, STEP, OUTCOME = record(RequestRow), record(Candidate), record(Step), record(Outcome)
-DECODE_RUN = record(DecodeRun)
+DECODE_RUN, LOOP_STATE = record(DecodeRun), record(LoopState)
 # Everything that is not per request, one record (one array for the compiled call to take).
 STATE = np.dtype([("step", STEP), ("ledger", record(Ledger)), ("oracle", record(OracleCounts)),
                   ("outcome", OUTCOME), ("ask", record(BatchShape)), ("params", record(Params)),

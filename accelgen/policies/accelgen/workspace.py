@@ -19,6 +19,7 @@ from accelgen.policies.accelgen.state import (
     DORMANT_MINIMA,
     INFO_INDEX,
     LISTS,
+    LOOP_STATE,
     STATE,
     DecisionArrays,
 )
@@ -26,6 +27,7 @@ from accelgen.policies.accelgen.state import (
 if TYPE_CHECKING:
     from accelgen.core.policy import DecodeSteps, SchedulerView
     from accelgen.costmodel.linear import LinearTerms
+    from accelgen.policies.accelgen.closed_loop import ClosedLoop
     from accelgen.policies.accelgen.policy import AccelGenParams
     from accelgen.policies.accelgen.table import RequestTable
 
@@ -77,6 +79,10 @@ class Workspace:
         self._full_batch = times.view(np.ndarray)["full_batch"]
         self._run_ctl = _records(DECODE_RUN, 1)  # (``decode_run``'s batch and where it stopped)
         self._run_fields = self._run_ctl.view(np.ndarray)
+        # (the closed loop's state while a decode run takes in its steps; its window's scratch)
+        self._loop = _records(LOOP_STATE, 1)
+        self._loop_fields = self._loop.view(np.ndarray)
+        self._scratch = np.zeros(1)
         self.arrays = DecisionArrays(table.rows, _records(CANDIDATE, 0), np.zeros((len(LISTS), 0), np.int64),
                                      state.view(np.recarray), times, table.active, table.dormant_queue,
                                      _records(DORMANT_MINIMA, 0), table.gone, np.zeros(1, np.int64))
@@ -232,18 +238,29 @@ class Workspace:
         return self._outcome.tolist()  # type: ignore[no-any-return]
 
     def decode_run(self, kernel: Any, step: tuple[Any, ...], run: DecodeSteps,
-                   steps: tuple[int, int], exact_only: bool,
-                   infos: np.ndarray) -> DecodeRunStop:
+                   steps: tuple[int, int], exact_only: bool, infos: np.ndarray,
+                   observing: ClosedLoop | None = None) -> DecodeRunStop:
         """Run ``kernel`` (``decode_run.decode_run``) on steps ``steps`` (first, last) of
         ``run``, the first of them with the inputs ``step`` (``exact_only``: the closed loop at
-        rest), the diagnostics of the steps decided the same into their rows of ``infos``:
-        the step after them and where it stopped."""
+        rest; ``observing``: the closed loop, which takes in each step before the next one's
+        decision, its state and the plan's scales then as the run left them), the diagnostics of
+        the steps decided the same into their rows of ``infos``: the step after them and where
+        it stopped."""
         ctl = self._run_ctl
         # (``DecodeRun``'s fields in order, one assignment: a record's attribute costs a
         # microsecond or two from Python)
         self._run_fields[0] = (len(run.blocks), run.block_size, *steps, exact_only,
-                               _PLANNED_AT, 0, 0, 0, 0)
+                               observing is not None, _PLANNED_AT, 0, 0, 0, 0)
         self._step[0] = step
+        errors = scratch = self._scratch
+        if observing is not None:
+            errors = observing.errors
+            if len(scratch) != len(errors):
+                scratch = self._scratch = np.zeros(len(errors))
+            self._loop_fields[0] = observing.state()
         end = kernel(self.arrays, run.clock, run.latencies, run.free_blocks, run.blocks,
-                     run.first_need, ctl, self.info_values, infos)
+                     run.first_need, ctl, self.info_values, infos, self._loop, errors, scratch)
+        if observing is not None:
+            observing.set_state(self._loop_fields[0].item())
+            self.scales = tuple(self._scales.tolist())  # (as the kernel set them)
         return DecodeRunStop(end, *self._run_fields[0].item()[-4:])
