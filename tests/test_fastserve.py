@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from accelgen.core.iteration import BatchShape
 from accelgen.core.kvcache import BlockManager
-from accelgen.core.policy import Decision, SchedulerView
+from accelgen.core.policy import Decision, Policy, SchedulerView
 from accelgen.core.request import Request, Status
 from accelgen.core.specs import ExperimentConfig, PolicySpec, SimOptions
 from accelgen.costmodel.datasheets import DEPLOYMENTS
@@ -337,7 +337,11 @@ def test_batch_size_limit() -> None:
 # -- invariants under load -------------------------------------------------------------------------
 
 class CheckedFastServe(FastServePolicy):
-    """FastServe that checks its own rules at every decision and step."""
+    """FastServe that checks its own rules at every decision and step (asked at every iteration:
+    the batch handed back after decode steps, ``schedule_after_decodes``, gives the same results,
+    ``tests/test_sim_redecide.py``)."""
+
+    schedule_after_decodes = Policy.schedule_after_decodes
 
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from accelgen.core.iteration import Pivot
@@ -25,6 +25,7 @@ from accelgen.costmodel.noise import NoisyCost
 from accelgen.policies.accelgen import AccelGenPolicy
 from accelgen.policies.accelgen.oracle import OraclePolicy
 from accelgen.policies.fastgen import FastGenPolicy
+from accelgen.policies.fastserve import FastServePolicy
 from accelgen.policies.registry import make_policy
 from accelgen.policies.sarathi import SarathiPolicy
 from accelgen.policies.vllm import VLLMPolicy
@@ -294,3 +295,61 @@ def test_noisy_runs_of_decode_iterations_give_the_results_of_asking_each(
     assert_same_results(runs[0][0], runs[1][0])
     assert runs[0][1] == runs[1][1] == len(runs[0][0].iterations)
     assert runs[0][2] > 0.3 * len(runs[0][0].iterations)  # (the runs were taken)
+
+
+class AskingFastServe(FastServePolicy):
+    schedule_after_decodes = Policy.schedule_after_decodes
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(specs=_specs, num_blocks=st.integers(min_value=12, max_value=60),
+       swap_blocks=st.sampled_from([0, 8, 200]), block_size=st.sampled_from([4, 16]),
+       max_batch_size=st.sampled_from([1, 3, 16]),
+       starve_check_every=st.sampled_from([1, 2, 7, 1000]),
+       starve_after=st.sampled_from([0.01, 0.05, 3.0]), proactive=st.booleans(),
+       max_iterations=st.sampled_from([None, 9, 200]), analytic=st.booleans())
+# (the step's end is the decision's clock after decode steps: a starvation check that reads
+# the last service one step late promotes a request that was served in time)
+@example(specs=[(0.0, 1, 3, 0), (0.0, 1, 4, 0)], num_blocks=12, swap_blocks=0, block_size=4,
+         max_batch_size=1, starve_check_every=2, starve_after=0.05, proactive=False,
+         max_iterations=None, analytic=True)
+def test_fastserve_after_decodes_gives_the_results_of_asking(
+        specs: list[Spec], num_blocks: int, swap_blocks: int, block_size: int,
+        max_batch_size: int, starve_check_every: int, starve_after: float, proactive: bool,
+        max_iterations: int | None, analytic: bool) -> None:
+    """FastServe's decision handed back after decode steps (the whole queue in its batch, its
+    next blocks free) gives the results of ``on_step_end`` + ``schedule`` at every iteration:
+    with demotions reordering the batch, starvation checks (promoting requests or not), a queue
+    longer than the batch, blocks running short (swaps, recomputes), host memory or none."""
+    kw = {"max_batch_size": max_batch_size, "starve_check_every": starve_check_every,
+          "starve_after": starve_after, "proactive": proactive, "swap": swap_blocks > 0}
+    specs = sorted(specs, key=lambda x: x[0])
+    cost: CostModel = ANALYTIC if analytic else LinearCost()
+    runs = []
+    for policy in (FastServePolicy(**kw), AskingFastServe(**kw)):
+        sim = Simulator(_requests(specs), [o for _, _, o, _ in specs], policy, cost,
+                        BlockManager(num_blocks, block_size, num_swap_blocks=swap_blocks),
+                        Pivot(s_pf=64, t_pf=cost.forward_time(64)), max_model_len=100_000,
+                        max_iterations=max_iterations)
+        runs.append(sim.run())
+    assert_same_results(runs[0], runs[1])
+
+
+def test_fastserve_decides_most_steps_of_a_request_alone_after_decodes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Requests served alone: most of FastServe's decisions are the batch handed back after its
+    decode steps, not a pass over the queues."""
+    calls = {"schedule": 0}
+    schedule = FastServePolicy.schedule
+
+    def counted(self: FastServePolicy, view: SchedulerView) -> Decision:
+        calls["schedule"] += 1
+        return schedule(self, view)
+
+    monkeypatch.setattr(FastServePolicy, "schedule", counted)
+    specs = [(20.0 * a, 50, 300, 0) for a in range(6)]
+    done, _ = _same(FastServePolicy(), AskingFastServe(), specs, num_blocks=200, block_size=16,
+                    max_iterations=None, horizon_s=None)
+    n = len(done.iterations)
+    # (the reference calls ``schedule`` at every iteration, the fast policy at few)
+    assert n > 1000 and calls["schedule"] - n < 0.05 * n

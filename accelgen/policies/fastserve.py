@@ -53,7 +53,7 @@ from heapq import merge
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt
 
-from accelgen.core.policy import Decision, KVView, Policy, PolicyParams, SchedulerView
+from accelgen.core.policy import Decision, InfoRow, KVView, Policy, PolicyParams, SchedulerView
 from accelgen.core.request import Request, Status
 from accelgen.policies.common import empty_decision
 
@@ -105,6 +105,8 @@ class _Residency:
 
 
 _SWAPPED, _WAITING = Status.SWAPPED, Status.WAITING
+# A decision's diagnostics (``FastServePolicy.schedule``), in its order.
+_INFO_INDEX = {name: i for i, name in enumerate(("prompt_tokens", "promoted", "swap_out", "swap_in"))}
 _NO_KEY = 1 << 128  # above every key
 
 
@@ -397,8 +399,57 @@ class FastServePolicy(Policy):
         if isinstance(st, MLFQState) and st.key >= 0:
             self._unfile(req)
 
+    def schedule_after_decodes(self, view: SchedulerView, decision: Decision,
+                               latency: float) -> Decision:
+        # Below capacity a request often decodes alone, or with the whole queue in its batch,
+        # for thousands of steps: then ``schedule`` would pick the same batch in the same order
+        # (every queued request is in it, on the device, and the blocks of their next tokens
+        # are free, so no victim is sought and no swap-in is possible) and nothing else. That
+        # is checked here instead of running the candidates' merge.
+        self._took(decision, view.now, latency)  # (``view.now``: the step's end, here)
+        if not self._same_batch_again(view, decision):
+            return self.schedule(view)
+        self._decisions += 1
+        p, kv = self.params, view.kv
+        self._paused = (p.swap and self._swap_capacity is not None and self._swap_capacity > 0
+                        and kv.num_free_swap_blocks < p.pause_prefill_below * self._swap_capacity)
+        # (``schedule``'s diagnostics, all zero here; as a row of shared names, which the
+        # iteration log takes without a dict per step)
+        decision.info = InfoRow(_INFO_INDEX, [0.0, 0.0, 0.0, 0.0])
+        return decision
+
+    def _same_batch_again(self, view: SchedulerView, decision: Decision) -> bool:
+        """Whether ``schedule`` would now return ``decision``'s batch (decode steps alone, as
+        ``schedule_after_decodes`` is called), in its order, and nothing else: no arrival to
+        file, no request touched, no starvation check due, every queued request in the batch
+        and on the device, in key order, and their next tokens' new blocks free."""
+        batch = decision.scheduled
+        if (self._arrivals or self._touched or len(self._by_key) != len(batch)
+                or (self._decisions + 1) % self.params.starve_check_every == 0
+                or view.waiting or view.swapped or len(view.running) != len(batch)):
+            return False
+        block_size, free, last = view.kv.block_size, view.kv.num_free_blocks, -1
+        for r, _ in batch:
+            st: MLFQState = r.policy_state
+            if st.key <= last or st.filed_as is not Status.RUNNING:
+                return False
+            last = st.key
+            computed = r.num_computed_tokens
+            n = r.prompt_len + r.num_output_tokens - computed
+            if n != 1 or r.num_output_tokens == 0:
+                return False  # (not a decode step: a prompt pass)
+            need = -(-(computed + 1) // block_size) - r.num_blocks
+            if need > 0:
+                free -= need
+                if free < 0:
+                    return False
+        return True
+
     def on_step_end(self, view: SchedulerView, decision: Decision, latency: float) -> None:
-        end = view.now + latency
+        self._took(decision, view.now + latency, latency)
+
+    def _took(self, decision: Decision, end: float, latency: float) -> None:
+        """``decision``'s step ended at ``end`` after ``latency`` seconds."""
         self._served.append((end, decision.scheduled))  # ends only grow: stays in order
         last = self.params.num_queues - 1
         quanta = self._quanta
