@@ -93,6 +93,7 @@ def estimate_measured(config: ConfigFiles, cores: int = 2, warm: bool = False) -
     points priced by ``job_seconds`` (``warm``: with a fork's fixed part, as under
     ``accelgen warm``)."""
     from accelgen.pipeline.resources import (
+        AFTER_DECODES_MEASURED_ON,
         CAPACITY_MEASURED_ON,
         LOG_COLUMNS_MEASURED_ON,
         MEASURED,
@@ -139,7 +140,8 @@ def estimate_measured(config: ConfigFiles, cores: int = 2, warm: bool = False) -
              f"{len(WORKLOAD_MEASURED)} jobs measured on them ({WORKLOAD_MEASURED_ON}); "
              f"AccelGen's capacity jobs under noise from noisy jobs ({NOISY_CAPACITY_MEASURED_ON}); "
              f"the iteration log's columns priced by the same jobs side by side with the build "
-             f"before ({LOG_COLUMNS_MEASURED_ON})"]
+             f"before ({LOG_COLUMNS_MEASURED_ON}); FastServe's capacity jobs by its decisions "
+             f"handed back after decode steps, the same way ({AFTER_DECODES_MEASURED_ON})"]
     if unmeasured:
         lines.append(f"  not measured, priced as the slowest measured policy: {', '.join(unmeasured)}")
     lines.append("by figure (experiment):")

@@ -296,6 +296,22 @@ LOG_COLUMNS_CAPACITY_SCALE: dict[str, tuple[tuple[float, float], ...]] = {
 }
 
 
+# FastServe hands its decision back after decode steps where ``schedule`` would pick the same
+# batch (``FastServePolicy.schedule_after_decodes``). Its capacity jobs' variable part scaled
+# by what that saved, per load factor: the same jobs side by side with the build before
+# (e612ba4), alternating, nothing else running, every results file identical
+# (`scripts/measure_jobs.py config/paper.yaml --only capacity --systems fastserve --sample 6
+# --checkout <e612ba4>`, 2026-11-29, build 23741b9: 79.5 against 118.9 CPU s); the variable
+# part after over before, averaged per load factor. None priced from a load factor of 2 on (not
+# measured: overloaded, the queue outgrows the batch and every step takes the merge), nor for
+# the overloaded paper-trace jobs.
+AFTER_DECODES_MEASURED_ON = ("scripts/measure_jobs.py config/paper.yaml --only capacity --systems "
+                             "fastserve --sample 6 --checkout <e612ba4>, 2026-11-29, build 23741b9")
+AFTER_DECODES_SCALE: dict[str, tuple[tuple[float, float], ...]] = {
+    "fastserve": ((0.00390625, 0.652), (0.0625, 0.632), (1.0, 0.714), (2.0, 1.0)),
+}
+
+
 def _interpolated(pts: tuple[tuple[float, float], ...], load_factor: float) -> float:
     """The values of ``pts`` ((load factor, value), ascending) interpolated in log(load
     factor), held at the ends."""
@@ -320,25 +336,26 @@ def fixed_seconds(policy: str, warm: bool = False) -> float:
 
 
 # Under per-step noise (figure 18's systems) AccelGen's jobs cost what noisy jobs measured:
-# the closed loop never rests (every step corrects its model and margin, asked one at a time),
-# the open loop takes the decided runs as without noise. Whole jobs measured as the pipeline
-# runs them (`scripts/measure_jobs.py config/paper.yaml --only capacity --systems
-# accelgen-noiseL ... --per-policy --sample N`, noise 5, 10 and 20 %, the four KV-auto
-# deployments): policy -> ((load factor, CPU seconds), ...), several jobs at one load factor:
-# their mean. The open loop: 2026-11-28, build 48488e4, beside another job. The closed loop:
-# 2026-11-29, build fa75366, nothing else running, 8 jobs (`--systems accelgen-closed-noise{5,10,20}
-# --sample 8 --checkout <b16720c>`: 167.9 against 371.8 CPU s on the build before, 2.21x, every
-# results file identical).
+# the closed loop never rests (every step corrects its model and margin), and takes the steps of
+# its decided runs in in the compiled run (``loop_step.take_in``); the open loop takes the
+# decided runs as without noise. Whole jobs measured as the pipeline runs them
+# (`scripts/measure_jobs.py config/paper.yaml --only capacity --systems accelgen-noiseL ...
+# --per-policy --sample N`, noise 5, 10 and 20 %, the four KV-auto deployments): policy ->
+# ((load factor, CPU seconds), ...), several jobs at one load factor: their mean. The open loop:
+# 2026-11-28, build 48488e4, beside another job. The closed loop: 2026-11-29, build 8fe1398,
+# nothing else running, 8 jobs (`--systems accelgen-closed-noise{5,10,20} --sample 8 --checkout
+# <e612ba4>`: 68.4 against 175.4 CPU s on the build before, 2.56x, every results file
+# identical; the same 8 jobs of the build before that took 167.9 on fa75366's day).
 NOISY_CAPACITY_MEASURED_ON = ("scripts/measure_jobs.py config/paper.yaml --only capacity --systems "
                               "accelgen-noise{5,10,20} (2026-11-28, build 48488e4) and "
-                              "accelgen-closed-noise{5,10,20} --sample 8 (2026-11-29, build fa75366)")
+                              "accelgen-closed-noise{5,10,20} --sample 8 (2026-11-29, build 8fe1398)")
 NOISY_CAPACITY_MEASURED: dict[str, tuple[tuple[float, float], ...]] = {
     # noise 10 at 1/32, 1/4, 1/2 and 1; 5 and 20 at 1/32, 1/16 and 2
     "accelgen": ((0.03125, 8.38), (0.0625, 8.92), (0.25, 7.05), (0.5, 7.32), (1.0, 5.86),
                  (2.0, 7.54)),
     # noise 10 and 20 at 1/32; 5 at 1/8; 5 and 10 at 1/4; 20 and 5 at 1/2; 10 at 1
-    "accelgen-closed": ((0.03125, 29.81), (0.125, 22.54), (0.25, 21.32), (0.5, 17.87),
-                        (1.0, 7.37)),
+    "accelgen-closed": ((0.03125, 8.47), (0.125, 8.89), (0.25, 8.25), (0.5, 9.42),
+                        (1.0, 7.23)),
 }
 
 
@@ -348,8 +365,8 @@ def capacity_seconds(policy: str, num_requests: int, load_factor: float,
     """CPU seconds of one capacity-sweep job of ``policy`` at ``load_factor`` (None when the
     policy was not measured there): the measured jobs interpolated in log(load factor), held at
     the ends, net of the fixed part scaled by requests (and by search points for the Oracle),
-    and by ``ASKING_RUN_SCALE``, ``DECIDED_RUN_SCALE``, ``REPEAT_RUN_SCALE`` and
-    ``LOG_COLUMNS_CAPACITY_SCALE`` where the job takes those runs (not ``noisy``; a noisy job of a policy
+    and by ``ASKING_RUN_SCALE``, ``DECIDED_RUN_SCALE``, ``REPEAT_RUN_SCALE``,
+    ``LOG_COLUMNS_CAPACITY_SCALE`` and ``AFTER_DECODES_SCALE`` where the job takes those runs (not ``noisy``; a noisy job of a policy
     measured under noise from ``NOISY_CAPACITY_MEASURED``);
     ``warm``: with the fixed part of a job forked by ``accelgen warm``."""
     noisy_pts = NOISY_CAPACITY_MEASURED.get(policy) if noisy else None
@@ -367,6 +384,8 @@ def capacity_seconds(policy: str, num_requests: int, load_factor: float,
             var *= _interpolated(REPEAT_RUN_SCALE[policy], load_factor)
         if policy in LOG_COLUMNS_CAPACITY_SCALE:
             var *= _interpolated(LOG_COLUMNS_CAPACITY_SCALE[policy], load_factor)
+        if policy in AFTER_DECODES_SCALE:
+            var *= _interpolated(AFTER_DECODES_SCALE[policy], load_factor)
     if base_policy(policy) == "oracle":
         var *= search_points / CAPACITY_ORACLE_POINTS
     return fixed_seconds(policy, warm) + var * num_requests / CAPACITY_REQUESTS
