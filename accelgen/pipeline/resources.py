@@ -51,9 +51,10 @@ class JobCost:
 # trace on build 51f979d 37.6 / 37.5 and 37.7 / 37.7 CPU s: not rescaled). The host ran these
 # jobs 1.6-1.9x slower than on the day of the table (both builds alike).
 LOG_COLUMNS_MEASURED_ON = ("scripts/measure_jobs.py config/paper.yaml --only base (vllm, orca, "
-                           "fastgen, sarathi) and --only capacity --per-policy --sample 3, each "
-                           "with --checkout <3cb814a>, 2026-11-29: LOG_COLUMNS_CAPACITY_SCALE, "
-                           "LOG_COLUMNS_BASE_SCALE")
+                           "fastgen, sarathi) and --only capacity --per-policy --sample 3 (the "
+                           "ablations: --sample 3 and 9; accelgen, accelgen-closed, oracle-2: "
+                           "--sample 12 more), each with --checkout <3cb814a>, 2026-11-29: "
+                           "LOG_COLUMNS_CAPACITY_SCALE, LOG_COLUMNS_BASE_SCALE")
 LOG_COLUMNS_BASE_SCALE = {"vllm": 0.667, "sarathi": 0.678, "fastgen": 0.658, "orca": 0.281}
 
 
@@ -279,20 +280,34 @@ REPEAT_RUN_SCALE: dict[str, tuple[tuple[float, float], ...]] = {
 # side with the build before (3cb814a), alternating, nothing else running, every results file
 # identical (`scripts/measure_jobs.py config/paper.yaml --only capacity --per-policy --sample 3
 # --checkout <3cb814a>`, 2026-11-29, build 231f271: 27 jobs, 190.2 against 235.7 CPU s); one
-# job each, the variable part after over before, held beyond the ends. None priced where a
-# job measured 0.93x or slower (within the host's spread: FastServe, which is asked at every
-# iteration, and the AccelGen family from a load factor of 1 on), nor for jobs under noise, nor
-# for the ablations (not measured).
+# job each, the variable part after over before, held beyond the ends. None priced where jobs
+# measured within the host's spread of no change (0.91-1.03x: AccelGen at 2, the Oracle at 1 and
+# 2, an ablation at 1; FastServe, then asked at every iteration): from a load factor of 2 on for
+# AccelGen, of 1 on for the closed loop, the ablations and the Oracle, nor for noisy jobs. The
+# ablations (one row for the three): 12 jobs of this build (8fe1398, whose other changes leave
+# them alone) against 3cb814a, 76.8 against 98.6 CPU s (`--only capacity --per-policy --sample
+# 3` and `--sample 9 --systems accelgen-no-order accelgen-no-chunk accelgen-no-batch`). AccelGen,
+# the closed loop without noise and the Oracle: with 24 more of their jobs the same way (build
+# 8fe1398, `--per-policy --sample 12 --systems accelgen accelgen-closed oracle-2`, 251.5 against
+# 304.1 CPU s), averaged per load factor with the first sample's; AccelGen's jobs at 1 measured
+# 1.09-1.13x, at 2 0.98-1.03x, the Oracle's at 1 0.98-1.10x and at 2 0.91-1.00x.
+_ABLATION_LOG_COLUMNS = ((0.00390625, 0.68), (0.0078125, 0.542), (0.0625, 0.697), (0.125, 0.694),
+                         (0.5, 0.878), (1.0, 1.0))
 LOG_COLUMNS_CAPACITY_SCALE: dict[str, tuple[tuple[float, float], ...]] = {
-    "accelgen": ((0.00390625, 0.822), (1.0, 1.0)),
-    "accelgen-closed": ((0.03125, 0.657), (1.0, 1.0)),
-    "oracle": ((0.00390625, 0.597), (0.0625, 0.659), (1.0, 1.0)),
+    "accelgen": ((0.00390625, 0.754), (0.0078125, 0.729), (0.0625, 0.651), (0.5, 0.819),
+                 (1.0, 0.886), (2.0, 1.0)),
+    "accelgen-closed": ((0.00390625, 0.609), (0.03125, 0.662), (1.0, 1.0)),
+    "oracle": ((0.00390625, 0.627), (0.0078125, 0.617), (0.03125, 0.654), (0.0625, 0.666),
+               (0.125, 0.811), (1.0, 1.0)),
     "edf": ((0.00390625, 0.777), (0.0625, 0.835), (1.0, 0.927)),
     "fastgen": ((0.00390625, 0.358), (0.03125, 0.441), (2.0, 0.667)),
     "orca": ((0.00390625, 0.345), (0.0625, 0.374), (1.0, 0.705)),
     "sarathi": ((0.00390625, 0.499), (0.03125, 0.493), (2.0, 0.954)),
     "vllm": ((0.00390625, 0.463), (0.25, 0.422), (0.5, 0.727)),
     "vllm-priority": ((0.00390625, 0.344), (0.125, 0.441), (0.25, 0.653)),  # (1/4: 5 % noise)
+    "accelgen/order": _ABLATION_LOG_COLUMNS,
+    "accelgen/chunk": _ABLATION_LOG_COLUMNS,
+    "accelgen/batch": _ABLATION_LOG_COLUMNS,
 }
 
 
@@ -366,8 +381,9 @@ def capacity_seconds(policy: str, num_requests: int, load_factor: float,
     policy was not measured there): the measured jobs interpolated in log(load factor), held at
     the ends, net of the fixed part scaled by requests (and by search points for the Oracle),
     and by ``ASKING_RUN_SCALE``, ``DECIDED_RUN_SCALE``, ``REPEAT_RUN_SCALE``,
-    ``LOG_COLUMNS_CAPACITY_SCALE`` and ``AFTER_DECODES_SCALE`` where the job takes those runs (not ``noisy``; a noisy job of a policy
-    measured under noise from ``NOISY_CAPACITY_MEASURED``);
+    ``LOG_COLUMNS_CAPACITY_SCALE`` and ``AFTER_DECODES_SCALE`` where the job takes those runs
+    (not ``noisy``; a noisy job of a policy measured under noise from
+    ``NOISY_CAPACITY_MEASURED``);
     ``warm``: with the fixed part of a job forked by ``accelgen warm``."""
     noisy_pts = NOISY_CAPACITY_MEASURED.get(policy) if noisy else None
     pts = noisy_pts or CAPACITY_MEASURED.get(policy) or CAPACITY_MEASURED.get(base_policy(policy))
