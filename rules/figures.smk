@@ -38,6 +38,10 @@ for _group in GRID.groups():
         name:
             f"notebook_{_group}"
         localrule: True
+        # (a notebook's kernel can die before it answers when another job starts one at the same
+        # moment: jupyter_client picks its ports by binding and releasing them; the notebook then
+        # never ran, and running the job again starts a new kernel)
+        retries: 2
         input:
             notebook=notebook_input(_group),
             csv=[GRID.figure_file(f.id, "csv") for f in GRID.group_figures(_group)],

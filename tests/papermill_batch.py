@@ -18,20 +18,33 @@ import sys
 import traceback
 from typing import Any
 
+# A kernel that dies before it answers (jupyter_client picks its five ports by binding and
+# releasing them, and a kernel started at the same moment by the batch beside this one can take
+# one in between) never ran the notebook: it is started again, at most this many times more.
+KERNEL_START_RETRIES = 2
+_KERNEL_DIED = "Kernel died before replying to kernel_info"
+
 
 def run(jobs: list[dict[str, Any]]) -> list[dict[str, str | None]]:
     import papermill
 
     results: list[dict[str, str | None]] = []
     for job in jobs:
-        try:
-            papermill.execute_notebook(job["input"], job["output"],
-                                       parameters=job.get("parameters") or {},
-                                       kernel_name="python3", progress_bar=False)
-        except Exception:  # the notebook's failure is the result to report
-            results.append({"error": traceback.format_exc()[-6000:]})
-        else:
-            results.append({"error": None})
+        for attempt in range(KERNEL_START_RETRIES + 1):
+            try:
+                papermill.execute_notebook(job["input"], job["output"],
+                                           parameters=job.get("parameters") or {},
+                                           kernel_name="python3", progress_bar=False)
+            except RuntimeError as e:
+                if _KERNEL_DIED in str(e) and attempt < KERNEL_START_RETRIES:
+                    print(f"{job['input']}: {e}; starting its kernel again", file=sys.stderr)
+                    continue
+                results.append({"error": traceback.format_exc()[-6000:]})
+            except Exception:  # the notebook's failure is the result to report
+                results.append({"error": traceback.format_exc()[-6000:]})
+            else:
+                results.append({"error": None})
+            break
     return results
 
 

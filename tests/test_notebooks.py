@@ -203,6 +203,36 @@ def papermill_batches(jobs: list[dict], cwd: Path, processes: int = 2) -> list[s
     return errors
 
 
+@pytest.mark.parametrize(("deaths", "other", "want_error"), [
+    (1, None, False), (2, None, False), (3, None, True), (0, "Kernel is dead", True),
+    (0, None, False)])
+def test_a_batch_starts_a_dead_kernel_again(monkeypatch: pytest.MonkeyPatch, deaths: int,
+                                            other: str | None, want_error: bool) -> None:
+    """``papermill_batch.run`` starts a notebook's kernel again when it died before answering
+    (at most ``KERNEL_START_RETRIES`` times more); any other failure is the notebook's result."""
+    import types
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    try:
+        import papermill_batch
+    finally:
+        sys.path.remove(str(ROOT / "tests"))
+    calls = []
+
+    def execute_notebook(*args: object, **kwargs: object) -> None:
+        calls.append(args)
+        if len(calls) <= deaths:
+            raise RuntimeError("Kernel died before replying to kernel_info")
+        if other is not None:
+            raise RuntimeError(other)
+
+    monkeypatch.setitem(sys.modules, "papermill",
+                        types.SimpleNamespace(execute_notebook=execute_notebook))
+    (result,) = papermill_batch.run([{"input": "a.ipynb", "output": "b.ipynb"}])
+    assert (result["error"] is not None) == want_error
+    assert len(calls) == min(deaths, papermill_batch.KERNEL_START_RETRIES) + 1
+
+
 @pytest.mark.slow
 def test_every_notebook_runs_under_papermill(tiny_figures, tmp_path):
     figures_dir, grid = tiny_figures
