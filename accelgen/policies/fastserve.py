@@ -55,7 +55,7 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt
 
 from accelgen.core.policy import Decision, InfoRow, KVView, Policy, PolicyParams, SchedulerView
 from accelgen.core.request import Request, Status
-from accelgen.policies.common import empty_decision
+from accelgen.policies.common import decode_blocks_fit, empty_decision
 
 # A request's place in the MLFQ is one integer: its level in the high bits, then a sequence
 # number: head insertions count down from the middle, tail insertions count up from it.
@@ -259,9 +259,7 @@ class FastServePolicy(Policy):
         if self._swap_capacity is None:
             self._swap_capacity = kv.num_free_swap_blocks + sum(r.num_swapped_blocks
                                                                 for r in view.swapped)
-        paused = self._paused = (
-            p.swap and self._swap_capacity > 0
-            and kv.num_free_swap_blocks < p.pause_prefill_below * self._swap_capacity)
+        paused = self._paused = self._prefill_paused(kv)
         reserve = ((p.max_batch_size if p.free_block_reserve is None else p.free_block_reserve)
                    if p.proactive and p.swap else 0)
         # The candidates: the device, host and waiting indexes merged in key order, by hand (one
@@ -410,40 +408,36 @@ class FastServePolicy(Policy):
         if not self._same_batch_again(view, decision):
             return self.schedule(view)
         self._decisions += 1
-        p, kv = self.params, view.kv
-        self._paused = (p.swap and self._swap_capacity is not None and self._swap_capacity > 0
-                        and kv.num_free_swap_blocks < p.pause_prefill_below * self._swap_capacity)
+        self._paused = self._prefill_paused(view.kv)
         # (``schedule``'s diagnostics, all zero here; as a row of shared names, which the
         # iteration log takes without a dict per step)
         decision.info = InfoRow(_INFO_INDEX, [0.0, 0.0, 0.0, 0.0])
         return decision
 
+    def _prefill_paused(self, kv: KVView) -> bool:
+        """Whether requests that still need their prompt pass are passed over: less than
+        ``pause_prefill_below`` of the host swap space is free."""
+        p, capacity = self.params, self._swap_capacity
+        return (p.swap and capacity is not None and capacity > 0
+                and kv.num_free_swap_blocks < p.pause_prefill_below * capacity)
+
     def _same_batch_again(self, view: SchedulerView, decision: Decision) -> bool:
-        """Whether ``schedule`` would now return ``decision``'s batch (decode steps alone, as
-        ``schedule_after_decodes`` is called), in its order, and nothing else: no arrival to
-        file, no request touched, no starvation check due, every queued request in the batch
-        and on the device, in key order, and their next tokens' new blocks free."""
+        """Whether ``schedule`` would now return ``decision``'s batch (its decode steps again, as
+        ``schedule_after_decodes`` is called after them), in its order, and nothing else: no
+        arrival to file, no request touched, no starvation check due, every queued request in
+        the batch and on the device, in key order, and their next tokens' new blocks free."""
         batch = decision.scheduled
         if (self._arrivals or self._touched or len(self._by_key) != len(batch)
                 or (self._decisions + 1) % self.params.starve_check_every == 0
                 or view.waiting or view.swapped or len(view.running) != len(batch)):
             return False
-        block_size, free, last = view.kv.block_size, view.kv.num_free_blocks, -1
+        last = -1
         for r, _ in batch:
             st: MLFQState = r.policy_state
             if st.key <= last or st.filed_as is not Status.RUNNING:
                 return False
             last = st.key
-            computed = r.num_computed_tokens
-            n = r.prompt_len + r.num_output_tokens - computed
-            if n != 1 or r.num_output_tokens == 0:
-                return False  # (not a decode step: a prompt pass)
-            need = -(-(computed + 1) // block_size) - r.num_blocks
-            if need > 0:
-                free -= need
-                if free < 0:
-                    return False
-        return True
+        return decode_blocks_fit(view, decision)
 
     def on_step_end(self, view: SchedulerView, decision: Decision, latency: float) -> None:
         self._took(decision, view.now + latency, latency)
