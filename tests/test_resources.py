@@ -54,6 +54,39 @@ def test_paper_grid_jobs_and_estimate() -> None:
     assert "CPU-hours" in text and "by figure" in text and "evaluation" in text
 
 
+
+def test_a_search_is_priced_by_its_time_over_accelgens_measured_beside_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same search measured on a host twice as slow (AccelGen's job beside it twice as
+    long too) gets the same price; a search twice AccelGen's job costs twice AccelGen's price
+    on its workload, and the grid's full searches of that workload get that price (the paper
+    workload's also prices the searches of workloads not measured on their own)."""
+    from accelgen.pipeline import resources as res
+
+    accelgen = sim_seconds("accelgen", REFERENCE_REQUESTS)
+    slow = res.SearchMeasured(search_s=2.0 * 300.0, floor_s=2.0 * 150.0)
+    fast = res.SearchMeasured(search_s=300.0, floor_s=150.0)
+    assert res.oracle_search_seconds("base", slow) == pytest.approx(
+        res.oracle_search_seconds("base", fast))
+    assert res.oracle_search_seconds("base", fast) == pytest.approx(2.0 * accelgen)
+    monkeypatch.setattr(res, "WORKLOAD_MEASURED",
+                        {("w", "accelgen"): 50.0, ("w", "oracle"): 999.0})
+    assert res.oracle_search_seconds("w", fast) == pytest.approx(100.0)
+    monkeypatch.setattr(res, "ORACLE_SEARCH_MEASURED",
+                        {("base", "opt-13b"): slow, ("w", "opt-13b"): fast})
+    full = sim_seconds("oracle", REFERENCE_REQUESTS, res.ORACLE_SEARCH_POINTS)
+    assert res.oracle_pruned_fraction() == pytest.approx(
+        (2.0 * accelgen - res.STARTUP_S) / (full - res.STARTUP_S))
+    assert res.workload_seconds("w", "oracle", 20000, res.ORACLE_SEARCH_POINTS) == \
+        pytest.approx(100.0)
+    grid = Grid(load(load_yaml(ROOT / "config" / "paper.yaml")))
+    search = next(r for r in grid.runs() if r.variant == "base"
+                  and grid.systems[r.system].search is not None
+                  and run_job(grid, r.variant, r.system, r.deployment, r.seed)[2]
+                  == res.ORACLE_SEARCH_POINTS)
+    assert res.job_seconds(grid, search) == pytest.approx(2.0 * accelgen)
+
+
 def test_scaled_paper_overlay_is_the_paper_grid_with_fewer_requests() -> None:
     """config/paper-scaled.yaml over config/paper.yaml (scripts/paper_scaled.sh): the same
     simulations and traces (a capacity sweep's rates are placed by its own traces' capacity

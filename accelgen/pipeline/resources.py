@@ -145,23 +145,64 @@ CAPACITY_ORACLE_POINTS = 2
 
 # The Oracle's search on a full-size trace stops the candidates that cannot win
 # (``experiments.goodput_bound``, with the work still to do). Whole jobs measured as the pipeline
-# runs them (the default 12-point grid, the floor read; `scripts/measure_jobs.py
-# config/paper.yaml --only VARIANT --systems oracle --deployments DEP --seeds 0 --sample 1`,
-# 2026-11-28, build 48488e4, beside one other job): (variant, deployment) -> CPU seconds of the
-# job. Their variable part over the unpruned price's (``sim_seconds``) prices every search of a
-# full-size trace of a workload not measured on its own (``WORKLOAD_MEASURED``).
-ORACLE_SEARCH_MEASURED: dict[tuple[str, str], float] = {
-    ("base", "opt-13b"): 617.0,  # 7 of 12 candidates stopped
+# runs them (the default 12-point grid, the floor read), each with AccelGen's own job on the same
+# trace (its floor) measured beside it, the same day, on the same build: (variant, deployment)
+# -> the two. The host's speed changes from day to day (1.6-1.9x between sessions), so a search
+# is priced by its CPU time over AccelGen's on the same trace, times AccelGen's priced job on
+# that workload (``oracle_search_seconds``). The paper workload's search (2026-11-29, build
+# 1dab332, nothing else running: 9 of 12 candidates stopped; AccelGen 156.9 and 158.0 s, run
+# before and after it; `accelgen oracle --trace T --config D --seed 0 --floor-run <AccelGen's
+# run>`): its variable part over the unpruned price's (``sim_seconds``) prices every search of a
+# full-size trace of a workload not measured on its own (``oracle_pruned_fraction``).
+# BookCorpus's (the same day and build, beside two capacity samples: `scripts/measure_jobs.py
+# config/paper.yaml --only base-only-bookcorpus --per-policy --sample 1 --systems accelgen
+# oracle --deployments opt-13b --seeds 0`) prices that workload's searches in place of its
+# ``WORKLOAD_MEASURED`` entry (1,292 CPU s on 2026-11-28 beside an AccelGen job of 185.9: 6.95x,
+# 5.26x here).
+
+
+@dataclass(frozen=True, slots=True)
+class SearchMeasured:
+    """One Oracle search and AccelGen's own job on the same trace, measured side by side: CPU
+    seconds of each whole job."""
+
+    search_s: float
+    floor_s: float
+
+
+ORACLE_SEARCH_MEASURED: dict[tuple[str, str], SearchMeasured] = {
+    ("base", "opt-13b"): SearchMeasured(search_s=854.4, floor_s=157.4),
+    ("base-only-bookcorpus", "opt-13b"): SearchMeasured(search_s=1989.72, floor_s=378.19),
 }
 ORACLE_SEARCH_POINTS = 12  # (with the floor read: 12 simulations unpruned)
 
 
+def oracle_search_seconds(variant: str, measured: SearchMeasured) -> float:
+    """A search of ``variant``'s trace measured side by side with AccelGen's job on it, priced:
+    its CPU time over AccelGen's, times AccelGen's priced full-size job on that workload (its
+    ``WORKLOAD_MEASURED`` entry, else the paper trace's)."""
+    accelgen = (WORKLOAD_MEASURED.get((variant, "accelgen"))
+                or sim_seconds("accelgen", REFERENCE_REQUESTS))
+    return measured.search_s / measured.floor_s * accelgen
+
+
+def _workload_search_seconds(variant: str) -> float | None:
+    """The price of a full search of ``variant``'s trace from the searches measured on it
+    (their mean), None where none was."""
+    prices = [oracle_search_seconds(v, m) for (v, _), m in ORACLE_SEARCH_MEASURED.items()
+              if v == variant]
+    return sum(prices) / len(prices) if prices else None
+
+
 def oracle_pruned_fraction() -> float:
-    """The measured searches' variable CPU time over their unpruned price (mean), for a search
-    of a workload not measured (``WORKLOAD_MEASURED``)."""
+    """The measured searches of the paper workload's traces: their variable CPU time
+    (``oracle_search_seconds``) over their unpruned price (mean), for a search of a workload
+    not measured (``WORKLOAD_MEASURED``)."""
     full = sim_seconds("oracle", REFERENCE_REQUESTS, ORACLE_SEARCH_POINTS) - STARTUP_S
-    return sum((t - STARTUP_S) / full for t in ORACLE_SEARCH_MEASURED.values()) / len(
-        ORACLE_SEARCH_MEASURED)
+    fractions = [(oracle_search_seconds(v, m) - STARTUP_S) / full
+                 for (v, _), m in ORACLE_SEARCH_MEASURED.items()
+                 if not any(w == v for w, _ in WORKLOAD_MEASURED)]
+    return sum(fractions) / len(fractions)
 
 
 # A workload variant whose requests differ from the paper trace's mix costs what its own traces
@@ -217,14 +258,17 @@ def _workload_ratio(variant: str, policy: str) -> float | None:
 def workload_seconds(variant: str, policy: str, num_requests: int, search_points: int,
                      warm: bool = False) -> float | None:
     """CPU seconds of a job of ``policy`` on workload ``variant`` from the jobs measured on it
-    (``WORKLOAD_MEASURED``): its own, scaled by requests, else its paper-trace price (an
-    Oracle search's stopped candidates as ``oracle_pruned_fraction``) times
-    ``_workload_ratio``; None where the variant was not measured."""
+    (``WORKLOAD_MEASURED``; a full Oracle search measured beside AccelGen's job,
+    ``ORACLE_SEARCH_MEASURED``, in place of its entry): its own, scaled by requests, else its
+    paper-trace price (an Oracle search's stopped candidates as ``oracle_pruned_fraction``)
+    times ``_workload_ratio``; None where the variant was not measured."""
     base = base_policy(policy)
     ratio = _workload_ratio(variant, base)
     if ratio is None:
         return None
     measured = WORKLOAD_MEASURED.get((variant, base))
+    if base == "oracle" and search_points == ORACLE_SEARCH_POINTS:
+        measured = _workload_search_seconds(variant) or measured
     if measured is not None and (base != "oracle" or search_points == ORACLE_SEARCH_POINTS):
         var = measured - fixed_seconds(policy)
     else:
