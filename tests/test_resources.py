@@ -54,7 +54,6 @@ def test_paper_grid_jobs_and_estimate() -> None:
     assert "CPU-hours" in text and "by figure" in text and "evaluation" in text
 
 
-
 def test_a_search_is_priced_by_its_time_over_accelgens_measured_beside_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The same search measured on a host twice as slow (AccelGen's job beside it twice as

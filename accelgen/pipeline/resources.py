@@ -199,9 +199,9 @@ def oracle_pruned_fraction() -> float:
     (``oracle_search_seconds``) over their unpruned price (mean), for a search of a workload
     not measured (``WORKLOAD_MEASURED``)."""
     full = sim_seconds("oracle", REFERENCE_REQUESTS, ORACLE_SEARCH_POINTS) - STARTUP_S
+    own_workloads = {w for w, _ in WORKLOAD_MEASURED}
     fractions = [(oracle_search_seconds(v, m) - STARTUP_S) / full
-                 for (v, _), m in ORACLE_SEARCH_MEASURED.items()
-                 if not any(w == v for w, _ in WORKLOAD_MEASURED)]
+                 for (v, _), m in ORACLE_SEARCH_MEASURED.items() if v not in own_workloads]
     return sum(fractions) / len(fractions)
 
 
@@ -267,9 +267,10 @@ def workload_seconds(variant: str, policy: str, num_requests: int, search_points
     if ratio is None:
         return None
     measured = WORKLOAD_MEASURED.get((variant, base))
-    if base == "oracle" and search_points == ORACLE_SEARCH_POINTS:
-        measured = _workload_search_seconds(variant) or measured
-    if measured is not None and (base != "oracle" or search_points == ORACLE_SEARCH_POINTS):
+    if base == "oracle":  # (measured: a full search only)
+        measured = (_workload_search_seconds(variant) or measured
+                    if search_points == ORACLE_SEARCH_POINTS else None)
+    if measured is not None:
         var = measured - fixed_seconds(policy)
     else:
         var = (sim_seconds(policy, REFERENCE_REQUESTS, search_points) - STARTUP_S) * ratio
