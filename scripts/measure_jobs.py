@@ -59,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-policy", action="store_true",
                     help="--sample runs of each policy (evenly spaced in the grid's order) "
                          "instead of --sample runs in all")
+    ap.add_argument("--per-system", action="store_true",
+                    help="--sample runs of each system (a tuned variant apart from its policy)")
     ap.add_argument("--startup-repeats", type=int, default=3)
     ap.add_argument("--work", type=Path, default=Path("/tmp/measure_jobs"))
     ap.add_argument("--checkout", type=Path,
@@ -144,10 +146,11 @@ def main(argv: list[str] | None = None) -> int:
             and (a.systems is None or r.system in a.systems)
             and (a.deployments is None or r.deployment in a.deployments)
             and (a.seeds is None or r.seed in a.seeds)]
-    if a.per_policy:
+    if a.per_policy or a.per_system:
         by_policy: dict[str, list[Run]] = {}
         for r in runs:
-            by_policy.setdefault(base_policy(run_job(grid, r.variant, r.system)[0]), []).append(r)
+            key = r.system if a.per_system else base_policy(run_job(grid, r.variant, r.system)[0])
+            by_policy.setdefault(key, []).append(r)
         sample = [r for rs in by_policy.values()
                   for r in rs[::max(1, len(rs) // a.sample)][:a.sample]]
     else:

@@ -221,9 +221,30 @@ def test_a_noisy_capacity_job_of_accelgen_costs_what_noisy_jobs_measured() -> No
     assert closed is not None and closed > res.capacity_seconds("accelgen-closed", 1000, lf)
     assert "vllm" not in res.NOISY_CAPACITY_MEASURED
     assert res.capacity_seconds("vllm", 1000, lf, noisy=True) == pytest.approx(
-        res.fixed_seconds("vllm") + res._interpolated(
-            tuple((x, t - res.fixed_seconds("vllm")) for x, t in res.CAPACITY_MEASURED["vllm"]),
-            lf))
+        res.CAPACITY_FIXED_S + res._interpolated(
+            tuple((x, t - res.CAPACITY_FIXED_S) for x, t in res.CAPACITY_MEASURED["vllm"]), lf))
+
+
+def test_a_capacity_job_is_priced_by_its_system_before_its_policy() -> None:
+    """A tuned budget takes more iterations than its policy's own setting: a system measured on
+    its own is priced from its jobs, its noisy copy of figure 18 as it; a system not measured
+    from its policy's jobs."""
+    from accelgen.pipeline import resources as res
+    from accelgen.pipeline.grid import Run
+
+    lf = 1.0
+    tuned = res.capacity_seconds("vllm", 1000, lf, system="vllm-tuned")
+    own = res.capacity_seconds("vllm", 1000, lf)
+    assert tuned == pytest.approx(dict(res.CAPACITY_MEASURED["vllm-tuned"])[lf])
+    assert own is not None and tuned != pytest.approx(own)
+    assert res.capacity_seconds("vllm", 1000, lf, system="someone-elses-vllm") == own
+    grid = Grid(load(load_yaml(ROOT / "config" / "paper.yaml")))
+    noisy = next(r for r in grid.runs() if r.system.startswith("vllm-priority-tuned-noise"))
+    assert grid.noise_of[noisy.system] == "vllm-priority-tuned"
+    plain = Run(noisy.variant, noisy.deployment, "vllm-priority-tuned", noisy.seed)
+    untuned = Run(noisy.variant, noisy.deployment, "vllm-priority", noisy.seed)
+    assert res.job_seconds(grid, noisy) == res.job_seconds(grid, plain)
+    assert res.job_seconds(grid, plain) != res.job_seconds(grid, untuned)
 
 
 def test_a_job_of_longer_requests_or_a_search_gets_the_memory_it_holds() -> None:

@@ -93,7 +93,6 @@ def estimate_measured(config: ConfigFiles, cores: int = 2, warm: bool = False) -
     points priced by ``job_seconds`` (``warm``: with a fork's fixed part, as under
     ``accelgen warm``)."""
     from accelgen.pipeline.resources import (
-        AFTER_DECODES_MEASURED_ON,
         CAPACITY_MEASURED_ON,
         LOG_COLUMNS_MEASURED_ON,
         MEASURED,
@@ -132,16 +131,15 @@ def estimate_measured(config: ConfigFiles, cores: int = 2, warm: bool = False) -
              f"{total / 3600:.1f} CPU-hours "
              f"(~{total / 3600 / cores:.1f} h on {cores} cores), per-job times measured on "
              f"full-size runs ({MEASURED_ON}; accelgen/pipeline/resources.py), scaled by requests; "
-             f"the capacity sweep's jobs from jobs measured per policy and load factor "
+             f"the capacity sweep's jobs from jobs measured per system and load factor "
              f"({CAPACITY_MEASURED_ON}); the Oracle's searches of full-size traces at "
              f"{oracle_pruned_fraction():.2f}x their unpruned price, as "
              f"{len(ORACLE_SEARCH_MEASURED)} search(es) measured with candidates stopped "
              f"(ORACLE_SEARCH_MEASURED); the single-dataset workloads' jobs from "
              f"{len(WORKLOAD_MEASURED)} jobs measured on them ({WORKLOAD_MEASURED_ON}); "
              f"AccelGen's capacity jobs under noise from noisy jobs ({NOISY_CAPACITY_MEASURED_ON}); "
-             f"the iteration log's columns priced by the same jobs side by side with the build "
-             f"before ({LOG_COLUMNS_MEASURED_ON}); FastServe's capacity jobs by its decisions "
-             f"handed back after decode steps, the same way ({AFTER_DECODES_MEASURED_ON})"]
+             f"the paper trace's iteration log priced by the same jobs side by side with the build "
+             f"before ({LOG_COLUMNS_MEASURED_ON})"]
     if unmeasured:
         lines.append(f"  not measured, priced as the slowest measured policy: {', '.join(unmeasured)}")
     lines.append("by figure (experiment):")

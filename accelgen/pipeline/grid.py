@@ -121,6 +121,7 @@ class Grid:
         self.tuned: dict[tuple[str, str, str], Any] = {}
         # A system of figure 18 charged with per-step noise -> its level (the others: none).
         self.noise_level: dict[str, float] = {}
+        self.noise_of: dict[str, str] = {}  # a noisy system -> the system it charges with noise
         self.figures: dict[str, Figure] = {}
         # A run -> the run whose results directory it reads (itself, or the same simulation
         # under another system name: ``_share_identical``).
@@ -561,6 +562,7 @@ class Grid:
         self.systems[name] = self.systems[system]
         self.system_labels[name] = f"{self.system_labels[system]} (noise {level:.0%})"
         self.noise_level[name] = level
+        self.noise_of[name] = system
         return name
 
     def _noise_refs(self, cap: Any) -> list[dict[str, Any]]:

@@ -51,10 +51,8 @@ class JobCost:
 # trace on build 51f979d 37.6 / 37.5 and 37.7 / 37.7 CPU s: not rescaled). The host ran these
 # jobs 1.6-1.9x slower than on the day of the table (both builds alike).
 LOG_COLUMNS_MEASURED_ON = ("scripts/measure_jobs.py config/paper.yaml --only base (vllm, orca, "
-                           "fastgen, sarathi) and --only capacity --per-policy --sample 3 (the "
-                           "ablations: --sample 3 and 9; accelgen, accelgen-closed, oracle-2: "
-                           "--sample 12 more), each with --checkout <3cb814a>, 2026-11-29: "
-                           "LOG_COLUMNS_CAPACITY_SCALE, LOG_COLUMNS_BASE_SCALE")
+                           "fastgen, sarathi) with --checkout <3cb814a>, 2026-11-29: "
+                           "LOG_COLUMNS_BASE_SCALE")
 LOG_COLUMNS_BASE_SCALE = {"vllm": 0.667, "sarathi": 0.678, "fastgen": 0.658, "orca": 0.281}
 
 
@@ -99,46 +97,61 @@ SCENARIO_REQUESTS = 100  # a fixed scenario (figure 6's ERA case and the like) i
 # The capacity sweep's jobs (workload ``capacity``, 1,000 requests at a load factor of the
 # deployment's capacity estimate, figures 13-16 and 18) cost what the paper trace does not say:
 # below capacity a request is served nearly alone, about 830 iterations each (the paper trace,
-# overloaded: about 200), and the policy's cost per iteration differs with the batch. Measured
-# on this build, per policy at several load factors, each job as the pipeline runs it (the
-# Oracle's search with its floor read from AccelGen's run), CPU seconds:
-CAPACITY_MEASURED_ON = ("scripts/measure_jobs.py config/paper.yaml --only capacity --per-policy "
-                        "--sample 4 (36 jobs) and --sample 22 (22 jobs; its Oracle jobs, run "
-                        "before the floor was read, left out), 2026-11-28, 2-core development "
-                        "VM, build 639013c (load 2-3.7); vllm, sarathi, fastgen and "
-                        "vllm-priority rescaled for the decode runs by side-by-side jobs "
-                        "(scripts/measure_jobs.py ... --systems vllm sarathi fastgen "
-                        "vllm-priority --deployments opt-13b-auto --seeds 0 --checkout <build "
-                        "c645535>, 44 jobs, 1.63x in all))")
+# overloaded: about 200), and the policy's cost per iteration differs with the batch and the
+# token budget. Measured on this build per system (a tuned budget or the envelope's smallest
+# apart from its policy's own setting) at the load factors its sample drew, each job as the
+# pipeline runs it (the Oracle's 2-point search with its floor read from AccelGen's run), in
+# one session with nothing else running. The host's speed changes 1.6-1.9x between sessions, so
+# each job's CPU seconds are divided by the session's speed: AccelGen's paper-trace job
+# (``MEASURED["accelgen"]``, the same trace and command) measured before and after the sample,
+# over its price (CAPACITY_HOST_SPEED). Several jobs at one load factor: their mean (they span
+# deployments: the same load factor cost 1.3-2x more on one deployment than another).
+CAPACITY_MEASURED_ON = (
+    "scripts/measure_jobs.py config/paper.yaml --only capacity-rate --per-system --sample 6 "
+    "--systems <the 18 capacity systems> sarathi-b64, 2026-11-29, build c00e427, nothing "
+    "else running; CPU s over the session's speed: AccelGen's paper-trace job before and after "
+    "it, 152.6 and 170.9 CPU s against its price of 89.96")
+CAPACITY_HOST_SPEED = 1.798  # (152.6 + 170.9) / 2 / 89.96
 CAPACITY_REQUESTS = 1000
 # The fixed part of a job (a 1-request trace: interpreter, imports, the AccelGen kernels' load,
-# results written), measured the same way: not scaled by requests.
+# results written), measured the same way: not scaled by requests. ``FIXED_S``: with the
+# paper-trace and workload tables (2026-11-28); ``CAPACITY_FIXED_S``: with the capacity table,
+# the same for every policy (AccelGen 1.43-1.51 CPU s, vLLM 1.42-1.51, 3 and 6 runs; its
+# session's speed divided out, as its jobs').
 FIXED_S = {"accelgen": 2.0, "other": 1.0}
+CAPACITY_FIXED_S = 0.8
 ACCELGEN_FAMILY = ("accelgen", "accelgen-closed", "oracle")  # (base policies: they load kernels)
 # Under ``accelgen warm`` (a job forked from a server that has imported everything and loaded
 # AccelGen's kernels) the fixed part is what the fork itself uses: the same 1-request command,
 # 20 forks (accelgen, vllm, sarathi, edf; `accelgen warm --jobs-log`, 2026-11-28, this VM):
 # 0.072-0.159 CPU s, median 0.093, for every policy alike.
 WARM_FIXED_S = 0.1
-# policy -> ((load factor, CPU seconds of one job), ...), load factors ascending. vLLM, vLLM
-# priority, Sarathi-Serve and FastGen: the measured jobs' variable part (net of FIXED_S)
-# scaled by what the simulator's runs of decode iterations saved side by side, per policy at
-# load factors up to 0.25 (0.45-0.52x) and from 0.5 (0.61-0.87x) (CAPACITY_MEASURED_ON).
-# (Several jobs at one load factor: their mean. Measured over 1,000 requests.)
+# system or policy -> ((load factor, CPU seconds of one job), ...), load factors ascending. A
+# system not listed costs its policy's jobs (a named variant its base policy's).
 CAPACITY_MEASURED: dict[str, tuple[tuple[float, float], ...]] = {
-    "accelgen": ((0.00390625, 14.84), (0.015625, 16.37), (0.0625, 16.95), (0.125, 12.8),
-                (0.25, 12.45), (0.5, 7.45), (2.0, 7.2)),
-    "edf": ((0.00390625, 10.0), (0.0078125, 10.38), (0.03125, 9.96), (0.0625, 10.74), (2.0, 4.2)),
-    "fastgen": ((0.00390625, 3.4), (0.0625, 4.18), (1.0, 2.04), (2.0, 2.37)),
-    "fastserve": ((0.00390625, 11.34), (0.0078125, 11.38), (0.03125, 13.25), (0.0625, 12.27),
-                 (2.0, 5.65)),
-    "oracle": ((0.00390625, 23.52), (0.0078125, 24.16), (0.0625, 24.22), (2.0, 10.5)),
-    "orca": ((0.00390625, 7.36), (0.0078125, 5.45), (0.0625, 4.69), (2.0, 2.11)),
-    "sarathi": ((0.00390625, 3.03), (0.015625, 3.43), (0.0625, 3.39), (0.125, 2.94), (0.25, 2.16),
-                (2.0, 1.82)),
-    "vllm": ((0.00390625, 2.98), (0.03125, 3.34), (0.25, 1.85), (0.5, 2.42), (1.0, 3.35),
-             (2.0, 2.1)),
-    "vllm-priority": ((0.00390625, 4.41), (0.125, 3.65), (0.5, 2.7), (1.0, 3.28)),
+    # the paper's settings (the ablations and the Oracle's 2-point search under their policies)
+    "accelgen": ((0.00390625, 3.34), (0.0625, 3.38), (0.5, 5.73), (2.0, 5.63)),
+    "accelgen-closed": ((0.00390625, 3.64), (0.0625, 4.54), (1.0, 7.59)),
+    "accelgen/batch": ((0.00390625, 4.85), (0.0625, 4.17), (1.0, 5.46)),
+    "accelgen/chunk": ((0.00390625, 3.66), (0.0625, 3.61), (1.0, 4.25)),
+    "accelgen/order": ((0.00390625, 4.02), (0.0625, 3.83), (1.0, 5.27)),
+    "oracle": ((0.00390625, 6.33), (0.0625, 6.36), (1.0, 12.42)),
+    "edf": ((0.00390625, 5.06), (0.0625, 4.63), (1.0, 3.76)),
+    "fastgen": ((0.00390625, 1.61), (0.0625, 1.62), (0.5, 1.45), (2.0, 1.61)),
+    "fastserve": ((0.00390625, 10.0), (0.0625, 9.5), (1.0, 4.36)),
+    "orca": ((0.00390625, 1.81), (0.0625, 1.81), (1.0, 1.35)),
+    "sarathi": ((0.00390625, 1.52), (0.0625, 1.49), (0.5, 1.44), (2.0, 1.43)),
+    "vllm": ((0.00390625, 1.61), (0.0625, 1.52), (0.5, 1.41), (2.0, 1.51)),
+    "vllm-priority": ((0.00390625, 1.58), (0.0625, 1.6), (1.0, 1.46)),
+    # as their users run them (a tuned budget: more iterations where it is small), and the
+    # envelope's smallest static budget (its larger ones priced as Sarathi-Serve's setting)
+    "edf-tuned": ((0.00390625, 5.13), (0.0625, 4.62), (1.0, 12.93)),
+    "fastgen-tuned": ((0.00390625, 1.98), (0.0625, 1.64), (1.0, 3.87)),
+    "sarathi-tuned": ((0.00390625, 2.95), (0.0625, 3.07), (1.0, 2.37), (2.0, 1.48)),
+    "vllm-priority-tuned": ((0.00390625, 1.93), (0.0625, 1.63), (1.0, 3.84)),
+    "vllm-tuned": ((0.00390625, 1.84), (0.0625, 1.64), (1.0, 3.46)),
+    "sarathi-b64": ((0.00390625, 1.79), (0.0078125, 2.58), (0.125, 1.85), (0.25, 1.62),
+                    (0.5, 1.79), (1.0, 2.02)),
 }
 # The Oracle's jobs above ran this many simulations (its 2-point search, the floor read).
 CAPACITY_ORACLE_POINTS = 2
@@ -279,99 +292,6 @@ def workload_seconds(variant: str, policy: str, num_requests: int, search_points
     return fixed_seconds(policy, warm) + var * num_requests / REFERENCE_REQUESTS
 
 
-# Open-loop AccelGen (its ablations too) and the Oracle, without noise, take their redecided
-# decode steps in asking runs (``Simulator._asking_decode_run``; the closed loop's jobs and
-# noisy ones take them too, not measured: priced as before). Their capacity
-# jobs' variable part scaled by what that saved, per load factor: the same jobs side by side
-# with the build before (5dbac87), alternating, every results file identical
-# (`scripts/measure_jobs.py config/paper.yaml --only capacity --per-policy --sample 5
-# --policies accelgen oracle --checkout <5dbac87>`, 2026-11-28, twice: on 5f5630d and on
-# c9174e8, each time beside other work); the variable part after over before, 16 such jobs,
-# averaged per load factor (single jobs spread by +-0.1 to +-0.2); the closed loop's and a
-# noisy run's jobs under noise measured 0.95-1.02x.
-ASKING_RUN_POLICIES = ("accelgen", "accelgen/order", "accelgen/chunk", "accelgen/batch", "oracle")
-ASKING_RUN_SCALE: tuple[tuple[float, float], ...] = (
-    (0.00390625, 0.759), (0.0078125, 0.872), (0.0625, 0.772), (0.125, 0.922), (2.0, 1.026),
-    (4.0, 0.921))
-
-
-# AccelGen's family (open and closed loop, the ablations, the Oracle), without noise, decide
-# their asking runs' steps in one compiled call (``decode_run``, ``Policy.decide_decode_run``).
-# Their capacity jobs' variable part scaled by what that saved, per load factor: the same jobs
-# side by side with the build before (dfb5657), alternating, every results file identical
-# (`scripts/measure_jobs.py config/paper.yaml --only capacity --per-policy --sample 8
-# --policies accelgen accelgen-closed oracle --checkout <dfb5657>`, 2026-11-28, build 373b852:
-# 16 jobs, 171.4 against 230.1 CPU s); the variable part after over before, averaged per load
-# factor (the noisy jobs among the sample left out: they are priced as before). From a load
-# factor of 1 on no saving is priced: the single jobs there measured 0.78-1.16x, within the
-# host's spread.
-DECIDED_RUN_POLICIES = (*ASKING_RUN_POLICIES, "accelgen-closed")
-DECIDED_RUN_SCALE: tuple[tuple[float, float], ...] = (
-    (0.00390625, 0.56), (0.0078125, 0.5), (0.015625, 0.478), (0.03125, 0.662), (0.0625, 0.61),
-    (0.125, 0.675), (0.5, 0.778), (1.0, 1.0))
-# EDF and Orca repeat their decode-only decisions in runs of iterations at once
-# (``EDFPolicy.repeats``, ``Simulator._repeat``): the same kind of measurement
-# (`... --sample 8 --policies edf orca --checkout <dfb5657>`, 16 jobs, 1.73x in all).
-REPEAT_RUN_SCALE: dict[str, tuple[tuple[float, float], ...]] = {
-    "edf": ((0.00390625, 0.484), (0.0078125, 0.463), (0.03125, 0.413), (0.0625, 0.526),
-            (0.5, 0.602), (2.0, 0.772), (4.0, 0.662)),
-    "orca": ((0.00390625, 0.475), (0.0078125, 0.465), (0.03125, 0.454), (0.0625, 0.58),
-             (0.5, 0.735), (2.0, 0.318), (4.0, 0.414)),
-}
-
-# The simulator's runs of decode iterations go into the iteration log as columns
-# (``IterationLog.append_columns``, ``append_block``), not a tuple per row. The capacity jobs'
-# variable part scaled by what that saved, per policy and load factor: the same jobs side by
-# side with the build before (3cb814a), alternating, nothing else running, every results file
-# identical (`scripts/measure_jobs.py config/paper.yaml --only capacity --per-policy --sample 3
-# --checkout <3cb814a>`, 2026-11-29, build 231f271: 27 jobs, 190.2 against 235.7 CPU s); one
-# job each, the variable part after over before, held beyond the ends. None priced where jobs
-# measured within the host's spread of no change (0.91-1.03x: AccelGen at 2, the Oracle at 1 and
-# 2, an ablation at 1; FastServe, then asked at every iteration): from a load factor of 2 on for
-# AccelGen, of 1 on for the closed loop, the ablations and the Oracle, nor for noisy jobs. The
-# ablations (one row for the three): 12 jobs of this build (8fe1398, whose other changes leave
-# them alone) against 3cb814a, 76.8 against 98.6 CPU s (`--only capacity --per-policy --sample
-# 3` and `--sample 9 --systems accelgen-no-order accelgen-no-chunk accelgen-no-batch`). AccelGen,
-# the closed loop without noise and the Oracle: with 24 more of their jobs the same way (build
-# 8fe1398, `--per-policy --sample 12 --systems accelgen accelgen-closed oracle-2`, 251.5 against
-# 304.1 CPU s), averaged per load factor with the first sample's; AccelGen's jobs at 1 measured
-# 1.09-1.13x, at 2 0.98-1.03x, the Oracle's at 1 0.98-1.10x and at 2 0.91-1.00x.
-_ABLATION_LOG_COLUMNS = ((0.00390625, 0.68), (0.0078125, 0.542), (0.0625, 0.697), (0.125, 0.694),
-                         (0.5, 0.878), (1.0, 1.0))
-LOG_COLUMNS_CAPACITY_SCALE: dict[str, tuple[tuple[float, float], ...]] = {
-    "accelgen": ((0.00390625, 0.754), (0.0078125, 0.729), (0.0625, 0.651), (0.5, 0.819),
-                 (1.0, 0.886), (2.0, 1.0)),
-    "accelgen-closed": ((0.00390625, 0.609), (0.03125, 0.662), (1.0, 1.0)),
-    "oracle": ((0.00390625, 0.627), (0.0078125, 0.617), (0.03125, 0.654), (0.0625, 0.666),
-               (0.125, 0.811), (1.0, 1.0)),
-    "edf": ((0.00390625, 0.777), (0.0625, 0.835), (1.0, 0.927)),
-    "fastgen": ((0.00390625, 0.358), (0.03125, 0.441), (2.0, 0.667)),
-    "orca": ((0.00390625, 0.345), (0.0625, 0.374), (1.0, 0.705)),
-    "sarathi": ((0.00390625, 0.499), (0.03125, 0.493), (2.0, 0.954)),
-    "vllm": ((0.00390625, 0.463), (0.25, 0.422), (0.5, 0.727)),
-    "vllm-priority": ((0.00390625, 0.344), (0.125, 0.441), (0.25, 0.653)),  # (1/4: 5 % noise)
-    "accelgen/order": _ABLATION_LOG_COLUMNS,
-    "accelgen/chunk": _ABLATION_LOG_COLUMNS,
-    "accelgen/batch": _ABLATION_LOG_COLUMNS,
-}
-
-
-# FastServe hands its decision back after decode steps where ``schedule`` would pick the same
-# batch (``FastServePolicy.schedule_after_decodes``). Its capacity jobs' variable part scaled
-# by what that saved, per load factor: the same jobs side by side with the build before
-# (e612ba4), alternating, nothing else running, every results file identical
-# (`scripts/measure_jobs.py config/paper.yaml --only capacity --systems fastserve --sample 6
-# --checkout <e612ba4>`, 2026-11-29, build 23741b9: 79.5 against 118.9 CPU s); the variable
-# part after over before, averaged per load factor. None priced from a load factor of 2 on (not
-# measured: overloaded, the queue outgrows the batch and every step takes the merge), nor for
-# the overloaded paper-trace jobs.
-AFTER_DECODES_MEASURED_ON = ("scripts/measure_jobs.py config/paper.yaml --only capacity --systems "
-                             "fastserve --sample 6 --checkout <e612ba4>, 2026-11-29, build 23741b9")
-AFTER_DECODES_SCALE: dict[str, tuple[tuple[float, float], ...]] = {
-    "fastserve": ((0.00390625, 0.652), (0.0625, 0.632), (1.0, 0.714), (2.0, 1.0)),
-}
-
-
 def _interpolated(pts: tuple[tuple[float, float], ...], load_factor: float) -> float:
     """The values of ``pts`` ((load factor, value), ascending) interpolated in log(load
     factor), held at the ends."""
@@ -398,58 +318,42 @@ def fixed_seconds(policy: str, warm: bool = False) -> float:
 # Under per-step noise (figure 18's systems) AccelGen's jobs cost what noisy jobs measured:
 # the closed loop never rests (every step corrects its model and margin), and takes the steps of
 # its decided runs in in the compiled run (``loop_step.take_in``); the open loop takes the
-# decided runs as without noise. Whole jobs measured as the pipeline runs them
-# (`scripts/measure_jobs.py config/paper.yaml --only capacity --systems accelgen-noiseL ...
-# --per-policy --sample N`, noise 5, 10 and 20 %, the four KV-auto deployments): policy ->
-# ((load factor, CPU seconds), ...), several jobs at one load factor: their mean. The open loop:
-# 2026-11-28, build 48488e4, beside another job. The closed loop: 2026-11-29, build 8fe1398,
-# nothing else running, 8 jobs (`--systems accelgen-closed-noise{5,10,20} --sample 8 --checkout
-# <e612ba4>`: 68.4 against 175.4 CPU s on the build before, 2.56x, every results file
-# identical; the same 8 jobs of the build before that took 167.9 on fa75366's day).
-NOISY_CAPACITY_MEASURED_ON = ("scripts/measure_jobs.py config/paper.yaml --only capacity --systems "
-                              "accelgen-noise{5,10,20} (2026-11-28, build 48488e4) and "
-                              "accelgen-closed-noise{5,10,20} --sample 8 (2026-11-29, build 8fe1398)")
+# decided runs as without noise. Whole jobs measured as the pipeline runs them, each of the six
+# noisy systems (open and closed loop at 5, 10 and 20 %) at the same four (deployment, load
+# factor) points, and divided by the session's speed as ``CAPACITY_MEASURED`` (AccelGen's
+# paper-trace job before and after: 157.3 and 182.7 CPU s, 1.89x): policy -> ((load factor,
+# CPU seconds), ...), the three noise levels' mean. A noisy copy of another system costs what
+# that system's jobs do.
+NOISY_CAPACITY_MEASURED_ON = ("scripts/measure_jobs.py config/paper.yaml --only capacity-rate "
+                              "--per-system --sample 4 --systems accelgen-noise{5,10,20} "
+                              "accelgen-closed-noise{5,10,20}, 2026-11-29, build c00e427, "
+                              "nothing else running")
+NOISY_CAPACITY_HOST_SPEED = 1.89  # (157.3 + 182.7) / 2 / 89.96
 NOISY_CAPACITY_MEASURED: dict[str, tuple[tuple[float, float], ...]] = {
-    # noise 10 at 1/32, 1/4, 1/2 and 1; 5 and 20 at 1/32, 1/16 and 2
-    "accelgen": ((0.03125, 8.38), (0.0625, 8.92), (0.25, 7.05), (0.5, 7.32), (1.0, 5.86),
-                 (2.0, 7.54)),
-    # noise 10 and 20 at 1/32; 5 at 1/8; 5 and 10 at 1/4; 20 and 5 at 1/2; 10 at 1
-    "accelgen-closed": ((0.03125, 8.47), (0.125, 8.89), (0.25, 8.25), (0.5, 9.42),
-                        (1.0, 7.23)),
+    "accelgen": ((0.03125, 3.56), (0.0625, 3.95), (0.5, 4.7), (1.0, 3.99)),
+    "accelgen-closed": ((0.03125, 4.43), (0.0625, 5.08), (0.5, 4.88), (1.0, 4.75)),
 }
 
 
 def capacity_seconds(policy: str, num_requests: int, load_factor: float,
                      search_points: int = 1, warm: bool = False,
-                     noisy: bool = False) -> float | None:
-    """CPU seconds of one capacity-sweep job of ``policy`` at ``load_factor`` (None when the
-    policy was not measured there): the measured jobs interpolated in log(load factor), held at
-    the ends, net of the fixed part scaled by requests (and by search points for the Oracle),
-    and by ``ASKING_RUN_SCALE``, ``DECIDED_RUN_SCALE``, ``REPEAT_RUN_SCALE``,
-    ``LOG_COLUMNS_CAPACITY_SCALE`` and ``AFTER_DECODES_SCALE`` where the job takes those runs
-    (not ``noisy``; a noisy job of a policy measured under noise from
-    ``NOISY_CAPACITY_MEASURED``);
-    ``warm``: with the fixed part of a job forked by ``accelgen warm``."""
-    noisy_pts = NOISY_CAPACITY_MEASURED.get(policy) if noisy else None
-    pts = noisy_pts or CAPACITY_MEASURED.get(policy) or CAPACITY_MEASURED.get(base_policy(policy))
+                     noisy: bool = False, system: str | None = None) -> float | None:
+    """CPU seconds of one capacity-sweep job of ``policy`` (run as ``system``) at
+    ``load_factor`` (None when neither was measured there): the measured jobs of the system,
+    else of the policy, interpolated in log(load factor), held at the ends, net of the fixed
+    part scaled by requests (and by search points for the Oracle); a ``noisy`` job of a policy
+    measured under noise from ``NOISY_CAPACITY_MEASURED``; ``warm``: with the fixed part of a
+    job forked by ``accelgen warm``."""
+    pts = ((NOISY_CAPACITY_MEASURED.get(policy) if noisy else None)
+           or CAPACITY_MEASURED.get(system or policy) or CAPACITY_MEASURED.get(policy)
+           or CAPACITY_MEASURED.get(base_policy(policy)))
     if not pts:
         return None
-    fixed = fixed_seconds(policy)
-    var = _interpolated(tuple((lf, max(t - fixed, 0.0)) for lf, t in pts), load_factor)
-    if not noisy:
-        if policy in ASKING_RUN_POLICIES:
-            var *= _interpolated(ASKING_RUN_SCALE, load_factor)
-        if policy in DECIDED_RUN_POLICIES:
-            var *= _interpolated(DECIDED_RUN_SCALE, load_factor)
-        if policy in REPEAT_RUN_SCALE:
-            var *= _interpolated(REPEAT_RUN_SCALE[policy], load_factor)
-        if policy in LOG_COLUMNS_CAPACITY_SCALE:
-            var *= _interpolated(LOG_COLUMNS_CAPACITY_SCALE[policy], load_factor)
-        if policy in AFTER_DECODES_SCALE:
-            var *= _interpolated(AFTER_DECODES_SCALE[policy], load_factor)
+    var = _interpolated(tuple((lf, max(t - CAPACITY_FIXED_S, 0.0)) for lf, t in pts),
+                        load_factor)
     if base_policy(policy) == "oracle":
         var *= search_points / CAPACITY_ORACLE_POINTS
-    return fixed_seconds(policy, warm) + var * num_requests / CAPACITY_REQUESTS
+    return (WARM_FIXED_S if warm else CAPACITY_FIXED_S) + var * num_requests / CAPACITY_REQUESTS
 
 
 def job_seconds(grid: Grid, run: Run, warm: bool = False) -> float:
@@ -471,7 +375,8 @@ def job_seconds(grid: Grid, run: Run, warm: bool = False) -> float:
             lf = rate / est
     if lf is not None:
         t = capacity_seconds(policy, n, lf, points, warm,
-                             noisy=bool(grid.noise_level.get(run.system)))
+                             noisy=bool(grid.noise_level.get(run.system)),
+                             system=grid.noise_of.get(run.system, run.system))
         if t is not None:
             return t
     t_workload = workload_seconds(run.variant, policy, n, points, warm)
