@@ -28,6 +28,7 @@ import os
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -49,6 +50,18 @@ def _run(cmd: list[str], log: Path, tree: Path | None = None) -> Measured:
     if proc.returncode:
         raise subprocess.CalledProcessError(proc.returncode, cmd)
     return Measured(usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024)  # (KiB on Linux)
+
+
+def evenly_spaced(runs: list[Any], sample: int,
+                  group: Callable[[Any], str] | None = None) -> list[Any]:
+    """``sample`` of ``runs`` evenly spaced in their order (every ``len / sample``-th from the
+    first); with ``group``, ``sample`` of each group's runs (the groups in order of first run)."""
+    if group is None:
+        return runs[::max(1, len(runs) // sample)][:sample]
+    groups: dict[str, list[Any]] = {}
+    for r in runs:
+        groups.setdefault(group(r), []).append(r)
+    return [r for rs in groups.values() for r in evenly_spaced(rs, sample)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,16 +159,13 @@ def main(argv: list[str] | None = None) -> int:
             and (a.systems is None or r.system in a.systems)
             and (a.deployments is None or r.deployment in a.deployments)
             and (a.seeds is None or r.seed in a.seeds)]
-    if a.per_policy or a.per_system:
-        by_policy: dict[str, list[Run]] = {}
-        for r in runs:
-            key = r.system if a.per_system else base_policy(run_job(grid, r.variant, r.system)[0])
-            by_policy.setdefault(key, []).append(r)
-        sample = [r for rs in by_policy.values()
-                  for r in rs[::max(1, len(rs) // a.sample)][:a.sample]]
+    if a.per_system:
+        sample = evenly_spaced(runs, a.sample, lambda r: r.system)
+    elif a.per_policy:
+        sample = evenly_spaced(runs, a.sample,
+                               lambda r: base_policy(run_job(grid, r.variant, r.system)[0]))
     else:
-        step = max(1, len(runs) // a.sample)
-        sample = runs[::step][:a.sample]
+        sample = evenly_spaced(runs, a.sample)
 
     # The fixed part: the first sampled run's command on a 1-request trace.
     import pandas as pd

@@ -42,3 +42,21 @@ def test_script_imports_resolve(script: Path) -> None:
 
 def test_there_are_scripts() -> None:
     assert len(SCRIPTS) > 5
+
+
+def test_measure_jobs_samples_each_group_evenly() -> None:
+    """``scripts/measure_jobs.py``'s sample: every n-th run from the first, or as many of each
+    system's (policy's) runs, so that a tuned variant is measured apart from its policy."""
+    import sys
+
+    sys.path.insert(0, str(SCRIPTS[0].parent))
+    try:
+        from measure_jobs import evenly_spaced  # type: ignore[import-not-found]
+    finally:
+        sys.path.pop(0)
+    runs = [(system, i) for i in range(12) for system in ("vllm", "vllm-tuned", "sarathi")]
+    assert evenly_spaced(runs, 4) == runs[0:36:9]
+    per_system = evenly_spaced(runs, 3, lambda r: r[0])
+    assert [r[0] for r in per_system] == ["vllm"] * 3 + ["vllm-tuned"] * 3 + ["sarathi"] * 3
+    assert [r[1] for r in per_system] == [0, 4, 8] * 3
+    assert evenly_spaced(runs[:2], 5) == runs[:2]

@@ -94,7 +94,6 @@ def estimate_measured(config: ConfigFiles, cores: int = 2, warm: bool = False) -
     ``accelgen warm``)."""
     from accelgen.pipeline.resources import (
         CAPACITY_MEASURED_ON,
-        LOG_COLUMNS_MEASURED_ON,
         MEASURED,
         MEASURED_ON,
         NOISY_CAPACITY_MEASURED_ON,
@@ -137,9 +136,7 @@ def estimate_measured(config: ConfigFiles, cores: int = 2, warm: bool = False) -
              f"{len(ORACLE_SEARCH_MEASURED)} search(es) measured with candidates stopped "
              f"(ORACLE_SEARCH_MEASURED); the single-dataset workloads' jobs from "
              f"{len(WORKLOAD_MEASURED)} jobs measured on them ({WORKLOAD_MEASURED_ON}); "
-             f"AccelGen's capacity jobs under noise from noisy jobs ({NOISY_CAPACITY_MEASURED_ON}); "
-             f"the paper trace's iteration log priced by the same jobs side by side with the build "
-             f"before ({LOG_COLUMNS_MEASURED_ON})"]
+             f"AccelGen's capacity jobs under noise from noisy jobs ({NOISY_CAPACITY_MEASURED_ON})"]
     if unmeasured:
         lines.append(f"  not measured, priced as the slowest measured policy: {', '.join(unmeasured)}")
     lines.append("by figure (experiment):")

@@ -24,10 +24,15 @@ if TYPE_CHECKING:
     from accelgen.pipeline.grid import Grid, Run
 
 REFERENCE_REQUESTS = 20_000
-MEASURED_ON = ("scripts/measure_jobs.py config/paper.yaml --only base --per-policy --sample 1 "
-               "--deployments opt-13b --seeds 0 on build 48488e4, 2026-11-28, for vllm, sarathi, "
-               "fastgen, fastserve, orca and accelgen; the others from scripts/bench_sim.py "
+MEASURED_ON = ("scripts/measure_jobs.py config/paper.yaml --only base --per-system --sample 1 "
+               "--systems vllm orca fastgen sarathi fastserve --deployments opt-13b --seeds 0, "
+               "and --only measurement --systems sarathi-slack, on build 3bbff52, 2026-11-29, "
+               "divided by the session's speed (BASE_HOST_SPEED); accelgen on build 48488e4, "
+               "2026-11-28 (the unit of every table); the others from scripts/bench_sim.py "
                "--traces paper bursty, every policy in one session, 2026-11-25, build 74eb80c")
+# AccelGen's paper-trace job before and after the baselines' jobs (152.8 and 155.3 CPU s) over
+# its price: the host ran 1.71x the table's time that session.
+BASE_HOST_SPEED = 1.712
 STARTUP_S = 3.0  # interpreter, imports, trace load: not scaled
 BASE_MB = 250.0  # the process before the run (interpreter, numpy, pandas, pyarrow)
 
@@ -40,48 +45,26 @@ class JobCost:
     rss_mb: float
 
 
-# What the iteration log's columns saved on the paper trace: the same jobs side by side with
-# the build before the log took runs of decode iterations as columns (3cb814a), alternating,
-# nothing else running, every results file identical; the variable part (net of 1 s) after
-# over before
-# (`scripts/measure_jobs.py config/paper.yaml --only base --per-policy --sample 1 --systems vllm
-# orca fastgen sarathi accelgen --deployments opt-13b --seeds 0 --checkout <3cb814a>`,
-# 2026-11-29, build 6613eaa: vLLM 25.7 against 38.0 CPU s, Sarathi-Serve 25.4 / 36.9, FastGen
-# 31.4 / 47.2, Orca 28.3 / 98.2; AccelGen 175.3 / 164.8, then on a 5,000-request cut of the
-# trace on build 51f979d 37.6 / 37.5 and 37.7 / 37.7 CPU s: not rescaled). The host ran these
-# jobs 1.6-1.9x slower than on the day of the table (both builds alike).
-LOG_COLUMNS_MEASURED_ON = ("scripts/measure_jobs.py config/paper.yaml --only base (vllm, orca, "
-                           "fastgen, sarathi) with --checkout <3cb814a>, 2026-11-29: "
-                           "LOG_COLUMNS_BASE_SCALE")
-LOG_COLUMNS_BASE_SCALE = {"vllm": 0.667, "sarathi": 0.678, "fastgen": 0.658, "orca": 0.281}
-
-
 # Per policy (a named variant costs what its base policy costs). ``oracle``: one point of its
 # search (the Oracle's policy at one parameter setting); a search costs points + 1 of them.
 MEASURED: dict[str, JobCost] = {
     # peak RSS in MiB (ru_maxrss)
-    # vLLM, Sarathi-Serve, FastGen, FastServe, Orca and AccelGen re-measured on build 48488e4
-    # as the pipeline runs their jobs (the paper workload's 20K-request trace on OPT-13B, seed
-    # 0: `scripts/measure_jobs.py config/paper.yaml --only base --per-policy --sample 1
-    # --systems vllm orca fastgen sarathi fastserve accelgen --deployments opt-13b --seeds 0`,
-    # 2026-11-28, beside one other job): CPU seconds of the job net of its measured fixed part
-    # (FIXED_S), plus STARTUP_S as for the others. Peak memory as measured on 2026-11-25.
-    # vLLM, Sarathi-Serve, FastGen and Orca: that variable part scaled by what the iteration
-    # log's columns saved (``LOG_COLUMNS_BASE_SCALE``).
-    "vllm": JobCost(seconds=STARTUP_S + (20.46 - 1.0) * LOG_COLUMNS_BASE_SCALE["vllm"],
-                    rss_mb=909.0),
+    # vLLM, Sarathi-Serve, FastGen, FastServe and Orca as the pipeline runs their jobs (the paper
+    # workload's 20K-request trace on OPT-13B, seed 0), Sarathi-Serve in slack order on the
+    # measurement figures' 20K-request trace (MEASURED_ON): CPU seconds of the whole job over
+    # BASE_HOST_SPEED (measured 26.15, 25.98, 36.38, 220.96, 31.11 and 176.87), peak memory as
+    # measured. AccelGen (2026-11-28, build 48488e4): the job's CPU seconds net of that day's
+    # fixed part (FIXED_S), plus STARTUP_S; this job, measured beside the others' in every
+    # session, is what each session's speed is taken from.
+    "vllm": JobCost(seconds=15.27, rss_mb=875.0),
     "vllm-v0": JobCost(seconds=46.3, rss_mb=920.0),
-    "sarathi": JobCost(seconds=STARTUP_S + (21.81 - 1.0) * LOG_COLUMNS_BASE_SCALE["sarathi"],
-                       rss_mb=902.0),
-    # Sarathi-Serve in slack order is asked at every iteration (no after-decodes shortcut):
-    # Sarathi's cost before it (2026-11-25).
-    "sarathi-slack": JobCost(seconds=49.6, rss_mb=902.0),
-    "fastgen": JobCost(seconds=STARTUP_S + (26.95 - 1.0) * LOG_COLUMNS_BASE_SCALE["fastgen"],
-                       rss_mb=878.0),
-    "fastserve": JobCost(seconds=STARTUP_S + 141.0 - 1.0, rss_mb=935.0),
+    "sarathi": JobCost(seconds=15.18, rss_mb=872.0),
+    # Sarathi-Serve in slack order is asked at every iteration (no after-decodes shortcut).
+    "sarathi-slack": JobCost(seconds=103.31, rss_mb=912.0),
+    "fastgen": JobCost(seconds=21.25, rss_mb=910.0),
+    "fastserve": JobCost(seconds=129.07, rss_mb=950.0),
     "edf": JobCost(seconds=85.5, rss_mb=918.0),  # (2026-11-25)
-    "orca": JobCost(seconds=STARTUP_S + (56.68 - 1.0) * LOG_COLUMNS_BASE_SCALE["orca"],
-                    rss_mb=1590.0),  # batches of 8
+    "orca": JobCost(seconds=18.17, rss_mb=1576.0),  # batches of 8
     "oracle": JobCost(seconds=91.1, rss_mb=1353.0),  # one point of a search (2026-11-25)
     "accelgen": JobCost(seconds=STARTUP_S + 88.96 - 2.0, rss_mb=1358.0),  # (RSS: build 89dd7b0)
     # Not a paper-trace run: vllm's cost (2026-11-25: 45.4 s) scaled by the CPU-time ratio of
