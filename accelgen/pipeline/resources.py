@@ -51,20 +51,20 @@ MEASURED: dict[str, JobCost] = {
     # peak RSS in MiB (ru_maxrss)
     # vLLM, Sarathi-Serve, FastGen, FastServe and Orca as the pipeline runs their jobs (the paper
     # workload's 20K-request trace on OPT-13B, seed 0), Sarathi-Serve in slack order on the
-    # measurement figures' 20K-request trace (MEASURED_ON): CPU seconds of the whole job over
-    # BASE_HOST_SPEED (measured 26.15, 25.98, 36.38, 220.96, 31.11 and 176.87), peak memory as
-    # measured. AccelGen (2026-11-28, build 48488e4): the job's CPU seconds net of that day's
-    # fixed part (FIXED_S), plus STARTUP_S; this job, measured beside the others' in every
-    # session, is what each session's speed is taken from.
-    "vllm": JobCost(seconds=15.27, rss_mb=875.0),
+    # measurement figures' 20K-request trace (MEASURED_ON): CPU seconds of the whole job as
+    # measured over BASE_HOST_SPEED, peak memory as measured. AccelGen (2026-11-28, build
+    # 48488e4): the job's CPU seconds net of that day's fixed part (FIXED_S), plus STARTUP_S;
+    # this job, measured beside the others' in every session, is what each session's speed is
+    # taken from.
+    "vllm": JobCost(seconds=26.15 / BASE_HOST_SPEED, rss_mb=875.0),
     "vllm-v0": JobCost(seconds=46.3, rss_mb=920.0),
-    "sarathi": JobCost(seconds=15.18, rss_mb=872.0),
+    "sarathi": JobCost(seconds=25.98 / BASE_HOST_SPEED, rss_mb=872.0),
     # Sarathi-Serve in slack order is asked at every iteration (no after-decodes shortcut).
-    "sarathi-slack": JobCost(seconds=103.31, rss_mb=912.0),
-    "fastgen": JobCost(seconds=21.25, rss_mb=910.0),
-    "fastserve": JobCost(seconds=129.07, rss_mb=950.0),
+    "sarathi-slack": JobCost(seconds=176.87 / BASE_HOST_SPEED, rss_mb=912.0),
+    "fastgen": JobCost(seconds=36.38 / BASE_HOST_SPEED, rss_mb=910.0),
+    "fastserve": JobCost(seconds=220.96 / BASE_HOST_SPEED, rss_mb=950.0),
     "edf": JobCost(seconds=85.5, rss_mb=918.0),  # (2026-11-25)
-    "orca": JobCost(seconds=18.17, rss_mb=1576.0),  # batches of 8
+    "orca": JobCost(seconds=31.11 / BASE_HOST_SPEED, rss_mb=1576.0),  # batches of 8
     "oracle": JobCost(seconds=91.1, rss_mb=1353.0),  # one point of a search (2026-11-25)
     "accelgen": JobCost(seconds=STARTUP_S + 88.96 - 2.0, rss_mb=1358.0),  # (RSS: build 89dd7b0)
     # Not a paper-trace run: vllm's cost (2026-11-25: 45.4 s) scaled by the CPU-time ratio of
@@ -87,14 +87,13 @@ SCENARIO_REQUESTS = 100  # a fixed scenario (figure 6's ERA case and the like) i
 # one session with nothing else running. The host's speed changes 1.6-1.9x between sessions, so
 # each job's CPU seconds are divided by the session's speed: AccelGen's paper-trace job
 # (``MEASURED["accelgen"]``, the same trace and command) measured before and after the sample,
-# over its price (CAPACITY_HOST_SPEED). Several jobs at one load factor: their mean (they span
+# over its price. Several jobs at one load factor: their mean (they span
 # deployments: the same load factor cost 1.3-2x more on one deployment than another).
 CAPACITY_MEASURED_ON = (
     "scripts/measure_jobs.py config/paper.yaml --only capacity-rate --per-system --sample 6 "
     "--systems <the 18 capacity systems> sarathi-b64, 2026-11-29, build c00e427, nothing "
     "else running; CPU s over the session's speed: AccelGen's paper-trace job before and after "
-    "it, 152.6 and 170.9 CPU s against its price of 89.96")
-CAPACITY_HOST_SPEED = 1.798  # (152.6 + 170.9) / 2 / 89.96
+    "it, 152.6 and 170.9 CPU s against its price of 89.96: 1.80x")
 CAPACITY_REQUESTS = 1000
 # The fixed part of a job (a 1-request trace: interpreter, imports, the AccelGen kernels' load,
 # results written), measured the same way: not scaled by requests. ``FIXED_S``: with the
@@ -311,7 +310,6 @@ NOISY_CAPACITY_MEASURED_ON = ("scripts/measure_jobs.py config/paper.yaml --only 
                               "--per-system --sample 4 --systems accelgen-noise{5,10,20} "
                               "accelgen-closed-noise{5,10,20}, 2026-11-29, build c00e427, "
                               "nothing else running")
-NOISY_CAPACITY_HOST_SPEED = 1.89  # (157.3 + 182.7) / 2 / 89.96
 NOISY_CAPACITY_MEASURED: dict[str, tuple[tuple[float, float], ...]] = {
     "accelgen": ((0.03125, 3.56), (0.0625, 3.95), (0.5, 4.7), (1.0, 3.99)),
     "accelgen-closed": ((0.03125, 4.43), (0.0625, 5.08), (0.5, 4.88), (1.0, 4.75)),
