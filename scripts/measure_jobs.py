@@ -11,6 +11,12 @@ SLURM mem_mb it would get) and the totals; the sample is every ``len(runs) / sam
 of the grid in its order, over all experiments.
 Synthetic workloads and built-in deployments only (no downloads, no profile stage).
 
+``--reference`` runs the job every per-job table is measured against (AccelGen on OPT-13B's
+paper trace, seed 0) before and after the sample: the host's speed of the session is their mean
+over its price, and the sample's CPU times over it are in the tables' units (the host's speed
+changes 1.6-1.9x between sessions); each system's capacity-sweep jobs are printed as a row of
+``CAPACITY_MEASURED``.
+
 ``--checkout DIR`` also runs every sampled job on another source tree (e.g. a clone
 of the build before a change), alternating the two trees job by job, and prints both CPU times,
 their ratio and whether the two runs' results files are byte-identical; ``--policies`` keeps the
@@ -81,6 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", nargs="+", metavar="POLICY",
                     help="only the runs of these policies (base names: vllm, accelgen, ...)")
     ap.add_argument("--systems", nargs="+", metavar="SYSTEM", help="only these systems")
+    ap.add_argument("--reference", action="store_true",
+                    help="run the tables' reference job (AccelGen on OPT-13B's paper trace, "
+                         "seed 0; a full-size config's) before and after the sample, and give "
+                         "the sample in the tables' units: its CPU time over the host's speed "
+                         "of the session, each system's capacity jobs as a row of CAPACITY_MEASURED")
     ap.add_argument("--deployments", nargs="+", metavar="NAME", help="only these deployments")
     ap.add_argument("--seeds", nargs="+", type=int, metavar="SEED", help="only these seeds")
     a = ap.parse_args(argv)
@@ -167,6 +178,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         sample = evenly_spaced(runs, a.sample)
 
+    reference = Run(*REFERENCE_RUN)
+    if a.reference and reference not in set(grid.runs()):
+        ap.error(f"--reference: {names} has no reference job ({'/'.join(REFERENCE_RUN[:3])}, "
+                 f"seed {reference.seed})")
     # The fixed part: the first sampled run's command on a 1-request trace.
     import pandas as pd
 
@@ -181,8 +196,13 @@ def main(argv: list[str] | None = None) -> int:
         return _side_by_side(sample, checkout, trace, simulate, same_results, grid, load_factor,
                              names)
 
+    ref_cpu: list[float] = []
+    if a.reference:
+        ref_cpu.append(simulate(reference, trace(reference.variant, reference.deployment,
+                                                 reference.seed), "reference-before").cpu_s)
     tot_m = tot_e = 0.0
     over = 0  # jobs whose peak memory exceeded their SLURM mem_mb
+    measured: list[tuple[str, float, float]] = []  # (system, load factor, CPU s)
     print(f"{'variant':28s} {'deployment':16s} {'system':22s} {'policy':16s} {'n':>6s} "
           f"{'pts':>3s} {'load':>9s} {'cpu_s':>8s} {'est_s':>8s} {'rss_mb':>7s} {'mem_mb':>7s}")
     for r in sample:
@@ -194,13 +214,43 @@ def main(argv: list[str] | None = None) -> int:
         over += got.rss_mb > mem
         tot_m += got.cpu_s
         tot_e += est
+        measured.append((r.system, load_factor.get(r, math.nan), got.cpu_s))
         print(f"{r.variant:28s} {r.deployment:16s} {r.system:22s} {policy:16s} {n:6d} {pts:3d} "
               f"{load_factor.get(r, math.nan):9.4g} {got.cpu_s:8.2f} {est:8.2f} "
               f"{got.rss_mb:7.0f} {mem:7d}", flush=True)
     print(f"measure_jobs: {names}: {len(sample)} of {len(runs)} simulation jobs measured "
           f"{tot_m:.1f} CPU s, the estimate {tot_e:.1f} s ({tot_e / tot_m - 1:+.0%} of measured); "
           f"{over} above their SLURM mem_mb")
+    if a.reference:
+        ref_cpu.append(simulate(reference, trace(reference.variant, reference.deployment,
+                                                 reference.seed), "reference-after").cpu_s)
+        speed = statistics.mean(ref_cpu) / job_seconds(grid, reference)
+        for line in table_rows(measured, speed):
+            print(line)
+        print(f"measure_jobs: reference job {ref_cpu[0]:.1f} CPU s before, {ref_cpu[1]:.1f} "
+              f"after, priced {job_seconds(grid, reference):.2f}: the host at {speed:.3f}x the "
+              f"tables' time; the sample {tot_m / speed:.1f} CPU s in the tables' units, the "
+              f"estimate {tot_e:.1f} ({tot_e / (tot_m / speed) - 1:+.0%})")
     return 0
+
+
+# The job every per-job table is measured against (``accelgen.pipeline.resources``: its price
+# is the unit): (variant, deployment, system, seed).
+REFERENCE_RUN = ("base", "opt-13b", "accelgen", 0)
+
+
+def table_rows(measured: list[tuple[str, float, float]], speed: float) -> list[str]:
+    """Each system's jobs (system, load factor, CPU s) as a row of the capacity tables
+    (``CAPACITY_MEASURED``): the mean CPU time per load factor over ``speed``, load factors
+    ascending (jobs without one left out)."""
+    by_system: dict[str, dict[float, list[float]]] = {}
+    for system, lf, cpu_s in measured:
+        if not math.isnan(lf):
+            by_system.setdefault(system, {}).setdefault(lf, []).append(cpu_s / speed)
+    return [f'    "{system}": (' + ", ".join(f"({lf!r}, {statistics.mean(v):.2f})"
+                                             for lf, v in sorted(points.items()))
+            + ("," if len(points) == 1 else "") + "),"  # (a one-point table is still a tuple)
+            for system, points in by_system.items()]
 
 
 def _side_by_side(sample: list[Any], checkout: Path, trace: Any, simulate: Any,

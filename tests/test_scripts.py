@@ -60,3 +60,20 @@ def test_measure_jobs_samples_each_group_evenly() -> None:
     assert [r[0] for r in per_system] == ["vllm"] * 3 + ["vllm-tuned"] * 3 + ["sarathi"] * 3
     assert [r[1] for r in per_system] == [0, 4, 8] * 3
     assert evenly_spaced(runs[:2], 5) == runs[:2]
+
+
+def test_measure_jobs_gives_a_systems_jobs_in_the_tables_units() -> None:
+    """``--reference``'s rows: the mean CPU time per load factor over the session's speed, as
+    ``CAPACITY_MEASURED`` holds them (a job without a load factor is not a capacity job)."""
+    import math
+    import sys
+
+    sys.path.insert(0, str(SCRIPTS[0].parent))
+    try:
+        from measure_jobs import table_rows  # type: ignore[import-not-found]
+    finally:
+        sys.path.pop(0)
+    measured = [("vllm", 0.5, 3.0), ("vllm", 0.0625, 4.0), ("vllm", 0.5, 5.0),
+                ("vllm-tuned", 1.0, 6.0), ("vllm", math.nan, 99.0)]
+    assert table_rows(measured, 2.0) == ['    "vllm": ((0.0625, 2.00), (0.5, 2.00)),',
+                                         '    "vllm-tuned": ((1.0, 3.00),),']
