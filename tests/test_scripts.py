@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,16 +46,20 @@ def test_there_are_scripts() -> None:
     assert len(SCRIPTS) > 5
 
 
+def _measure_jobs() -> Any:
+    """``scripts/measure_jobs.py`` as a module."""
+    spec = importlib.util.spec_from_file_location("measure_jobs",
+                                                  SCRIPTS[0].parent / "measure_jobs.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_measure_jobs_samples_each_group_evenly() -> None:
     """``scripts/measure_jobs.py``'s sample: every n-th run from the first, or as many of each
     system's (policy's) runs, so that a tuned variant is measured apart from its policy."""
-    import sys
-
-    sys.path.insert(0, str(SCRIPTS[0].parent))
-    try:
-        from measure_jobs import evenly_spaced  # type: ignore[import-not-found]
-    finally:
-        sys.path.pop(0)
+    evenly_spaced = _measure_jobs().evenly_spaced
     runs = [(system, i) for i in range(12) for system in ("vllm", "vllm-tuned", "sarathi")]
     assert evenly_spaced(runs, 4) == runs[0:36:9]
     per_system = evenly_spaced(runs, 3, lambda r: r[0])
@@ -66,13 +72,8 @@ def test_measure_jobs_gives_a_systems_jobs_in_the_tables_units() -> None:
     """``--reference``'s rows: the mean CPU time per load factor over the session's speed, as
     ``CAPACITY_MEASURED`` holds them (a job without a load factor is not a capacity job)."""
     import math
-    import sys
 
-    sys.path.insert(0, str(SCRIPTS[0].parent))
-    try:
-        from measure_jobs import table_rows  # type: ignore[import-not-found]
-    finally:
-        sys.path.pop(0)
+    table_rows = _measure_jobs().table_rows
     measured = [("vllm", 0.5, 3.0), ("vllm", 0.0625, 4.0), ("vllm", 0.5, 5.0),
                 ("vllm-tuned", 1.0, 6.0), ("vllm", math.nan, 99.0)]
     assert table_rows(measured, 2.0) == ['    "vllm": ((0.0625, 2.00), (0.5, 2.00)),',
