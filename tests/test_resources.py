@@ -245,6 +245,13 @@ def test_a_capacity_job_is_priced_by_its_system_before_its_policy() -> None:
     untuned = Run(noisy.variant, noisy.deployment, "vllm-priority", noisy.seed)
     assert res.job_seconds(grid, noisy) == res.job_seconds(grid, plain)
     assert res.job_seconds(grid, plain) != res.job_seconds(grid, untuned)
+    # A tuned system of a user's own name costs what the paper config's tuned system does.
+    cfg = load_yaml(ROOT / "config" / "paper.yaml")
+    cfg["systems"]["my-vllm-priority"] = {"policy": "vllm-priority", "budget": "tuned"}
+    cfg["experiments"]["capacity"]["systems"].append("my-vllm-priority")
+    mine = Grid(load(cfg))
+    renamed = Run(plain.variant, plain.deployment, "my-vllm-priority", plain.seed)
+    assert res.job_seconds(mine, renamed) == res.job_seconds(grid, plain)
 
 
 def test_a_job_of_longer_requests_or_a_search_gets_the_memory_it_holds() -> None:

@@ -357,7 +357,7 @@ def job_seconds(grid: Grid, run: Run, warm: bool = False) -> float:
     if lf is not None:
         t = capacity_seconds(policy, n, lf, points, warm,
                              noisy=bool(grid.noise_level.get(run.system)),
-                             system=grid.noise_of.get(run.system, run.system))
+                             system=_capacity_system(grid, run.system, policy))
         if t is not None:
             return t
     t_workload = workload_seconds(run.variant, policy, n, points, warm)
@@ -368,6 +368,16 @@ def job_seconds(grid: Grid, run: Run, warm: bool = False) -> float:
         fixed = WARM_FIXED_S if warm else STARTUP_S
         t = fixed + (t - fixed) * oracle_pruned_fraction()
     return t
+
+
+def _capacity_system(grid: Grid, system: str, policy: str) -> str:
+    """The ``CAPACITY_MEASURED`` entry that prices ``system``'s capacity jobs: its own (a noisy
+    copy of figure 18: its system's), else for a tuned budget the paper config's tuned system of
+    that policy (``vllm-tuned``, ...), else its name (none: its policy's)."""
+    system = grid.noise_of.get(system, system)
+    if system not in CAPACITY_MEASURED and grid.systems[system].budget == "tuned":
+        return f"{base_policy(policy)}-tuned"
+    return system
 
 
 def base_policy(policy: str) -> str:
