@@ -196,10 +196,11 @@ def main(argv: list[str] | None = None) -> int:
         return _side_by_side(sample, checkout, trace, simulate, same_results, grid, load_factor,
                              names)
 
-    ref_cpu: list[float] = []
-    if a.reference:
-        ref_cpu.append(simulate(reference, trace(reference.variant, reference.deployment,
-                                                 reference.seed), "reference-before").cpu_s)
+    def reference_cpu_s(tag: str) -> float:
+        tf = trace(reference.variant, reference.deployment, reference.seed)
+        return simulate(reference, tf, tag).cpu_s
+
+    ref_cpu = [reference_cpu_s("reference-before")] if a.reference else []
     tot_m = tot_e = 0.0
     over = 0  # jobs whose peak memory exceeded their SLURM mem_mb
     measured: list[tuple[str, float, float]] = []  # (system, load factor, CPU s)
@@ -222,13 +223,13 @@ def main(argv: list[str] | None = None) -> int:
           f"{tot_m:.1f} CPU s, the estimate {tot_e:.1f} s ({tot_e / tot_m - 1:+.0%} of measured); "
           f"{over} above their SLURM mem_mb")
     if a.reference:
-        ref_cpu.append(simulate(reference, trace(reference.variant, reference.deployment,
-                                                 reference.seed), "reference-after").cpu_s)
-        speed = statistics.mean(ref_cpu) / job_seconds(grid, reference)
+        ref_cpu.append(reference_cpu_s("reference-after"))
+        price = job_seconds(grid, reference)
+        speed = statistics.mean(ref_cpu) / price
         for line in table_rows(measured, speed):
             print(line)
         print(f"measure_jobs: reference job {ref_cpu[0]:.1f} CPU s before, {ref_cpu[1]:.1f} "
-              f"after, priced {job_seconds(grid, reference):.2f}: the host at {speed:.3f}x the "
+              f"after, priced {price:.2f}: the host at {speed:.3f}x the "
               f"tables' time; the sample {tot_m / speed:.1f} CPU s in the tables' units, the "
               f"estimate {tot_e:.1f} ({tot_e / (tot_m / speed) - 1:+.0%})")
     return 0

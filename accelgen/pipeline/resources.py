@@ -326,8 +326,8 @@ def capacity_seconds(policy: str, num_requests: int, load_factor: float,
     measured under noise from ``NOISY_CAPACITY_MEASURED``; ``warm``: with the fixed part of a
     job forked by ``accelgen warm``."""
     pts = ((NOISY_CAPACITY_MEASURED.get(policy) if noisy else None)
-           or CAPACITY_MEASURED.get(system or policy) or CAPACITY_MEASURED.get(policy)
-           or CAPACITY_MEASURED.get(base_policy(policy)))
+           or next((CAPACITY_MEASURED[key] for key in (system, policy, base_policy(policy))
+                    if key in CAPACITY_MEASURED), None))
     if not pts:
         return None
     var = _interpolated(tuple((lf, max(t - CAPACITY_FIXED_S, 0.0)) for lf, t in pts),
