@@ -95,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--deployments", nargs="+", metavar="NAME", help="only these deployments")
     ap.add_argument("--seeds", nargs="+", type=int, metavar="SEED", help="only these seeds")
     a = ap.parse_args(argv)
+    if a.reference and a.checkout is not None:
+        ap.error("--reference and --checkout: a side-by-side comparison is a ratio of two "
+                 "trees measured together and needs no reference job; use one of them")
 
     from accelgen.pipeline.estimate import load_grid
     from accelgen.pipeline.grid import Run

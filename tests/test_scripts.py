@@ -78,3 +78,14 @@ def test_measure_jobs_gives_a_systems_jobs_in_the_tables_units() -> None:
                 ("vllm-tuned", 1.0, 6.0), ("vllm", math.nan, 99.0)]
     assert table_rows(measured, 2.0) == ['    "vllm": ((0.0625, 2.00), (0.5, 2.00)),',
                                          '    "vllm-tuned": ((1.0, 3.00),),']
+
+
+def test_measure_jobs_refuses_a_reference_beside_a_checkout(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``--checkout`` compares two trees and would skip the reference job: the pair is refused
+    (exit 2, both options named) before any work, not silently half-done."""
+    with pytest.raises(SystemExit) as exited:
+        _measure_jobs().main(["config/paper.yaml", "--reference", "--checkout", "/nonexistent"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "--reference" in err and "--checkout" in err
