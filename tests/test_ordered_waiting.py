@@ -145,3 +145,32 @@ def test_ordered_waiting_fitting_positions(specs: list[tuple[int, int]],
         expected = next((i for i in range(start, len(rest)) if rest[i].prompt_len <= free),
                         len(rest))
         assert queue.fitting(start, free) == expected
+
+
+def test_edf_rekeys_a_token_that_comes_back_a_decision_late() -> None:
+    """vLLM's async scheduling: a step's token comes back after the next decision, so a request
+    decided two decisions ago changes its deadline though the last decision left it out. EDF's
+    running order (``edf.OrderedRunning``) re-keys it and decides as its definition."""
+    from accelgen.core.kvcache import BlockManager
+    from tests.conftest import make_requests, put_running, scheduler_view
+
+    kv = BlockManager(num_blocks=40, block_size=16)
+    a, b, c = (put_running(r, kv, 31, 2) for r in make_requests([(0.0, 30)] * 3))
+    for r, last, tbt in ((a, 0.0, 1.0), (b, 0.0, 1.5), (c, 0.0, 2.0)):
+        r.last_token_time, r.tbt_slo = last, tbt
+    fast, reference = EDFPolicy(token_budget=1), EDFPolicy(token_budget=1)
+
+    def decide(now: float) -> list[int]:
+        view = scheduler_view([], [a, b, c], kv, now=now)
+        want = reference._schedule_sorted(view)
+        got = fast.schedule(view)
+        assert [(r.req_id, n) for r, n in got.scheduled] == [
+            (r.req_id, n) for r, n in want.scheduled]
+        return [r.req_id for r, _ in got.scheduled]
+
+    assert decide(0.0) == [a.req_id]
+    a.last_token_time = 2.0  # the engine dates a's token in flight at its predicted end
+    assert decide(0.1) == [b.req_id]
+    a.last_token_time = 0.2  # a's token came back early, after the decision that left a out
+    b.last_token_time = 2.0
+    assert decide(0.2) == [a.req_id]  # a due at 1.2, before c's 2.0

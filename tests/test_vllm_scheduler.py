@@ -279,6 +279,58 @@ def test_policies_serve_everything_under_scarce_kv(policy: str, params: dict, pr
     assert (timing["policy_time"] > 0).all()
 
 
+class DefinitionCheckedEDF(Policy):
+    """EDF whose every decision is checked against its definition (every candidate sorted at
+    that decision) on the same view: the running order it keeps across decisions
+    (``edf.OrderedRunning``) must hold under vLLM's async scheduling too, where a step's tokens
+    come back after the next decision."""
+
+    name = "edf-checked"
+
+    def __init__(self, **params: object) -> None:
+        from accelgen.policies.edf import EDFPolicy
+
+        self.fast = EDFPolicy(**params)
+        self.reference = EDFPolicy(**params)
+        self.params = self.fast.params
+        self.checked = 0
+
+    def on_arrival(self, req: Request, now: float) -> None:
+        self.fast.on_arrival(req, now)
+
+    def schedule(self, view: SchedulerView) -> Decision:
+        want = self.reference._schedule_sorted(view)
+        got = self.fast.schedule(view)
+        assert ([(r.req_id, n) for r, n in got.scheduled], [r.req_id for r in got.preempted]) == (
+            [(r.req_id, n) for r, n in want.scheduled], [r.req_id for r in want.preempted])
+        self.checked += 1
+        return got
+
+
+register_policy("edf-checked", DefinitionCheckedEDF)
+
+
+@MODES
+def test_edf_keeps_its_running_order_under_async_scheduling(async_scheduling: bool) -> None:
+    """A token budget far below the running set's (most running requests wait a decision out)
+    and scarce KV (preemptions): EDF decides as its definition at every step."""
+    s = plugin("edf-checked", num_blocks=12, s_pf=192, async_scheduling=async_scheduling,
+               token_budget=6)
+    s.reset_records(time.time())
+    prompts = [40, 30, 90, 50, 20, 15, 26, 75, 41, 33, 12, 64]
+    outs = [60, 10, 80, 16, 90, 40, 24, 70, 12, 90, 50, 60]
+    slos = [(0.3, 0.05), (2.0, 0.2), (0.5, 0.1), (1.0, 0.02)]
+    for i, (p, o) in enumerate(zip(prompts, outs, strict=True)):
+        ttft, tbt = slos[i % 4]
+        add(s, i, p, o, ttft_slo=ttft, tbt_slo=tbt)
+    lazy.run_to_completion(s)
+    assert [r.status for r in s.all_requests()] == [Status.FINISHED] * len(prompts)
+    policy = s.accelgen_policy
+
+    assert policy.checked >= 100
+    assert sum(r.num_preemptions for r in s.all_requests()) > 0
+
+
 @pytest.mark.parametrize("policy, async_scheduling", [
     ("accelgen", False), ("accelgen", True), *((p, False) for p in (
         "vllm", "vllm-priority", "sarathi", "edf", "fastgen"))])

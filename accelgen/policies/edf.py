@@ -13,7 +13,8 @@ SLO-derived budget and no two-resource packing: it isolates what deadline order 
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, insort
+from collections import deque
 
 from pydantic import PositiveInt
 
@@ -34,6 +35,10 @@ from accelgen.policies.common import BatchBuilder, OrderedWaiting
 # req_id) or further apart than this: far more than the rounding of a clock a simulation reaches
 # (a unit in the last place of 1e9 s is 1.2e-7 s).
 ORDER_GAP_S = 1e-6
+# A running request's deadline changes only when it emits a token, so only in an iteration of a
+# recent decision: the last one in the simulator, the last two with vLLM's async scheduling
+# (a step in flight when the next one is decided: its tokens come back after that decision).
+RECENT_DECISIONS = 2
 
 
 class EDFParams(PolicyParams):
@@ -50,6 +55,53 @@ def next_deadline(r: Request) -> float:
     return r.last_token_time + r.tbt_slo
 
 
+Keyed = tuple[float, int, Request]  # (next deadline, req_id, request)
+
+
+class OrderedRunning:
+    """The running requests sorted by ``(next_deadline, req_id)``, kept across decisions: a
+    large running set (hundreds of requests beside a token budget of a few dozen) is not
+    re-keyed and re-sorted at every decision, only the requests of the recent decisions
+    (``RECENT_DECISIONS``) and the ones EDF preempted. ``sync`` checks the count against
+    ``view.running`` and rebuilds the order when requests left or joined another way."""
+
+    __slots__ = ("_keys", "_recent", "entries", "valid")
+
+    def __init__(self) -> None:
+        self.entries: list[Keyed] = []
+        self._keys: dict[int, tuple[float, int]] = {}
+        self._recent: deque[list[Request]] = deque(maxlen=RECENT_DECISIONS)
+        self.valid = False  # False: rebuilt from the view at the next sync
+
+    def decided(self, decision: Decision) -> None:
+        """Record the requests ``decision`` scheduled or preempted."""
+        changed = [r for r, _ in decision.scheduled]
+        changed.extend(decision.preempted)
+        self._recent.append(changed)
+
+    def sync(self, view: SchedulerView) -> list[Keyed]:
+        """The running requests of ``view`` in deadline order."""
+        entries, keys = self.entries, self._keys
+        if self.valid:
+            running = Status.RUNNING
+            for changed in self._recent:
+                for r in changed:
+                    old = keys.pop(r.req_id, None)
+                    if old is not None:
+                        del entries[bisect_left(entries, old)]
+                    if r.status is running:
+                        entry = (next_deadline(r), r.req_id, r)
+                        insort(entries, entry)
+                        keys[r.req_id] = entry[:2]
+            self.valid = len(entries) == len(view.running)
+        if not self.valid:
+            entries[:] = sorted((next_deadline(r), r.req_id, r) for r in view.running)
+            keys.clear()
+            keys.update((rid, (dl, rid)) for dl, rid, _ in entries)
+            self.valid = True
+        return entries
+
+
 class EDFPolicy(Policy):
     name = "edf"
     Params = EDFParams
@@ -62,6 +114,7 @@ class EDFPolicy(Policy):
         # max_num_seqs) is sorted per decision and merged with it. Indexed by the blocks each
         # needs, so the ones that do not fit in the free KV are passed over without a look.
         self._waiting = OrderedWaiting(next_deadline, by_need=True)
+        self._running = OrderedRunning()
 
     def on_arrival(self, req: Request, now: float) -> None:
         self._waiting.arrived.append(req)
@@ -96,12 +149,13 @@ class EDFPolicy(Policy):
     def schedule(self, view: SchedulerView) -> Decision:
         waiting = self._waiting
         if not waiting.sync(view):
+            self._running.valid = False
             return self._schedule_sorted(view)
         p = self.params
         budget = engine_token_budget(view, p.token_budget or view.pivot.s_pf)
         seats = engine_seats(view, p.max_num_seqs)
         b = BatchBuilder(view.kv, budget)
-        running = sorted((next_deadline(r), r.req_id, r) for r in view.running)
+        running = self._running.sync(view)
         victims = running[::-1]  # running requests, latest deadline first
         queue = waiting.entries
         min_need = waiting.needs[0] if waiting.needs else 0
@@ -128,6 +182,10 @@ class EDFPolicy(Policy):
             if ri < nr and (wi >= nw or running[ri] < queue[wi]):
                 entry = running[ri]
                 ri += 1
+                if entry[2].status is not Status.RUNNING:  # (it left the running set unseen)
+                    waiting.reset()
+                    self._running.valid = False
+                    return self._schedule_sorted(view)
                 if entry[1] not in b.preempted_ids:
                     self._add_running(b, victims, entry)
             elif wi < nw:
@@ -135,6 +193,7 @@ class EDFPolicy(Policy):
                 wi += 1
                 if r.status != Status.WAITING:  # the hooks were bypassed: decide by the definition
                     waiting.reset()
+                    self._running.valid = False
                     return self._schedule_sorted(view)
                 if self._admit(b, r):
                     n_live += 1
@@ -205,6 +264,7 @@ class EDFPolicy(Policy):
                     b.preempt(r)
                     break
         self._waiting.preempted.extend(d.preempted)
+        self._running.decided(d)
         d.info["token_budget"] = float(budget)
         return d
 
