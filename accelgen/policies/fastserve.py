@@ -51,9 +51,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from heapq import merge
 
+import numpy as np
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt
 
-from accelgen.core.policy import Decision, InfoRow, KVView, Policy, PolicyParams, SchedulerView
+from accelgen.core.policy import (
+    Decision,
+    DecodeRunDecisions,
+    DecodeSteps,
+    InfoRow,
+    KVView,
+    Policy,
+    PolicyParams,
+    SchedulerView,
+)
 from accelgen.core.request import Request, Status
 from accelgen.policies.common import decode_blocks_fit, empty_decision
 
@@ -413,6 +423,77 @@ class FastServePolicy(Policy):
         # iteration log takes without a dict per step)
         decision.info = InfoRow(_INFO_INDEX, [0.0, 0.0, 0.0, 0.0])
         return decision
+
+    def after_decodes_reads_blocks_only(self, decision: Decision) -> bool:
+        # (an ask reads the batch's computed tokens for their next blocks: a run of such asks
+        # would read them stale; ``decide_decode_run`` takes the run's blocks as given)
+        return False
+
+    def decides_decode_run(self, decision: Decision) -> bool:
+        return self._queue_is_batch(decision.scheduled)
+
+    def decide_decode_run(self, view: SchedulerView, decision: Decision, latency: float,
+                          run: DecodeSteps) -> DecodeRunDecisions | None:
+        # ``schedule_after_decodes`` at each step, up to the first step whose ask could decide
+        # otherwise or change the queues' order: a member's quantum used up (a demotion), or a
+        # starvation check due. Until then each ask only takes in the step (``_took``: the
+        # time served, no demotion) and finds the same batch (the queue is the batch, on the
+        # device, in key order, its next blocks free: the run gives only steps whose blocks
+        # fit). That step is left to be asked on its own, with nothing of it taken in here.
+        batch = decision.scheduled
+        if (not self._queue_is_batch(batch) or view.waiting or view.swapped
+                or len(view.running) != len(batch)):
+            return None
+        states: list[MLFQState] = [r.policy_state for r, _ in batch]
+        last_level = self.params.num_queues - 1
+        # (per member still below the last level: the quantum its attained time must stay within)
+        watched = [(st, self._quanta[st.level]) for st in states if st.level < last_level]
+        every = self.params.starve_check_every
+        served = self._served
+        latencies = run.latencies.tolist()
+        clock = run.clock.tolist()
+        need = self._run_block_need(run)
+        free = run.free_blocks.tolist()
+        done = 0
+        for k, end in enumerate(clock):
+            step_latency = latency if k == 0 else latencies[k - 1]
+            if ((self._decisions + 1) % every == 0 or need[k] > free[k]
+                    or any(st.attained + step_latency > quantum for st, quantum in watched)):
+                break
+            served.append((end, batch))
+            for st in states:
+                st.last_service = end
+                st.attained += step_latency
+            self._decisions += 1
+            done += 1
+        if not done:
+            return None
+        self._paused = self._prefill_paused(view.kv)
+        decision.info = InfoRow(_INFO_INDEX, [0.0, 0.0, 0.0, 0.0])
+        return DecodeRunDecisions(_INFO_INDEX, np.zeros((done, len(_INFO_INDEX))), None)
+
+    @staticmethod
+    def _run_block_need(run: DecodeSteps) -> list[int]:
+        """The new KV blocks each step of ``run`` gives the batch."""
+        steps = len(run.clock)
+        need = np.zeros(steps, np.int64)
+        for first in run.first_need.tolist():
+            need[first:steps:run.block_size] += 1
+        return need.tolist()
+
+    def _queue_is_batch(self, batch: list[tuple[Request, int]]) -> bool:
+        """Whether every queued request is in ``batch``, in key order, on the device, with no
+        arrival to file and no request touched by the last decision (what
+        ``_same_batch_again`` checks that decode steps do not change)."""
+        if self._arrivals or self._touched or len(self._by_key) != len(batch):
+            return False
+        last = -1
+        for r, _ in batch:
+            st: MLFQState = r.policy_state
+            if st.key <= last or st.filed_as is not Status.RUNNING or r.status is not Status.RUNNING:
+                return False
+            last = st.key
+        return True
 
     def _prefill_paused(self, kv: KVView) -> bool:
         """Whether requests that still need their prompt pass are passed over: less than

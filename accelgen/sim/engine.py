@@ -534,7 +534,8 @@ class Simulator:
         while (self._now < self._next_arrival and self._now < horizon
                and self._iteration < max_iterations):
             if (run_steps and self._asks_in_runs
-                    and policy.after_decodes_reads_blocks_only(decision)):
+                    and (policy.after_decodes_reads_blocks_only(decision)
+                         or self._decides_run_alone(decision))):
                 decided, ran, latency = self._asking_decode_run(decision, latency, horizon,
                                                                 max_iterations, run_steps)
                 if decided is not None:
@@ -557,6 +558,18 @@ class Simulator:
                 break
         policy.on_step_end(view, decision, latency)
         return None
+
+    def _decides_run_alone(self, decision: Decision) -> bool:
+        """Whether to take an asking run of ``decision`` that the policy decides in one call
+        although its asks one by one read more than the blocks (FastServe: its queue and the
+        batch's computed tokens): its steps from the first it does not decide are asked one by
+        one, outside the run. Within ``_decided_skip``, no (and one fewer to skip)."""
+        if not (self._decides_runs and self.policy.decides_decode_run(decision)):
+            return False
+        if self._decided_skip:
+            self._decided_skip -= 1
+            return False
+        return True
 
     def _asking_decode_run(self, decision: Decision, latency: float, horizon: float,
                            max_iterations: float,
@@ -723,6 +736,8 @@ class Simulator:
         if got is None:  # (not this run: asked step by step)
             return None
         done = len(got.info_values)
+        if done:  # (the clock of the last step asked, as asking one by one leaves it)
+            view.now = float(clock[done - 1])
         _take_new_blocks(scheduled, first_need, done, self.kv.block_size)
         return DecidedSteps(done, got.following, clock, free_after,
                             decide_s / max(done + (got.following is not None), 1),
