@@ -42,6 +42,31 @@ def test_queue_decides_as_the_definition(trace: list[Any], budget: int, blocks: 
     assert fast.iterations.to_frame().equals(ref.iterations.to_frame())
 
 
+# Many short requests at once beside a budget of a few tokens: the running set grows to
+# dozens while a decision schedules a few, so EDF re-keys them one by one (``OrderedRunning``).
+_crowded_traces = st.lists(
+    st.tuples(st.floats(min_value=0.0, max_value=0.5, allow_nan=False),
+              st.integers(min_value=1, max_value=40), st.integers(min_value=1, max_value=60),
+              st.sampled_from([0.02, 0.05, 0.2, 1.0]), st.sampled_from([0.05, 0.5, 3.0]),
+              st.sampled_from([None, None, None, 2.0])),
+    min_size=10, max_size=60)
+
+
+@settings(max_examples=60, deadline=None)
+@given(trace=_crowded_traces, budget=st.sampled_from([1, 2, 5]),
+       blocks=st.sampled_from([30, 60, 400]))
+def test_running_order_decides_as_the_definition(trace: list[Any], budget: int,
+                                                 blocks: int) -> None:
+    runs = []
+    for cls in (EDFPolicy, SortedEDF):
+        reqs, out = trace_requests(trace)
+        runs.append(run_sim(reqs, out, cls(token_budget=budget), num_blocks=blocks,
+                            block_size=4))
+    fast, ref = runs
+    assert _outcome(fast) == _outcome(ref)
+    assert fast.iterations.to_frame().equals(ref.iterations.to_frame())
+
+
 def _slack_sorted() -> SarathiPolicy:
     """Sarathi ordered by slack, sorting the waiting queue at every decision (the definition)."""
     policy = SarathiPolicy(order="slack", token_budget=64)
@@ -152,16 +177,22 @@ def test_edf_rekeys_a_token_that_comes_back_a_decision_late() -> None:
     decided two decisions ago changes its deadline though the last decision left it out. EDF's
     running order (``edf.OrderedRunning``) re-keys it and decides as its definition."""
     from accelgen.core.kvcache import BlockManager
+    from accelgen.policies.edf import REKEY_SHARE
     from tests.conftest import make_requests, put_running, scheduler_view
 
-    kv = BlockManager(num_blocks=40, block_size=16)
-    a, b, c = (put_running(r, kv, 31, 2) for r in make_requests([(0.0, 30)] * 3))
+    kv = BlockManager(num_blocks=80, block_size=16)
+    # (and ten due later: few requests change per decision beside the running set, so it is
+    # re-keyed one by one, not sorted anew)
+    a, b, c, *later = (put_running(r, kv, 31, 2) for r in make_requests([(0.0, 30)] * 13))
     for r, last, tbt in ((a, 0.0, 1.0), (b, 0.0, 1.5), (c, 0.0, 2.0)):
         r.last_token_time, r.tbt_slo = last, tbt
+    for r in later:
+        r.last_token_time, r.tbt_slo = 0.0, 9.0
+    assert 2 * REKEY_SHARE < 13
     fast, reference = EDFPolicy(token_budget=1), EDFPolicy(token_budget=1)
 
     def decide(now: float) -> list[int]:
-        view = scheduler_view([], [a, b, c], kv, now=now)
+        view = scheduler_view([], [a, b, c, *later], kv, now=now)
         want = reference._schedule_sorted(view)
         got = fast.schedule(view)
         assert [(r.req_id, n) for r, n in got.scheduled] == [

@@ -13,6 +13,7 @@ SLO-derived budget and no two-resource packing: it isolates what deadline order 
 
 from __future__ import annotations
 
+import itertools
 from bisect import bisect_left, insort
 from collections import deque
 
@@ -39,6 +40,9 @@ ORDER_GAP_S = 1e-6
 # recent decision: the last one in the simulator, the last two with vLLM's async scheduling
 # (a step in flight when the next one is decided: its tokens come back after that decision).
 RECENT_DECISIONS = 2
+# Re-keyed one by one only while the recent decisions' requests times this are fewer than the
+# running ones: each costs a few bisections, where sorting costs a key and a comparison or two.
+REKEY_SHARE = 4
 
 
 class EDFParams(PolicyParams):
@@ -62,42 +66,46 @@ class OrderedRunning:
     """The running requests sorted by ``(next_deadline, req_id)``, kept across decisions: a
     large running set (hundreds of requests beside a token budget of a few dozen) is not
     re-keyed and re-sorted at every decision, only the requests of the recent decisions
-    (``RECENT_DECISIONS``) and the ones EDF preempted. ``sync`` checks the count against
-    ``view.running`` and rebuilds the order when requests left or joined another way."""
+    (``RECENT_DECISIONS``) and the ones EDF preempted. Where those are a large share of the
+    running set (``REKEY_SHARE``) the set is sorted anew, which costs less. ``sync`` checks
+    the count against ``view.running`` and sorts anew when requests left or joined another
+    way."""
 
     __slots__ = ("_keys", "_recent", "entries", "valid")
 
     def __init__(self) -> None:
         self.entries: list[Keyed] = []
         self._keys: dict[int, tuple[float, int]] = {}
-        self._recent: deque[list[Request]] = deque(maxlen=RECENT_DECISIONS)
-        self.valid = False  # False: rebuilt from the view at the next sync
+        self._recent: deque[Decision] = deque(maxlen=RECENT_DECISIONS)
+        self.valid = False  # False: sorted anew at the next sync
 
     def decided(self, decision: Decision) -> None:
-        """Record the requests ``decision`` scheduled or preempted."""
-        changed = [r for r, _ in decision.scheduled]
-        changed.extend(decision.preempted)
-        self._recent.append(changed)
+        """Record a decision: the requests it scheduled or preempted change."""
+        self._recent.append(decision)
 
     def sync(self, view: SchedulerView) -> list[Keyed]:
         """The running requests of ``view`` in deadline order."""
         entries, keys = self.entries, self._keys
+        running = view.running
         if self.valid:
-            running = Status.RUNNING
-            for changed in self._recent:
-                for r in changed:
+            changed = sum(len(d.scheduled) + len(d.preempted) for d in self._recent)
+            self.valid = changed * REKEY_SHARE < len(running)
+        if self.valid:
+            if not keys:  # (sorted anew last time: the keys are read off the order)
+                keys.update((rid, (dl, rid)) for dl, rid, _ in entries)
+            for d in self._recent:
+                for r in itertools.chain((r for r, _ in d.scheduled), d.preempted):
                     old = keys.pop(r.req_id, None)
                     if old is not None:
                         del entries[bisect_left(entries, old)]
-                    if r.status is running:
+                    if r.status is Status.RUNNING:
                         entry = (next_deadline(r), r.req_id, r)
                         insort(entries, entry)
                         keys[r.req_id] = entry[:2]
-            self.valid = len(entries) == len(view.running)
+            self.valid = len(entries) == len(running)
         if not self.valid:
-            entries[:] = sorted((next_deadline(r), r.req_id, r) for r in view.running)
+            entries[:] = sorted((next_deadline(r), r.req_id, r) for r in running)
             keys.clear()
-            keys.update((rid, (dl, rid)) for dl, rid, _ in entries)
             self.valid = True
         return entries
 
