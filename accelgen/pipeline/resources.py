@@ -26,13 +26,14 @@ if TYPE_CHECKING:
 REFERENCE_REQUESTS = 20_000
 MEASURED_ON = ("scripts/measure_jobs.py config/paper.yaml --only base --per-system --sample 1 "
                "--systems vllm orca fastgen sarathi fastserve --deployments opt-13b --seeds 0, "
-               "and --only measurement --systems sarathi-slack, on build 3bbff52, 2026-11-29, "
+               "and --only measurement --systems sarathi-slack, on build b750252, 2026-11-30, "
                "divided by the session's speed (BASE_HOST_SPEED); accelgen on build 48488e4, "
                "2026-11-28 (the unit of every table); the others from scripts/bench_sim.py "
                "--traces paper bursty, every policy in one session, 2026-11-25, build 74eb80c")
-# AccelGen's paper-trace job before and after the baselines' jobs (152.8 and 155.3 CPU s) over
-# its price: the host ran 1.71x the table's time that session.
-BASE_HOST_SPEED = 1.712
+# AccelGen's paper-trace job before and after the baselines' jobs and before and after
+# Sarathi-Serve's in slack order (48.7, 48.8, 48.4 and 48.2 CPU s, their mean) over
+# its price: the host ran 0.539x the table's time that session.
+BASE_HOST_SPEED = 0.539
 STARTUP_S = 3.0  # interpreter, imports, trace load: not scaled
 BASE_MB = 250.0  # the process before the run (interpreter, numpy, pandas, pyarrow)
 
@@ -56,15 +57,15 @@ MEASURED: dict[str, JobCost] = {
     # 48488e4): the job's CPU seconds net of that day's fixed part (FIXED_S), plus STARTUP_S;
     # this job, measured beside the others' in every session, is what each session's speed is
     # taken from.
-    "vllm": JobCost(seconds=26.15 / BASE_HOST_SPEED, rss_mb=875.0),
+    "vllm": JobCost(seconds=9.48 / BASE_HOST_SPEED, rss_mb=875.0),
     "vllm-v0": JobCost(seconds=46.3, rss_mb=920.0),
-    "sarathi": JobCost(seconds=25.98 / BASE_HOST_SPEED, rss_mb=872.0),
+    "sarathi": JobCost(seconds=8.87 / BASE_HOST_SPEED, rss_mb=872.0),
     # Sarathi-Serve in slack order is asked at every iteration (no after-decodes shortcut).
-    "sarathi-slack": JobCost(seconds=176.87 / BASE_HOST_SPEED, rss_mb=912.0),
-    "fastgen": JobCost(seconds=36.38 / BASE_HOST_SPEED, rss_mb=910.0),
-    "fastserve": JobCost(seconds=220.96 / BASE_HOST_SPEED, rss_mb=950.0),
+    "sarathi-slack": JobCost(seconds=46.24 / BASE_HOST_SPEED, rss_mb=912.0),
+    "fastgen": JobCost(seconds=11.42 / BASE_HOST_SPEED, rss_mb=910.0),
+    "fastserve": JobCost(seconds=62.09 / BASE_HOST_SPEED, rss_mb=950.0),
     "edf": JobCost(seconds=85.5, rss_mb=918.0),  # (2026-11-25)
-    "orca": JobCost(seconds=31.11 / BASE_HOST_SPEED, rss_mb=1576.0),  # batches of 8
+    "orca": JobCost(seconds=14.41 / BASE_HOST_SPEED, rss_mb=1576.0),  # batches of 8
     "oracle": JobCost(seconds=91.1, rss_mb=1353.0),  # one point of a search (2026-11-25)
     "accelgen": JobCost(seconds=STARTUP_S + 88.96 - 2.0, rss_mb=1358.0),  # (RSS: build 89dd7b0)
     # Not a paper-trace run: vllm's cost (2026-11-25: 45.4 s) scaled by the CPU-time ratio of
@@ -91,17 +92,17 @@ SCENARIO_REQUESTS = 100  # a fixed scenario (figure 6's ERA case and the like) i
 # deployments: the same load factor cost 1.3-2x more on one deployment than another).
 CAPACITY_MEASURED_ON = (
     "scripts/measure_jobs.py config/paper.yaml --only capacity-rate --per-system --sample 6 "
-    "--systems <the 18 capacity systems> sarathi-b64, 2026-11-29, build c00e427, nothing "
+    "--systems <the 18 capacity systems> sarathi-b64, 2026-11-30, build b750252, nothing "
     "else running; CPU s over the session's speed: AccelGen's paper-trace job before and after "
-    "it, 152.6 and 170.9 CPU s against its price of 89.96: 1.80x")
+    "it, 48.6 and 47.9 CPU s against its price of 89.96: 0.536x")
 CAPACITY_REQUESTS = 1000
 # The fixed part of a job (a 1-request trace: interpreter, imports, the AccelGen kernels' load,
 # results written), measured the same way: not scaled by requests. ``FIXED_S``: with the
 # paper-trace and workload tables (2026-11-28); ``CAPACITY_FIXED_S``: with the capacity table,
-# the same for every policy (AccelGen 1.43-1.51 CPU s, vLLM 1.42-1.51, 3 and 6 runs; its
-# session's speed divided out, as its jobs').
+# the same for every policy (AccelGen 0.60-0.64 CPU s, 3 runs, vLLM 0.57-0.58 and EDF
+# 0.54-0.56 the same day; its session's speed divided out, as its jobs').
 FIXED_S = {"accelgen": 2.0, "other": 1.0}
-CAPACITY_FIXED_S = 0.8
+CAPACITY_FIXED_S = 1.12
 ACCELGEN_FAMILY = ("accelgen", "accelgen-closed", "oracle")  # (base policies: they load kernels)
 # Under ``accelgen warm`` (a job forked from a server that has imported everything and loaded
 # AccelGen's kernels) the fixed part is what the fork itself uses: the same 1-request command,
@@ -112,28 +113,28 @@ WARM_FIXED_S = 0.1
 # system not listed costs its policy's jobs (a named variant its base policy's).
 CAPACITY_MEASURED: dict[str, tuple[tuple[float, float], ...]] = {
     # the paper's settings (the ablations and the Oracle's 2-point search under their policies)
-    "accelgen": ((0.00390625, 3.34), (0.0625, 3.38), (0.5, 5.73), (2.0, 5.63)),
-    "accelgen-closed": ((0.00390625, 3.64), (0.0625, 4.54), (1.0, 7.59)),
-    "accelgen/batch": ((0.00390625, 4.85), (0.0625, 4.17), (1.0, 5.46)),
-    "accelgen/chunk": ((0.00390625, 3.66), (0.0625, 3.61), (1.0, 4.25)),
-    "accelgen/order": ((0.00390625, 4.02), (0.0625, 3.83), (1.0, 5.27)),
-    "oracle": ((0.00390625, 6.33), (0.0625, 6.36), (1.0, 12.42)),
-    "edf": ((0.00390625, 5.06), (0.0625, 4.63), (1.0, 3.76)),
-    "fastgen": ((0.00390625, 1.61), (0.0625, 1.62), (0.5, 1.45), (2.0, 1.61)),
-    "fastserve": ((0.00390625, 10.0), (0.0625, 9.5), (1.0, 4.36)),
-    "orca": ((0.00390625, 1.81), (0.0625, 1.81), (1.0, 1.35)),
-    "sarathi": ((0.00390625, 1.52), (0.0625, 1.49), (0.5, 1.44), (2.0, 1.43)),
-    "vllm": ((0.00390625, 1.61), (0.0625, 1.52), (0.5, 1.41), (2.0, 1.51)),
-    "vllm-priority": ((0.00390625, 1.58), (0.0625, 1.6), (1.0, 1.46)),
+    "accelgen": ((0.00390625, 4.63), (0.0625, 4.56), (0.5, 5.30), (2.0, 5.75)),
+    "accelgen-closed": ((0.00390625, 5.16), (0.0625, 5.13), (1.0, 6.02)),
+    "accelgen/batch": ((0.00390625, 4.80), (0.0625, 4.75), (1.0, 4.76)),
+    "accelgen/chunk": ((0.00390625, 4.98), (0.0625, 5.04), (1.0, 3.70)),
+    "accelgen/order": ((0.00390625, 5.40), (0.0625, 5.12), (1.0, 5.51)),
+    "oracle": ((0.00390625, 8.64), (0.0625, 8.19), (1.0, 9.59)),
+    "edf": ((0.00390625, 4.83), (0.0625, 4.66), (1.0, 3.86)),
+    "fastgen": ((0.00390625, 2.20), (0.0625, 2.18), (0.5, 1.93), (2.0, 1.96)),
+    "fastserve": ((0.00390625, 4.01), (0.0625, 3.82), (1.0, 3.34)),
+    "orca": ((0.00390625, 2.10), (0.0625, 2.03), (1.0, 1.72)),
+    "sarathi": ((0.00390625, 2.22), (0.0625, 2.06), (0.5, 1.89), (2.0, 1.83)),
+    "vllm": ((0.00390625, 2.32), (0.0625, 2.04), (0.5, 1.82), (2.0, 1.80)),
+    "vllm-priority": ((0.00390625, 2.16), (0.0625, 2.09), (1.0, 1.89)),
     # as their users run them (a tuned budget: more iterations where it is small), and the
     # envelope's smallest static budget (its larger ones priced as Sarathi-Serve's setting)
-    "edf-tuned": ((0.00390625, 5.13), (0.0625, 4.62), (1.0, 12.93)),
-    "fastgen-tuned": ((0.00390625, 1.98), (0.0625, 1.64), (1.0, 3.87)),
-    "sarathi-tuned": ((0.00390625, 2.95), (0.0625, 3.07), (1.0, 2.37), (2.0, 1.48)),
-    "vllm-priority-tuned": ((0.00390625, 1.93), (0.0625, 1.63), (1.0, 3.84)),
-    "vllm-tuned": ((0.00390625, 1.84), (0.0625, 1.64), (1.0, 3.46)),
-    "sarathi-b64": ((0.00390625, 1.79), (0.0078125, 2.58), (0.125, 1.85), (0.25, 1.62),
-                    (0.5, 1.79), (1.0, 2.02)),
+    "edf-tuned": ((0.00390625, 5.27), (0.0625, 4.90), (1.0, 8.03)),
+    "fastgen-tuned": ((0.00390625, 2.64), (0.0625, 2.26), (1.0, 3.84)),
+    "sarathi-tuned": ((0.00390625, 3.29), (0.0625, 3.29), (1.0, 2.60), (2.0, 1.86)),
+    "vllm-priority-tuned": ((0.00390625, 2.53), (0.0625, 2.20), (1.0, 3.71)),
+    "vllm-tuned": ((0.00390625, 2.44), (0.0625, 2.14), (1.0, 3.44)),
+    "sarathi-b64": ((0.00390625, 2.43), (0.0078125, 3.07), (0.125, 2.39), (0.25, 2.08),
+                    (0.5, 2.30), (1.0, 2.26)),
 }
 # The Oracle's jobs above ran this many simulations (its 2-point search, the floor read).
 CAPACITY_ORACLE_POINTS = 2
@@ -303,16 +304,16 @@ def fixed_seconds(policy: str, warm: bool = False) -> float:
 # decided runs as without noise. Whole jobs measured as the pipeline runs them, each of the six
 # noisy systems (open and closed loop at 5, 10 and 20 %) at the same four (deployment, load
 # factor) points, and divided by the session's speed as ``CAPACITY_MEASURED`` (AccelGen's
-# paper-trace job before and after: 157.3 and 182.7 CPU s, 1.89x): policy -> ((load factor,
+# paper-trace job before and after: 47.5 and 48.3 CPU s, 0.532x): policy -> ((load factor,
 # CPU seconds), ...), the three noise levels' mean. A noisy copy of another system costs what
 # that system's jobs do.
 NOISY_CAPACITY_MEASURED_ON = ("scripts/measure_jobs.py config/paper.yaml --only capacity-rate "
                               "--per-system --sample 4 --systems accelgen-noise{5,10,20} "
-                              "accelgen-closed-noise{5,10,20}, 2026-11-29, build c00e427, "
+                              "accelgen-closed-noise{5,10,20}, 2026-11-30, build b750252, "
                               "nothing else running")
 NOISY_CAPACITY_MEASURED: dict[str, tuple[tuple[float, float], ...]] = {
-    "accelgen": ((0.03125, 3.56), (0.0625, 3.95), (0.5, 4.7), (1.0, 3.99)),
-    "accelgen-closed": ((0.03125, 4.43), (0.0625, 5.08), (0.5, 4.88), (1.0, 4.75)),
+    "accelgen": ((0.03125, 5.34), (0.0625, 5.45), (0.5, 5.14), (1.0, 4.70)),
+    "accelgen-closed": ((0.03125, 6.77), (0.0625, 6.82), (0.5, 5.56), (1.0, 5.73)),
 }
 
 
