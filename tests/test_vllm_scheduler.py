@@ -109,6 +109,16 @@ def add(s: lazy.InstrumentedScheduler, req_id: int, prompt: int, out: int = 4, *
     return vid
 
 
+def serve_mixed_slos(s: lazy.AccelGenScheduler, prompts: list[int], outs: list[int],
+                     slos: list[tuple[float, float]]) -> None:
+    """Add the requests (request i with SLOs ``slos[i % len(slos)]``: TTFT, TBT) and run the
+    engine until every one has ended."""
+    for i, (p, o) in enumerate(zip(prompts, outs, strict=True)):
+        ttft, tbt = slos[i % len(slos)]
+        add(s, i, p, o, ttft_slo=ttft, tbt_slo=tbt)
+    lazy.run_to_completion(s)
+
+
 def by_id(view: SchedulerView, req_id: int) -> Request:
     return next(r for r in [*view.waiting, *view.running] if r.req_id == req_id)
 
@@ -257,11 +267,7 @@ def test_policies_serve_everything_under_scarce_kv(policy: str, params: dict, pr
     s.reset_records(t0)
     prompts = [40, 300, 90, 500, 20, 150, 260, 75, 410, 33, 128, 64]
     outs = [30, 10, 40, 8, 50, 20, 12, 35, 6, 45, 25, 30]
-    slos = [(0.3, 0.05), (2.0, 0.2), (0.5, 0.1), (1.0, 0.2)]
-    for i, (p, o) in enumerate(zip(prompts, outs, strict=True)):
-        ttft, tbt = slos[i % 4]
-        add(s, i, p, o, ttft_slo=ttft, tbt_slo=tbt)
-    lazy.run_to_completion(s)
+    serve_mixed_slos(s, prompts, outs, [(0.3, 0.05), (2.0, 0.2), (0.5, 0.1), (1.0, 0.2)])
     reqs = s.all_requests()
     assert [r.status for r in reqs] == [Status.FINISHED] * len(prompts)
     assert [r.num_output_tokens for r in reqs] == outs
@@ -319,14 +325,9 @@ def test_edf_keeps_its_running_order_under_async_scheduling(async_scheduling: bo
     s.reset_records(time.time())
     prompts = [40, 30, 90, 50, 20, 15, 26, 75, 41, 33, 12, 64]
     outs = [60, 10, 80, 16, 90, 40, 24, 70, 12, 90, 50, 60]
-    slos = [(0.3, 0.05), (2.0, 0.2), (0.5, 0.1), (1.0, 0.02)]
-    for i, (p, o) in enumerate(zip(prompts, outs, strict=True)):
-        ttft, tbt = slos[i % 4]
-        add(s, i, p, o, ttft_slo=ttft, tbt_slo=tbt)
-    lazy.run_to_completion(s)
+    serve_mixed_slos(s, prompts, outs, [(0.3, 0.05), (2.0, 0.2), (0.5, 0.1), (1.0, 0.02)])
     assert [r.status for r in s.all_requests()] == [Status.FINISHED] * len(prompts)
     policy = s.accelgen_policy
-
     assert policy.checked >= 100
     assert sum(r.num_preemptions for r in s.all_requests()) > 0
 
