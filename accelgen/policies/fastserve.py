@@ -508,16 +508,10 @@ class FastServePolicy(Policy):
         arrival to file, no request touched, no starvation check due, every queued request in
         the batch and on the device, in key order, and their next tokens' new blocks free."""
         batch = decision.scheduled
-        if (self._arrivals or self._touched or len(self._by_key) != len(batch)
-                or (self._decisions + 1) % self.params.starve_check_every == 0
-                or view.waiting or view.swapped or len(view.running) != len(batch)):
+        if ((self._decisions + 1) % self.params.starve_check_every == 0
+                or view.waiting or view.swapped or len(view.running) != len(batch)
+                or not self._queue_is_batch(batch)):
             return False
-        last = -1
-        for r, _ in batch:
-            st: MLFQState = r.policy_state
-            if st.key <= last or st.filed_as is not Status.RUNNING:
-                return False
-            last = st.key
         return decode_blocks_fit(view, decision)
 
     def on_step_end(self, view: SchedulerView, decision: Decision, latency: float) -> None:
