@@ -29,6 +29,7 @@ runs of those policies:
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import statistics
@@ -92,9 +93,15 @@ def main(argv: list[str] | None = None) -> int:
                          "seed 0; a full-size config's) before and after the sample, and give "
                          "the sample in the tables' units: its CPU time over the host's speed "
                          "of the session, each system's capacity jobs as a row of CAPACITY_MEASURED")
+    ap.add_argument("--speed-out", type=Path, metavar="JSON",
+                    help="with --reference: write the host's speed there (the reference job's "
+                         "CPU s before and after, its price, their ratio), for "
+                         "scripts/paper_scaled.sh --reference")
     ap.add_argument("--deployments", nargs="+", metavar="NAME", help="only these deployments")
     ap.add_argument("--seeds", nargs="+", type=int, metavar="SEED", help="only these seeds")
     a = ap.parse_args(argv)
+    if a.speed_out is not None and not a.reference:
+        ap.error("--speed-out needs --reference (the speed is the reference job's)")
     if a.reference and a.checkout is not None:
         ap.error("--reference and --checkout: a side-by-side comparison is a ratio of two "
                  "trees measured together and needs no reference job; use one of them")
@@ -235,7 +242,17 @@ def main(argv: list[str] | None = None) -> int:
               f"after, priced {price:.2f}: the host at {speed:.3f}x the "
               f"tables' time; the sample {tot_m / speed:.1f} CPU s in the tables' units, the "
               f"estimate {tot_e:.1f} ({tot_e / (tot_m / speed) - 1:+.0%})")
+        if a.speed_out is not None:
+            write_speed(a.speed_out, ref_cpu, price)
     return 0
+
+
+def write_speed(path: Path, reference_cpu_s: list[float], price: float) -> None:
+    """The host's speed as JSON: the reference job's CPU seconds (before and after), its price
+    in the tables' units, and their mean's ratio to it (``speed``: CPU s per table second)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"reference_cpu_s": reference_cpu_s, "price_s": price,
+                                "speed": statistics.mean(reference_cpu_s) / price}) + "\n")
 
 
 # The job every per-job table is measured against (``accelgen.pipeline.resources``: its price

@@ -89,3 +89,21 @@ def test_measure_jobs_refuses_a_reference_beside_a_checkout(
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert "--reference" in err and "--checkout" in err
+
+
+def test_measure_jobs_writes_the_hosts_speed(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """``--speed-out`` (what ``scripts/paper_scaled.sh --reference`` reads): the reference job's
+    CPU seconds, its price and their mean's ratio; refused without ``--reference`` (exit 2)
+    before any work."""
+    import json
+
+    module = _measure_jobs()
+    out = tmp_path / "deep" / "speed.json"
+    module.write_speed(out, [48.0, 50.0], 98.0)
+    assert json.loads(out.read_text()) == {"reference_cpu_s": [48.0, 50.0], "price_s": 98.0,
+                                           "speed": 0.5}
+    with pytest.raises(SystemExit) as exited:
+        module.main(["config/paper.yaml", "--speed-out", str(out)])
+    assert exited.value.code == 2
+    assert "--speed-out needs --reference" in capsys.readouterr().err

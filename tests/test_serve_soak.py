@@ -12,6 +12,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from accelgen.serving.soak import CapacitySearch, SoakConfig, closing_line, soak
@@ -37,10 +38,19 @@ def test_short_soak_under_faults_holds_every_check(tmp_path: Path) -> None:
     # The faults really happened: each kind was sent and ended as it should.
     kinds = load["by_kind"]
     assert kinds["abort"].get("aborted", 0) > 0, kinds
-    # (a malformed request still waiting for its answer at SIGTERM may find the server gone)
-    answered = (Counter(kinds["malformed"])
-                - Counter(load["by_kind_in_flight_at_sigterm"].get("malformed", {})))
-    assert set(+answered) == {"refused"}, (kinds, load["by_kind_in_flight_at_sigterm"])
+    # Every malformed request the server answered was refused. Not answered: one still waiting
+    # at SIGTERM may find the server gone, and one whose connection failed before any reply
+    # (the client's "connection: ..." reasons; on a 2-core host that saturated at ~135 req/s,
+    # at 1.2 times that, the server once closed ~50 connections at one instant mid-load, the
+    # soak's checks holding).
+    client = pd.read_parquet(tmp_path / "client.parquet")
+    malformed = client[client["kind"] == "malformed"]
+    no_reply = (malformed["outcome"] != "refused") & (
+        malformed["in_flight_at_sigterm"] | ((malformed["outcome"] == "unfinished")
+                                             & malformed["reason"].fillna("").str.startswith("connection:")))
+    answered = Counter(malformed.loc[~no_reply, "outcome"])
+    assert set(answered) == {"refused"}, (kinds, load["by_kind_in_flight_at_sigterm"])
+    assert no_reply.sum() <= 0.05 * len(malformed), kinds
     assert sum(kinds["impossible"].values()) > 0 and "error" not in kinds["impossible"]
     assert load["in_flight_at_sigterm"] > 0
     # Requests kept arriving while the server stopped: refused (503), not faults.

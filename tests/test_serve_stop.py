@@ -197,8 +197,12 @@ def test_sigterm_while_requests_keep_arriving_ends_the_server(tmp_path: Path) ->
 
     # Replies far longer than the load and the grace on any host: streams are in flight at
     # SIGTERM and still running when the grace ends (with 400 tokens they could all end within
-    # the grace and the check below found nothing to check).
-    cfg = StopConfig(clients=16, load_s=5.0, stop_limit_s=45.0, max_tokens=4000)
+    # the grace and the check below found nothing to check). SIGTERM comes 1 s into the load,
+    # while every client's first reply (5,000-7,500 tokens, the tiny model's 8,192 positions
+    # leaving no room for more) still runs: on a 2-core host that generated 16 streams at about
+    # 13 K tokens/s together, 4,000-6,000-token replies sent at once all ended within 5 s of
+    # load and the 1-s grace.
+    cfg = StopConfig(clients=16, load_s=1.0, stop_limit_s=45.0, max_tokens=5000)
     report = stop_under_load(tmp_path, cfg, server_args=["--shutdown-grace", "1"])
     print(closing_line(report, tmp_path))
     detail = json.dumps(report, indent=1, default=str)
