@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.reference:
         ref_cpu.append(reference_cpu_s("reference-after"))
         price = job_seconds(grid, reference)
-        speed = statistics.mean(ref_cpu) / price
+        speed = host_speed(ref_cpu, price)
         for line in table_rows(measured, speed):
             print(line)
         print(f"measure_jobs: reference job {ref_cpu[0]:.1f} CPU s before, {ref_cpu[1]:.1f} "
@@ -247,12 +247,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def host_speed(reference_cpu_s: list[float], price: float) -> float:
+    """CPU seconds per second of the tables: the reference job's mean CPU time over its price."""
+    return statistics.mean(reference_cpu_s) / price
+
+
 def write_speed(path: Path, reference_cpu_s: list[float], price: float) -> None:
     """The host's speed as JSON: the reference job's CPU seconds (before and after), its price
-    in the tables' units, and their mean's ratio to it (``speed``: CPU s per table second)."""
+    in the tables' units, and ``host_speed`` of them (``speed``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"reference_cpu_s": reference_cpu_s, "price_s": price,
-                                "speed": statistics.mean(reference_cpu_s) / price}) + "\n")
+                                "speed": host_speed(reference_cpu_s, price)}) + "\n")
 
 
 # The job every per-job table is measured against (``accelgen.pipeline.resources``: its price

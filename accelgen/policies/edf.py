@@ -87,10 +87,8 @@ class OrderedRunning:
         """The running requests of ``view`` in deadline order."""
         entries, keys = self.entries, self._keys
         running = view.running
-        if self.valid:
-            changed = sum(len(d.scheduled) + len(d.preempted) for d in self._recent)
-            self.valid = changed * REKEY_SHARE < len(running)
-        if self.valid:
+        changed = sum(len(d.scheduled) + len(d.preempted) for d in self._recent)
+        if self.valid and changed * REKEY_SHARE < len(running):
             if not keys:  # (sorted anew last time: the keys are read off the order)
                 keys.update((rid, (dl, rid)) for dl, rid, _ in entries)
             for d in self._recent:
@@ -102,11 +100,11 @@ class OrderedRunning:
                         entry = (next_deadline(r), r.req_id, r)
                         insort(entries, entry)
                         keys[r.req_id] = entry[:2]
-            self.valid = len(entries) == len(running)
-        if not self.valid:
-            entries[:] = sorted((next_deadline(r), r.req_id, r) for r in running)
-            keys.clear()
-            self.valid = True
+            if len(entries) == len(running):
+                return entries
+        entries[:] = sorted((next_deadline(r), r.req_id, r) for r in running)
+        keys.clear()
+        self.valid = True
         return entries
 
 
@@ -118,9 +116,9 @@ class EDFPolicy(Policy):
     def __init__(self, params: PolicyParams | None = None, **overrides: object) -> None:
         super().__init__(params, **overrides)
         # The waiting requests in deadline order: a waiting request's deadline does not change
-        # while it waits (its next token's deadline is fixed). The running set (at most
-        # max_num_seqs) is sorted per decision and merged with it. Indexed by the blocks each
+        # while it waits (its next token's deadline is fixed). Indexed by the blocks each
         # needs, so the ones that do not fit in the free KV are passed over without a look.
+        # The running set (at most max_num_seqs), kept in deadline order too, is merged with it.
         self._waiting = OrderedWaiting(next_deadline, by_need=True)
         self._running = OrderedRunning()
 
@@ -157,7 +155,6 @@ class EDFPolicy(Policy):
     def schedule(self, view: SchedulerView) -> Decision:
         waiting = self._waiting
         if not waiting.sync(view):
-            self._running.valid = False
             return self._schedule_sorted(view)
         p = self.params
         budget = engine_token_budget(view, p.token_budget or view.pivot.s_pf)
@@ -192,7 +189,6 @@ class EDFPolicy(Policy):
                 ri += 1
                 if entry[2].status is not Status.RUNNING:  # (it left the running set unseen)
                     waiting.reset()
-                    self._running.valid = False
                     return self._schedule_sorted(view)
                 if entry[1] not in b.preempted_ids:
                     self._add_running(b, victims, entry)
@@ -201,7 +197,6 @@ class EDFPolicy(Policy):
                 wi += 1
                 if r.status != Status.WAITING:  # the hooks were bypassed: decide by the definition
                     waiting.reset()
-                    self._running.valid = False
                     return self._schedule_sorted(view)
                 if self._admit(b, r):
                     n_live += 1
@@ -211,7 +206,9 @@ class EDFPolicy(Policy):
 
     def _schedule_sorted(self, view: SchedulerView) -> Decision:
         """The decision by the definition: every candidate sorted by deadline (used when the
-        queue cannot be trusted: requests reached it without the hooks)."""
+        queue cannot be trusted: requests reached it without the hooks). The running order
+        kept across decisions is sorted anew at the next one."""
+        self._running.valid = False
         p = self.params
         budget = engine_token_budget(view, p.token_budget or view.pivot.s_pf)
         seats = engine_seats(view, p.max_num_seqs)

@@ -120,6 +120,17 @@ _INFO_INDEX = {name: i for i, name in enumerate(("prompt_tokens", "promoted", "s
 _NO_KEY = 1 << 128  # above every key
 
 
+def _no_info() -> InfoRow:
+    """``schedule``'s diagnostics of a decision that hands the batch back, all zero (as a row
+    of shared names, which the iteration log takes without a dict per step)."""
+    return InfoRow(_INFO_INDEX, [0.0] * len(_INFO_INDEX))
+
+
+def _only_batch_in_view(view: SchedulerView, batch: list[tuple[Request, int]]) -> bool:
+    """Whether nothing waits or is swapped out and every running request is in ``batch``."""
+    return not view.waiting and not view.swapped and len(view.running) == len(batch)
+
+
 class FastServePolicy(Policy):
     name = "fastserve"
     Params = FastServeParams
@@ -419,9 +430,7 @@ class FastServePolicy(Policy):
             return self.schedule(view)
         self._decisions += 1
         self._paused = self._prefill_paused(view.kv)
-        # (``schedule``'s diagnostics, all zero here; as a row of shared names, which the
-        # iteration log takes without a dict per step)
-        decision.info = InfoRow(_INFO_INDEX, [0.0, 0.0, 0.0, 0.0])
+        decision.info = _no_info()
         return decision
 
     def after_decodes_reads_blocks_only(self, decision: Decision) -> bool:
@@ -441,8 +450,7 @@ class FastServePolicy(Policy):
         # device, in key order, its next blocks free: the run gives only steps whose blocks
         # fit). That step is left to be asked on its own, with nothing of it taken in here.
         batch = decision.scheduled
-        if (not self._queue_is_batch(batch) or view.waiting or view.swapped
-                or len(view.running) != len(batch)):
+        if not (_only_batch_in_view(view, batch) and self._queue_is_batch(batch)):
             return None
         states: list[MLFQState] = [r.policy_state for r, _ in batch]
         last_level = self.params.num_queues - 1
@@ -469,7 +477,7 @@ class FastServePolicy(Policy):
         if not done:
             return None
         self._paused = self._prefill_paused(view.kv)
-        decision.info = InfoRow(_INFO_INDEX, [0.0, 0.0, 0.0, 0.0])
+        decision.info = _no_info()
         return DecodeRunDecisions(_INFO_INDEX, np.zeros((done, len(_INFO_INDEX))), None)
 
     @staticmethod
@@ -509,8 +517,7 @@ class FastServePolicy(Policy):
         the batch and on the device, in key order, and their next tokens' new blocks free."""
         batch = decision.scheduled
         if ((self._decisions + 1) % self.params.starve_check_every == 0
-                or view.waiting or view.swapped or len(view.running) != len(batch)
-                or not self._queue_is_batch(batch)):
+                or not _only_batch_in_view(view, batch) or not self._queue_is_batch(batch)):
             return False
         return decode_blocks_fit(view, decision)
 
